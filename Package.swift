@@ -1,0 +1,31 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let package = Package(
+    name: "Custody",
+    products: [
+        .executable(name: "custodyd", targets: ["custodyd"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+    ],
+    targets: [
+        // System-library and C shims.
+        .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        .target(name: "CLinux"),
+
+        // Typed wrappers over the syscalls (Errno, *at calls, xattrs, mount table).
+        .target(name: "CustodySystem", dependencies: ["CLinux"]),
+        // The low-level FUSE front end: inodes, handles, the passthrough.
+        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodySystem"]),
+
+        .executableTarget(name: "custodyd", dependencies: [
+            "CustodyFUSE", "CustodySystem",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
+
+        .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
+        .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
+        .testTarget(name: "MountTests", dependencies: ["CustodySystem"]),
+    ]
+)

@@ -1,0 +1,44 @@
+// libfuse3 low-level API for Swift. FUSE_USE_VERSION 312: fuse_session_loop_mt takes an opaque
+// fuse_loop_config. Function-like macros are wrapped here because Swift cannot see them.
+#ifndef CUSTODY_CFUSE3_SHIM_H
+#define CUSTODY_CFUSE3_SHIM_H
+
+#define FUSE_USE_VERSION 312
+#include <stddef.h>
+#include <fuse3/fuse_lowlevel.h>
+
+/// Replies to a read with `size` bytes of `fd` at `pos`; libfuse may splice them into /dev/fuse.
+static inline int custody_reply_fd_data(fuse_req_t req, int fd, off_t pos, size_t size) {
+    struct fuse_bufvec v = FUSE_BUFVEC_INIT(size);
+    v.buf[0].flags = (enum fuse_buf_flags)(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    v.buf[0].fd = fd;
+    v.buf[0].pos = pos;
+    return fuse_reply_data(req, &v, FUSE_BUF_SPLICE_MOVE);
+}
+
+/// Copies a write request's buffers (memory or a pipe) into `fd` at `pos`.
+static inline ssize_t custody_copy_bufvec_to_fd(struct fuse_bufvec *in, int fd, off_t pos) {
+    struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));
+    out.buf[0].flags = (enum fuse_buf_flags)(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    out.buf[0].fd = fd;
+    out.buf[0].pos = pos;
+    return fuse_buf_copy(&out, in, (enum fuse_buf_copy_flags)0);
+}
+
+/// Copies a write request's buffers into memory.
+static inline ssize_t custody_copy_bufvec_to_memory(struct fuse_bufvec *in, void *mem, size_t size) {
+    struct fuse_bufvec out = FUSE_BUFVEC_INIT(size);
+    out.buf[0].mem = mem;
+    return fuse_buf_copy(&out, in, (enum fuse_buf_copy_flags)0);
+}
+
+static const int custody_SET_ATTR_MODE = FUSE_SET_ATTR_MODE;
+static const int custody_SET_ATTR_UID = FUSE_SET_ATTR_UID;
+static const int custody_SET_ATTR_GID = FUSE_SET_ATTR_GID;
+static const int custody_SET_ATTR_SIZE = FUSE_SET_ATTR_SIZE;
+static const int custody_SET_ATTR_ATIME = FUSE_SET_ATTR_ATIME;
+static const int custody_SET_ATTR_MTIME = FUSE_SET_ATTR_MTIME;
+static const int custody_SET_ATTR_ATIME_NOW = FUSE_SET_ATTR_ATIME_NOW;
+static const int custody_SET_ATTR_MTIME_NOW = FUSE_SET_ATTR_MTIME_NOW;
+
+#endif

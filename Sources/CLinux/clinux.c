@@ -1,0 +1,60 @@
+#define _GNU_SOURCE
+#include "clinux.h"
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/fsuid.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/xattr.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+
+const int clinux_O_PATH = O_PATH;
+const int clinux_O_DIRECT = O_DIRECT;
+const int clinux_O_NOATIME = O_NOATIME;
+const int clinux_O_TMPFILE = O_TMPFILE;
+const int clinux_AT_EMPTY_PATH = AT_EMPTY_PATH;
+const int clinux_SEEK_DATA = SEEK_DATA;
+const int clinux_SEEK_HOLE = SEEK_HOLE;
+const unsigned int clinux_RENAME_NOREPLACE = RENAME_NOREPLACE;
+const unsigned int clinux_RENAME_EXCHANGE = RENAME_EXCHANGE;
+const unsigned int clinux_RENAME_WHITEOUT = RENAME_WHITEOUT;
+const long clinux_UTIME_NOW = UTIME_NOW;
+const long clinux_UTIME_OMIT = UTIME_OMIT;
+const int clinux_XATTR_CREATE = XATTR_CREATE;
+const int clinux_XATTR_REPLACE = XATTR_REPLACE;
+const int clinux_FALLOC_FL_KEEP_SIZE = FALLOC_FL_KEEP_SIZE;
+const int clinux_FALLOC_FL_PUNCH_HOLE = FALLOC_FL_PUNCH_HOLE;
+
+int clinux_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags) {
+    return renameat2(olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+int clinux_fallocate(int fd, int mode, int64_t offset, int64_t length) {
+    return fallocate(fd, mode, (off_t)offset, (off_t)length);
+}
+
+ssize_t clinux_copy_file_range(int fd_in, int64_t *off_in, int fd_out, int64_t *off_out, size_t len, unsigned int flags) {
+    return copy_file_range(fd_in, (off_t *)off_in, fd_out, (off_t *)off_out, len, flags);
+}
+
+int clinux_setfsuid(uid_t uid) { return setfsuid(uid); }
+int clinux_setfsgid(gid_t gid) { return setfsgid(gid); }
+pid_t clinux_gettid(void) { return gettid(); }
+
+int clinux_thread_setgroups(size_t size, const gid_t *list) {
+    return (int)syscall(SYS_setgroups, size, list);
+}
+
+ssize_t clinux_getxattr(const char *path, const char *name, void *value, size_t size) {
+    return getxattr(path, name, value, size);
+}
+int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags) {
+    return setxattr(path, name, value, size, flags);
+}
+ssize_t clinux_listxattr(const char *path, char *list, size_t size) {
+    return listxattr(path, list, size);
+}
+int clinux_removexattr(const char *path, const char *name) {
+    return removexattr(path, name);
+}

@@ -1,0 +1,42 @@
+// Linux and GNU extensions that Swift's Glibc module does not show, because it is built
+// without _GNU_SOURCE. The values and calls live in clinux.c, compiled with _GNU_SOURCE.
+#ifndef CLINUX_H
+#define CLINUX_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+extern const int clinux_O_PATH;
+extern const int clinux_O_DIRECT;
+extern const int clinux_O_NOATIME;
+extern const int clinux_O_TMPFILE;
+extern const int clinux_AT_EMPTY_PATH;
+extern const int clinux_SEEK_DATA;
+extern const int clinux_SEEK_HOLE;
+extern const unsigned int clinux_RENAME_NOREPLACE;
+extern const unsigned int clinux_RENAME_EXCHANGE;
+extern const unsigned int clinux_RENAME_WHITEOUT;
+extern const long clinux_UTIME_NOW;
+extern const long clinux_UTIME_OMIT;
+extern const int clinux_XATTR_CREATE;
+extern const int clinux_XATTR_REPLACE;
+extern const int clinux_FALLOC_FL_KEEP_SIZE;
+extern const int clinux_FALLOC_FL_PUNCH_HOLE;
+
+int clinux_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
+int clinux_fallocate(int fd, int mode, int64_t offset, int64_t length);
+ssize_t clinux_copy_file_range(int fd_in, int64_t *off_in, int fd_out, int64_t *off_out, size_t len, unsigned int flags);
+/// Sets the calling thread's filesystem uid / gid; returns the previous value.
+int clinux_setfsuid(uid_t uid);
+int clinux_setfsgid(gid_t gid);
+pid_t clinux_gettid(void);
+/// Sets the calling thread's supplementary groups only (the raw syscall; glibc's wrapper changes every thread).
+int clinux_thread_setgroups(size_t size, const gid_t *list);
+
+ssize_t clinux_getxattr(const char *path, const char *name, void *value, size_t size);
+int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags);
+ssize_t clinux_listxattr(const char *path, char *list, size_t size);
+int clinux_removexattr(const char *path, const char *name);
+
+#endif

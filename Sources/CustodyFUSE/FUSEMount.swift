@@ -1,0 +1,127 @@
+import CFuse3
+import CustodySystem
+import Glibc
+
+/// Mounts a backing directory and serves it until the mount goes away or a signal arrives.
+public final class FUSEMount {
+    public let backing: String
+    public let mountPoint: String
+    public let options: MountOptions
+
+    /// Checks both paths and `/dev/fuse`, so that problems are reported before anything is mounted.
+    public init(backing: String, mountPoint: String, options: MountOptions) throws(MountError) {
+        guard let backingPath = resolvedPath(backing) else { throw .backingMissing(backing) }
+        guard let backingAttributes = try? Syscall.lstat(backingPath), backingAttributes.st_mode & S_IFMT == S_IFDIR else {
+            throw .backingNotDirectory(backing)
+        }
+        let mountAttributes: stat
+        do {
+            mountAttributes = try Syscall.lstat(mountPoint)
+        } catch where error == .notConnected {
+            throw .staleMount(mountPoint)
+        } catch {
+            throw .mountPointMissing(mountPoint)
+        }
+        guard mountAttributes.st_mode & S_IFMT == S_IFDIR, let mountPath = resolvedPath(mountPoint) else {
+            throw .mountPointNotDirectory(mountPoint)
+        }
+        if mountPath == backingPath || mountPath.hasPrefix(backingPath == "/" ? "/" : backingPath + "/") {
+            throw .mountPointInsideBacking(mountPoint: mountPath, backing: backingPath)
+        }
+        if let existing = MountTable.entry(at: mountPath) {
+            throw .alreadyMounted(mountPath, type: existing.fileSystemType)
+        }
+        if !options.allowNonEmpty, !Self.isEmptyDirectory(mountPath) {
+            throw .mountPointNotEmpty(mountPath)
+        }
+        let probe = Glibc.open("/dev/fuse", O_RDWR | O_CLOEXEC)
+        guard probe >= 0 else { throw .fuseUnavailable(.current) }
+        Glibc.close(probe)
+
+        self.backing = backingPath
+        self.mountPoint = mountPath
+        self.options = options
+    }
+
+    /// Mounts, calls `mounted` once the mount is live, and serves requests until unmounted
+    /// (`fusermount3 -u`) or until SIGTERM, SIGINT or SIGHUP; then unmounts cleanly.
+    public func run(mounted: () -> Void) throws(MountError) {
+        // Modes arrive from the kernel with the caller's umask already applied.
+        umask(0)
+        let rootFD: Int32
+        let rootAttributes: stat
+        do {
+            rootFD = try Syscall.open(backing, Linux.O_PATH | O_DIRECTORY | O_CLOEXEC)
+            rootAttributes = try Syscall.stat(of: rootFD)
+        } catch {
+            throw .backingUnreadable(backing, error)
+        }
+        let root = Inode(fd: rootFD, device: UInt64(rootAttributes.st_dev), number: UInt64(rootAttributes.st_ino), fileType: S_IFDIR)
+        let filesystem = PassthroughFilesystem(root: root, options: options)
+
+        var arguments = ["custodyd", "-o", mountOptionString()]
+        if options.debug { arguments.append("-d") }
+        let cArguments = arguments.map { strdup($0) }
+        defer { cArguments.forEach { free($0) } }
+        var argv: [UnsafeMutablePointer<CChar>?] = cArguments + [nil]
+
+        let userdata = Unmanaged.passRetained(filesystem)
+        defer { userdata.release() }
+        var ops = PassthroughFilesystem.operations()
+
+        let session: OpaquePointer? = argv.withUnsafeMutableBufferPointer { argvBuffer in
+            var args = fuse_args(argc: Int32(arguments.count), argv: argvBuffer.baseAddress, allocated: 0)
+            defer { fuse_opt_free_args(&args) }
+            return fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata.toOpaque())
+        }
+        guard let session else { throw .sessionFailed("fuse_session_new refused the options \(arguments)") }
+        defer { fuse_session_destroy(session) }
+
+        guard fuse_set_signal_handlers(session) == 0 else { throw .sessionFailed("cannot install signal handlers") }
+        defer { fuse_remove_signal_handlers(session) }
+
+        guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
+        defer { fuse_session_unmount(session) }
+
+        mounted()
+
+        let config = fuse_loop_cfg_create()
+        defer { fuse_loop_cfg_destroy(config) }
+        fuse_loop_cfg_set_max_threads(config, UInt32(max(1, options.maxThreads)))
+        fuse_loop_cfg_set_clone_fd(config, 1)
+        _ = fuse_session_loop_mt(session, config)
+    }
+
+    private func mountOptionString() -> String {
+        var parts = ["fsname=\(Self.escapeOption(backing))", "subtype=custody"]
+        if options.allowOther || options.defaultPermissions { parts.append("default_permissions") }
+        if options.allowOther { parts.append("allow_other") }
+        return parts.joined(separator: ",")
+    }
+
+    /// libfuse splits options at commas and treats backslash as an escape.
+    private static func escapeOption(_ value: String) -> String {
+        value.replacingAll(of: "\\", with: "\\\\").replacingAll(of: ",", with: "\\,")
+    }
+
+    private static func isEmptyDirectory(_ path: String) -> Bool {
+        guard let dir = opendir(path) else { return false }
+        defer { closedir(dir) }
+        while let entry = Glibc.readdir(dir) {
+            let isDot = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 3) { name in
+                    name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0))
+                }
+            }
+            if !isDot { return false }
+        }
+        return true
+    }
+}
+
+extension String {
+    func replacingAll(of target: String, with replacement: String) -> String {
+        guard !target.isEmpty, contains(target) else { return self }
+        return split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
+    }
+}

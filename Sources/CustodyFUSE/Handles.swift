@@ -1,0 +1,53 @@
+import CustodySystem
+import Glibc
+import Synchronization
+
+/// An open regular file: the descriptor on the backing file. The kernel holds it as `fh`.
+final class OpenFile: @unchecked Sendable {
+    let fd: Int32
+    init(fd: Int32) { self.fd = fd }
+    deinit { Syscall.close(fd) }
+}
+
+/// An open directory being listed: a `DIR*` stream and the offset the kernel last asked for.
+final class OpenDirectory: @unchecked Sendable {
+    struct Stream: ~Copyable, @unchecked Sendable {
+        /// The `DIR*`, only ever used under the mutex.
+        let dir: OpaquePointer
+        /// The offset the stream is at, in telldir() units; 0 is the start.
+        var offset: Int64 = 0
+    }
+
+    let stream: Mutex<Stream>
+    /// A descriptor for fsyncdir (the stream's own descriptor must not be used concurrently).
+    let fd: Int32
+
+    init(dir: OpaquePointer) {
+        self.fd = Glibc.dirfd(dir)
+        self.stream = Mutex(Stream(dir: dir))
+    }
+
+    deinit {
+        stream.withLock { _ = closedir($0.dir) }
+    }
+}
+
+/// Turns handle objects into the 64-bit `fh` the kernel stores, and back.
+enum HandleBox {
+    static func store<T: AnyObject>(_ object: T) -> UInt64 {
+        UInt64(UInt(bitPattern: Unmanaged.passRetained(object).toOpaque()))
+    }
+
+    /// The object behind `fh`, still owned by the kernel's handle; nil for an empty handle.
+    static func borrow<T: AnyObject>(_ fh: UInt64, as type: T.Type) -> T? {
+        guard let pointer = UnsafeRawPointer(bitPattern: UInt(fh)) else { return nil }
+        return Unmanaged<T>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    /// Ends the kernel's ownership of the object behind `fh`.
+    @discardableResult
+    static func release<T: AnyObject>(_ fh: UInt64, as type: T.Type) -> T? {
+        guard let pointer = UnsafeRawPointer(bitPattern: UInt(fh)) else { return nil }
+        return Unmanaged<T>.fromOpaque(pointer).takeRetainedValue()
+    }
+}

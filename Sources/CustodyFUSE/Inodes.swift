@@ -1,0 +1,110 @@
+import CustodySystem
+import Glibc
+import Synchronization
+
+/// A file system object the kernel knows by a node ID: an O_PATH descriptor on the backing
+/// object, kept open for as long as the kernel holds lookups on it (or a request still uses it).
+final class Inode: @unchecked Sendable {
+    /// O_PATH descriptor of the backing object; closed when the last reference goes.
+    let fd: Int32
+    let device: UInt64
+    let number: UInt64
+    /// File type bits (`S_IFMT`) of the backing object; they cannot change for a given inode.
+    let fileType: mode_t
+
+    init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
+        self.fd = fd
+        self.device = device
+        self.number = number
+        self.fileType = fileType
+    }
+
+    deinit { Syscall.close(fd) }
+
+    var isDirectory: Bool { fileType == S_IFDIR }
+    var isSymlink: Bool { fileType == S_IFLNK }
+    var isRegularFile: Bool { fileType == S_IFREG }
+
+    /// `/proc/self/fd/N`, to reach the object with calls that have no descriptor form.
+    var procPath: String { Syscall.procPath(fd) }
+}
+
+/// The node IDs handed to the kernel and their lookup counts.
+///
+/// Node IDs are never reused within a mount (a counter), so a stale ID from the kernel can never
+/// reach another file. The same backing object (device, inode number) always maps to the same
+/// node ID while the kernel knows it, which is what hard links need.
+final class InodeTable: @unchecked Sendable {
+    private struct Key: Hashable {
+        var device: UInt64
+        var number: UInt64
+    }
+
+    private struct Entry {
+        var inode: Inode
+        var lookups: UInt64
+    }
+
+    private struct State {
+        var byID: [UInt64: Entry] = [:]
+        var byKey: [Key: UInt64] = [:]
+        var nextID: UInt64 = 2
+    }
+
+    static let rootID: UInt64 = 1
+    private let state = Mutex(State())
+
+    init(root: Inode) {
+        state.withLock {
+            $0.byID[Self.rootID] = Entry(inode: root, lookups: 1 << 62)
+            $0.byKey[Key(device: root.device, number: root.number)] = Self.rootID
+        }
+    }
+
+    /// The inode for a node ID the kernel sent.
+    func inode(_ id: UInt64) throws(Errno) -> Inode {
+        guard let inode = state.withLock({ $0.byID[id]?.inode }) else { throw Errno.badFileDescriptor }
+        return inode
+    }
+
+    /// Registers one kernel lookup of the object that `fd` (an O_PATH descriptor) refers to and
+    /// returns its node ID. Takes ownership of `fd`: it is kept, or closed if the object is known.
+    func remember(fd: Int32, attributes st: stat) -> UInt64 {
+        let key = Key(device: UInt64(st.st_dev), number: UInt64(st.st_ino))
+        let (id, duplicate) = state.withLock { state -> (UInt64, Bool) in
+            if let id = state.byKey[key] {
+                state.byID[id]!.lookups += 1
+                return (id, true)
+            }
+            let id = state.nextID
+            state.nextID += 1
+            let inode = Inode(fd: fd, device: key.device, number: key.number, fileType: st.st_mode & S_IFMT)
+            state.byID[id] = Entry(inode: inode, lookups: 1)
+            state.byKey[key] = id
+            return (id, false)
+        }
+        if duplicate { Syscall.close(fd) }
+        return id
+    }
+
+    /// The kernel forgot `count` lookups of `id`. At zero the node ID is retired; its descriptor
+    /// closes once no request still holds the inode.
+    func forget(_ id: UInt64, count: UInt64) {
+        let retired: Inode? = state.withLock { state in
+            guard var entry = state.byID[id], id != Self.rootID else { return nil }
+            if entry.lookups > count {
+                entry.lookups -= count
+                state.byID[id] = entry
+                return nil
+            }
+            state.byID[id] = nil
+            let key = Key(device: entry.inode.device, number: entry.inode.number)
+            if state.byKey[key] == id { state.byKey[key] = nil }
+            return entry.inode
+        }
+        _ = retired  // released outside the lock
+    }
+
+    /// How many node IDs the kernel holds (for tests and status).
+    var count: Int { state.withLock { $0.byID.count } }
+}

@@ -1,0 +1,25 @@
+/// How a mount talks to the kernel: caching, threads, who may use it.
+public struct MountOptions: Sendable, Equatable {
+    /// Seconds the kernel may cache a name → node mapping.
+    public var entryTimeout: Double = 1.0
+    /// Seconds the kernel may cache attributes.
+    public var attributeTimeout: Double = 1.0
+    /// Seconds the kernel may cache "no such name" (0 disables negative caching).
+    public var negativeTimeout: Double = 1.0
+    /// Let the kernel buffer writes in the page cache and send them in large batches.
+    public var writebackCache: Bool = true
+    /// Move file data between /dev/fuse and the backing files with splice(2) where possible.
+    public var splice: Bool = true
+    /// Let users other than the mounting one use the mount (implies `defaultPermissions`).
+    public var allowOther: Bool = false
+    /// Have the kernel check permissions from the file modes.
+    public var defaultPermissions: Bool = false
+    /// Mount over a mount point that is not empty.
+    public var allowNonEmpty: Bool = false
+    /// The most request threads the session loop runs.
+    public var maxThreads: Int = 8
+    /// Print every FUSE request (libfuse's debug output).
+    public var debug: Bool = false
+
+    public init() {}
+}

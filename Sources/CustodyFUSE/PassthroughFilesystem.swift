@@ -1,0 +1,552 @@
+import CFuse3
+import CustodySystem
+import Glibc
+
+/// The plaintext passthrough: every request is served from the backing tree as it is. This is the
+/// "no identity" path that the protected paths build on.
+///
+/// Requests arrive on several libfuse threads at once. Shared state lives in `InodeTable` (its own
+/// lock) and in the handle objects; everything else here is immutable.
+final class PassthroughFilesystem: @unchecked Sendable {
+    let inodes: InodeTable
+    let options: MountOptions
+    private let daemonUID = geteuid()
+    private let daemonGID = getegid()
+
+    init(root: Inode, options: MountOptions) {
+        self.inodes = InodeTable(root: root)
+        self.options = options
+    }
+
+    // MARK: Session
+
+    func configure(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
+        func want(_ capability: Int32, _ enabled: Bool = true) {
+            let bit = UInt32(bitPattern: capability)
+            if enabled, conn.pointee.capable & bit != 0 {
+                conn.pointee.want |= bit
+            } else {
+                conn.pointee.want &= ~bit
+            }
+        }
+        want(FUSE_CAP_WRITEBACK_CACHE, options.writebackCache)
+        want(FUSE_CAP_SPLICE_READ, options.splice)
+        want(FUSE_CAP_SPLICE_WRITE, options.splice)
+        want(FUSE_CAP_SPLICE_MOVE, options.splice)
+        want(FUSE_CAP_ASYNC_READ)
+        want(FUSE_CAP_PARALLEL_DIROPS)
+        want(FUSE_CAP_AUTO_INVAL_DATA)
+        want(FUSE_CAP_READDIRPLUS)
+        want(FUSE_CAP_READDIRPLUS_AUTO)
+        want(FUSE_CAP_ATOMIC_O_TRUNC)
+        want(FUSE_CAP_CACHE_SYMLINKS)
+        want(FUSE_CAP_EXPORT_SUPPORT, false)
+        conn.pointee.max_background = 64
+        conn.pointee.congestion_threshold = 48
+    }
+
+    // MARK: Entries and attributes
+
+    private func entryParam(id: UInt64, attributes: stat) -> fuse_entry_param {
+        var entry = fuse_entry_param()
+        entry.ino = fuse_ino_t(id)
+        entry.attr = attributes
+        entry.attr_timeout = options.attributeTimeout
+        entry.entry_timeout = options.entryTimeout
+        return entry
+    }
+
+    /// Looks `name` up in `parent` and registers one kernel lookup of it.
+    private func lookupEntry(in parent: Inode, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
+        let fd = try Syscall.openat(parent.fd, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+        return try rememberEntry(pathFD: fd)
+    }
+
+    /// Registers one kernel lookup of the object an O_PATH descriptor refers to (taking the descriptor).
+    private func rememberEntry(pathFD fd: Int32) throws(Errno) -> fuse_entry_param {
+        let attributes: stat
+        do {
+            attributes = try Syscall.stat(of: fd)
+        } catch {
+            Syscall.close(fd)
+            throw error
+        }
+        let id = inodes.remember(fd: fd, attributes: attributes)
+        return entryParam(id: id, attributes: attributes)
+    }
+
+    func lookup(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
+        do throws(Errno) {
+            var entry = try lookupEntry(in: try inodes.inode(UInt64(parentID)), name)
+            fuse_reply_entry(req, &entry)
+        } catch where error == .noSuchFile && options.negativeTimeout > 0 {
+            var negative = fuse_entry_param()
+            negative.entry_timeout = options.negativeTimeout
+            fuse_reply_entry(req, &negative)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func forget(_ id: fuse_ino_t, _ count: UInt64) {
+        inodes.forget(UInt64(id), count: count)
+    }
+
+    func getattr(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        do throws(Errno) {
+            let inode = try inodes.inode(UInt64(id))
+            var attributes: stat
+            if let fi, fi.pointee.fh != 0, inode.isRegularFile, let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) {
+                attributes = try Syscall.fstat(file.fd)
+            } else {
+                attributes = try Syscall.stat(of: inode.fd)
+            }
+            fuse_reply_attr(req, &attributes, options.attributeTimeout)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func setattr(_ req: fuse_req_t, _ id: fuse_ino_t, _ new: UnsafeMutablePointer<stat>, _ toSet: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
+        do throws(Errno) {
+            let inode = try inodes.inode(UInt64(id))
+            let file: OpenFile? = fi.flatMap { $0.pointee.fh != 0 && inode.isRegularFile ? HandleBox.borrow($0.pointee.fh, as: OpenFile.self) : nil }
+            if toSet & custody_SET_ATTR_MODE != 0 {
+                if let file {
+                    try Syscall.fchmod(file.fd, new.pointee.st_mode)
+                } else if inode.isSymlink {
+                    throw Errno.notSupported
+                } else {
+                    try Syscall.chmod(inode.procPath, new.pointee.st_mode)
+                }
+            }
+            if toSet & (custody_SET_ATTR_UID | custody_SET_ATTR_GID) != 0 {
+                let uid = toSet & custody_SET_ATTR_UID != 0 ? new.pointee.st_uid : uid_t.max
+                let gid = toSet & custody_SET_ATTR_GID != 0 ? new.pointee.st_gid : gid_t.max
+                try Syscall.fchownat(inode.fd, "", uid, gid, Linux.AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)
+            }
+            if toSet & custody_SET_ATTR_SIZE != 0 {
+                if let file {
+                    try Syscall.ftruncate(file.fd, Int64(new.pointee.st_size))
+                } else {
+                    try Syscall.truncate(inode.procPath, Int64(new.pointee.st_size))
+                }
+            }
+            if toSet & (custody_SET_ATTR_ATIME | custody_SET_ATTR_MTIME) != 0 {
+                let omit = timespec(tv_sec: 0, tv_nsec: Linux.UTIME_OMIT)
+                let now = timespec(tv_sec: 0, tv_nsec: Linux.UTIME_NOW)
+                var times = [omit, omit]
+                if toSet & custody_SET_ATTR_ATIME_NOW != 0 { times[0] = now }
+                else if toSet & custody_SET_ATTR_ATIME != 0 { times[0] = new.pointee.st_atim }
+                if toSet & custody_SET_ATTR_MTIME_NOW != 0 { times[1] = now }
+                else if toSet & custody_SET_ATTR_MTIME != 0 { times[1] = new.pointee.st_mtim }
+                if let file {
+                    try Syscall.futimens(file.fd, times)
+                } else if inode.isSymlink {
+                    try Syscall.utimensat(inode.fd, "", times, Linux.AT_EMPTY_PATH)
+                } else {
+                    try Syscall.utimensat(AT_FDCWD, inode.procPath, times, 0)
+                }
+            }
+            var attributes = if let file { try Syscall.fstat(file.fd) } else { try Syscall.stat(of: inode.fd) }
+            fuse_reply_attr(req, &attributes, options.attributeTimeout)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func access(_ req: fuse_req_t, _ id: fuse_ino_t, _ mask: Int32) {
+        do throws(Errno) {
+            let inode = try inodes.inode(UInt64(id))
+            if !inode.isSymlink {
+                try Syscall.faccessat(AT_FDCWD, inode.procPath, mask, AT_EACCESS)
+            }
+            fuse_reply_err(req, 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func readlink(_ req: fuse_req_t, _ id: fuse_ino_t) {
+        do throws(Errno) {
+            let target = try Syscall.readlinkat(try inodes.inode(UInt64(id)).fd, "")
+            target.withUnsafeBufferPointer { _ = fuse_reply_readlink(req, $0.baseAddress) }
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func statfs(_ req: fuse_req_t, _ id: fuse_ino_t) {
+        do throws(Errno) {
+            var st = try Syscall.fstatvfs(try inodes.inode(UInt64(id)).fd)
+            fuse_reply_statfs(req, &st)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    // MARK: Creating and removing names
+
+    /// Gives a new object the caller's uid and gid, as the kernel would have. The daemon creates it
+    /// with its own credentials; the kernel has already checked the caller's permission to create.
+    private func giveToCaller(_ req: fuse_req_t, parent: Inode, name: UnsafePointer<CChar>?, fd: Int32?, mode: mode_t) throws(Errno) {
+        guard let context = fuse_req_ctx(req)?.pointee else { return }
+        guard context.uid != daemonUID || context.gid != daemonGID else { return }
+        // In a set-group-ID directory the new object already has the directory's group.
+        let parentAttributes = try Syscall.stat(of: parent.fd)
+        let gid = parentAttributes.st_mode & S_ISGID != 0 ? gid_t.max : context.gid
+        if let fd {
+            try Syscall.fchownat(fd, "", context.uid, gid, Linux.AT_EMPTY_PATH)
+        } else if let name {
+            try Syscall.fchownat(parent.fd, name, context.uid, gid, AT_SYMLINK_NOFOLLOW)
+        }
+        // chown clears set-user-ID and set-group-ID bits on non-directories: put back what was asked.
+        if mode & (S_ISUID | S_ISGID) != 0, mode & S_IFMT != S_IFDIR, let fd {
+            try Syscall.fchmod(fd, mode & ~S_IFMT)
+        }
+    }
+
+    func mkdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t) {
+        do throws(Errno) {
+            let parent = try inodes.inode(UInt64(parentID))
+            try Syscall.mkdirat(parent.fd, name, mode)
+            try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode | S_IFDIR)
+            var entry = try lookupEntry(in: parent, name)
+            fuse_reply_entry(req, &entry)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func mknod(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ device: dev_t) {
+        do throws(Errno) {
+            let parent = try inodes.inode(UInt64(parentID))
+            try Syscall.mknodat(parent.fd, name, mode, device)
+            try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode)
+            var entry = try lookupEntry(in: parent, name)
+            fuse_reply_entry(req, &entry)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func symlink(_ req: fuse_req_t, _ target: UnsafePointer<CChar>, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
+        do throws(Errno) {
+            let parent = try inodes.inode(UInt64(parentID))
+            try Syscall.symlinkat(target, parent.fd, name)
+            try giveToCaller(req, parent: parent, name: name, fd: nil, mode: S_IFLNK)
+            var entry = try lookupEntry(in: parent, name)
+            fuse_reply_entry(req, &entry)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func link(_ req: fuse_req_t, _ id: fuse_ino_t, _ newParentID: fuse_ino_t, _ newName: UnsafePointer<CChar>) {
+        do throws(Errno) {
+            let inode = try inodes.inode(UInt64(id))
+            let newParent = try inodes.inode(UInt64(newParentID))
+            try Syscall.linkat(AT_FDCWD, inode.procPath, newParent.fd, newName, AT_SYMLINK_FOLLOW)
+            var entry = try lookupEntry(in: newParent, newName)
+            fuse_reply_entry(req, &entry)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func unlink(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
+        do throws(Errno) {
+            try Syscall.unlinkat(try inodes.inode(UInt64(parentID)).fd, name, 0)
+            fuse_reply_err(req, 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func rmdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
+        do throws(Errno) {
+            try Syscall.unlinkat(try inodes.inode(UInt64(parentID)).fd, name, AT_REMOVEDIR)
+            fuse_reply_err(req, 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func rename(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ newParentID: fuse_ino_t, _ newName: UnsafePointer<CChar>, _ flags: UInt32) {
+        do throws(Errno) {
+            guard flags & Linux.RENAME_WHITEOUT == 0 else { throw Errno.invalidArgument }
+            let parent = try inodes.inode(UInt64(parentID))
+            let newParent = try inodes.inode(UInt64(newParentID))
+            try Syscall.renameat2(parent.fd, name, newParent.fd, newName, flags)
+            fuse_reply_err(req, 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    // MARK: Files
+
+    /// The flags to open the backing file with, and what to tell the kernel about the handle.
+    private func backingFlags(_ requested: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>) -> Int32 {
+        var flags = requested & ~(O_NOFOLLOW | O_CREAT | O_EXCL | Linux.O_DIRECT) | O_CLOEXEC
+        if requested & Linux.O_DIRECT != 0 {
+            fi.pointee.direct_io = 1
+        }
+        if options.writebackCache {
+            // The kernel reads pages to complete partial writes, and appends by itself.
+            if flags & O_ACCMODE == O_WRONLY {
+                flags = (flags & ~O_ACCMODE) | O_RDWR
+            }
+            flags &= ~O_APPEND
+        }
+        return flags
+    }
+
+    func open(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        do throws(Errno) {
+            let inode = try inodes.inode(UInt64(id))
+            let fd = try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags, fi))
+            fi.pointee.fh = HandleBox.store(OpenFile(fd: fd))
+            // This daemon is the only writer of the backing tree: cached pages stay valid.
+            fi.pointee.keep_cache = 1
+            if fuse_reply_open(req, fi) != 0 {
+                HandleBox.release(fi.pointee.fh, as: OpenFile.self)
+            }
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func create(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        do throws(Errno) {
+            let parent = try inodes.inode(UInt64(parentID))
+            let flags = backingFlags(fi.pointee.flags, fi) | O_CREAT | (fi.pointee.flags & O_EXCL)
+            let fd = try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode)
+            let file = OpenFile(fd: fd)
+            try giveToCaller(req, parent: parent, name: nil, fd: fd, mode: mode)
+            var entry = try rememberEntry(pathFD: try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC))
+            fi.pointee.fh = HandleBox.store(file)
+            fi.pointee.keep_cache = 1
+            if fuse_reply_create(req, &entry, fi) != 0 {
+                HandleBox.release(fi.pointee.fh, as: OpenFile.self)
+                inodes.forget(UInt64(entry.ino), count: 1)
+            }
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func read(_ req: fuse_req_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        _ = custody_reply_fd_data(req, file.fd, offset, size)
+    }
+
+    func writeBuffers(_ req: fuse_req_t, _ buffers: UnsafeMutablePointer<fuse_bufvec>, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
+        if written < 0 {
+            fuse_reply_err(req, Int32(-written))
+        } else {
+            fuse_reply_write(req, Int(written))
+        }
+    }
+
+    func flush(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        // Closing a duplicate reports deferred write errors of the backing file system (as NFS does).
+        guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        do throws(Errno) {
+            let duplicate = try Syscall.dup(file.fd)
+            let result = Glibc.close(duplicate)
+            fuse_reply_err(req, result == -1 ? errno : 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func release(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        if fi.pointee.fh != 0 {
+            HandleBox.release(fi.pointee.fh, as: OpenFile.self)
+        }
+        fuse_reply_err(req, 0)
+    }
+
+    func fsync(_ req: fuse_req_t, _ dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        do throws(Errno) {
+            if dataOnly { try Syscall.fdatasync(file.fd) } else { try Syscall.fsync(file.fd) }
+            fuse_reply_err(req, 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func fallocate(_ req: fuse_req_t, _ mode: Int32, _ offset: off_t, _ length: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        do throws(Errno) {
+            try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length))
+            fuse_reply_err(req, 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func lseek(_ req: fuse_req_t, _ offset: off_t, _ whence: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        do throws(Errno) {
+            fuse_reply_lseek(req, off_t(try Syscall.lseek(file.fd, Int64(offset), whence)))
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func copyFileRange(_ req: fuse_req_t, _ inOffset: off_t, _ inFI: UnsafeMutablePointer<fuse_file_info>, _ outOffset: off_t, _ outFI: UnsafeMutablePointer<fuse_file_info>, _ length: Int, _ flags: UInt32) {
+        guard let input = HandleBox.borrow(inFI.pointee.fh, as: OpenFile.self),
+              let output = HandleBox.borrow(outFI.pointee.fh, as: OpenFile.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        do throws(Errno) {
+            var from = Int64(inOffset)
+            var to = Int64(outOffset)
+            let copied = try Syscall.copyFileRange(input.fd, &from, output.fd, &to, length, flags)
+            fuse_reply_write(req, copied)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    // MARK: Directories
+
+    func opendir(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        do throws(Errno) {
+            let inode = try inodes.inode(UInt64(id))
+            let fd = try Syscall.openat(inode.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            guard let dir = fdopendir(fd) else {
+                let error = Errno.current
+                Syscall.close(fd)
+                throw error
+            }
+            fi.pointee.fh = HandleBox.store(OpenDirectory(dir: dir))
+            fi.pointee.cache_readdir = 1
+            if fuse_reply_open(req, fi) != 0 {
+                HandleBox.release(fi.pointee.fh, as: OpenDirectory.self)
+            }
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    func releasedir(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        if fi.pointee.fh != 0 {
+            HandleBox.release(fi.pointee.fh, as: OpenDirectory.self)
+        }
+        fuse_reply_err(req, 0)
+    }
+
+    func fsyncdir(_ req: fuse_req_t, _ dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        guard let dir = HandleBox.borrow(fi.pointee.fh, as: OpenDirectory.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        do throws(Errno) {
+            if dataOnly { try Syscall.fdatasync(dir.fd) } else { try Syscall.fsync(dir.fd) }
+            fuse_reply_err(req, 0)
+        } catch {
+            fuse_reply_err(req, error.rawValue)
+        }
+    }
+
+    private static let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name) ?? 19
+
+    /// Lists entries from `offset`, as many as fit in `size` bytes. With `plus`, each entry
+    /// (but . and ..) is looked up too, so the kernel needs no separate lookup per name.
+    func readdir(_ req: fuse_req_t, _ id: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) {
+        guard let directory = HandleBox.borrow(fi.pointee.fh, as: OpenDirectory.self) else {
+            fuse_reply_err(req, EBADF)
+            return
+        }
+        let parent: Inode
+        do { parent = try inodes.inode(UInt64(id)) } catch {
+            fuse_reply_err(req, error.rawValue)
+            return
+        }
+        let buffer = UnsafeMutableRawPointer.allocate(byteCount: max(size, 1), alignment: 8)
+        defer { buffer.deallocate() }
+        let (used, failure) = directory.stream.withLock { stream -> (Int, Int32) in
+            if stream.offset != Int64(offset) {
+                seekdir(stream.dir, Int(offset))
+                stream.offset = Int64(offset)
+            }
+            var used = 0
+            while true {
+                errno = 0
+                guard let record = Glibc.readdir(stream.dir) else {
+                    return (used, used == 0 ? errno : 0)
+                }
+                let name = (UnsafeRawPointer(record) + Self.nameOffset).assumingMemoryBound(to: CChar.self)
+                let next = Int64(record.pointee.d_off)
+                let remaining = size - used
+                let needed: Int
+                if plus {
+                    var entry: fuse_entry_param
+                    if Self.isDotOrDotDot(name) {
+                        entry = fuse_entry_param()
+                        entry.attr.st_ino = record.pointee.d_ino
+                        entry.attr.st_mode = mode_t(record.pointee.d_type) << 12
+                    } else {
+                        do {
+                            entry = try lookupEntry(in: parent, name)
+                        } catch {
+                            // Removed since the listing was read: skip it.
+                            stream.offset = next
+                            continue
+                        }
+                    }
+                    needed = fuse_add_direntry_plus(req, buffer + used, remaining, name, &entry, off_t(next))
+                    if needed > remaining, entry.ino != 0 {
+                        inodes.forget(UInt64(entry.ino), count: 1)
+                    }
+                } else {
+                    var attributes = stat()
+                    attributes.st_ino = record.pointee.d_ino
+                    attributes.st_mode = mode_t(record.pointee.d_type) << 12
+                    needed = fuse_add_direntry(req, buffer + used, remaining, name, &attributes, off_t(next))
+                }
+                if needed > remaining {
+                    // Did not fit: the next call starts again with this entry.
+                    seekdir(stream.dir, Int(stream.offset))
+                    return (used, 0)
+                }
+                used += needed
+                stream.offset = next
+            }
+        }
+        if failure != 0 {
+            fuse_reply_err(req, failure)
+        } else {
+            fuse_reply_buf(req, buffer.assumingMemoryBound(to: CChar.self), used)
+        }
+    }
+
+    private static func isDotOrDotDot(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0))
+    }
+}

@@ -1,0 +1,54 @@
+import Glibc
+
+/// A POSIX error number. Every syscall wrapper in this module throws it, so callers at the
+/// FUSE boundary can reply with `rawValue` and callers elsewhere get a readable message.
+public struct Errno: Error, Equatable, Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: Int32
+
+    @inlinable public init(_ rawValue: Int32) { self.rawValue = rawValue }
+
+    /// The calling thread's `errno`.
+    @inlinable public static var current: Errno { Errno(errno) }
+
+    public var description: String {
+        "\(String(cString: strerror(rawValue))) (errno \(rawValue))"
+    }
+
+    public static let notPermitted = Errno(EPERM)
+    public static let noSuchFile = Errno(ENOENT)
+    public static let interrupted = Errno(EINTR)
+    public static let ioError = Errno(EIO)
+    public static let badFileDescriptor = Errno(EBADF)
+    public static let accessDenied = Errno(EACCES)
+    public static let exists = Errno(EEXIST)
+    public static let notDirectory = Errno(ENOTDIR)
+    public static let isDirectory = Errno(EISDIR)
+    public static let invalidArgument = Errno(EINVAL)
+    public static let noSpace = Errno(ENOSPC)
+    public static let rangeError = Errno(ERANGE)
+    public static let notEmpty = Errno(ENOTEMPTY)
+    public static let notSupported = Errno(EOPNOTSUPP)
+    public static let noData = Errno(ENODATA)
+    public static let nameTooLong = Errno(ENAMETOOLONG)
+    public static let tooManyLinks = Errno(ELOOP)
+    public static let crossDevice = Errno(EXDEV)
+    public static let notConnected = Errno(ENOTCONN)
+}
+
+/// Returns `result`, or throws the current errno when it is -1.
+@inlinable @inline(__always)
+public func valueOrErrno<T: FixedWidthInteger>(_ result: T) throws(Errno) -> T {
+    if result == -1 { throw Errno.current }
+    return result
+}
+
+/// Runs `call` again while it fails with EINTR.
+@inlinable @inline(__always)
+public func retryingOnInterrupt<T: FixedWidthInteger>(_ call: () -> T) throws(Errno) -> T {
+    while true {
+        let result = call()
+        if result != -1 { return result }
+        let error = Errno.current
+        if error != .interrupted { throw error }
+    }
+}

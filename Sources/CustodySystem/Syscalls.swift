@@ -1,0 +1,224 @@
+import CLinux
+import Glibc
+
+/// Thin, typed wrappers over the syscalls the file system front ends use. Each returns its
+/// result or throws `Errno`; none allocates on success unless it returns a `String` or bytes.
+public enum Syscall {
+    // MARK: Descriptors
+
+    @inlinable
+    public static func openat(_ dir: Int32, _ path: UnsafePointer<CChar>, _ flags: Int32, _ mode: mode_t = 0) throws(Errno) -> Int32 {
+        try retryingOnInterrupt { Glibc.openat(dir, path, flags, mode) }
+    }
+
+    @inlinable
+    public static func open(_ path: UnsafePointer<CChar>, _ flags: Int32, _ mode: mode_t = 0) throws(Errno) -> Int32 {
+        try retryingOnInterrupt { Glibc.open(path, flags, mode) }
+    }
+
+    /// Closes `fd`. A close error is not actionable after the descriptor is gone, so it is ignored.
+    @inlinable
+    public static func close(_ fd: Int32) { _ = Glibc.close(fd) }
+
+    @inlinable
+    public static func dup(_ fd: Int32) throws(Errno) -> Int32 {
+        try valueOrErrno(Glibc.dup(fd))
+    }
+
+    /// The `/proc/self/fd/N` path of a descriptor: how calls without an `f…` or `…at` form
+    /// (xattrs, truncate, chmod of an O_PATH descriptor) reach the file it refers to.
+    @inlinable
+    public static func procPath(_ fd: Int32) -> String { "/proc/self/fd/\(fd)" }
+
+    // MARK: Metadata
+
+    @inlinable
+    public static func fstatat(_ dir: Int32, _ path: UnsafePointer<CChar>, _ flags: Int32) throws(Errno) -> stat {
+        var st = Glibc.stat()
+        _ = try valueOrErrno(Glibc.fstatat(dir, path, &st, flags))
+        return st
+    }
+
+    /// Attributes of what an (O_PATH) descriptor refers to, without following a symlink.
+    @inlinable
+    public static func stat(of fd: Int32) throws(Errno) -> stat {
+        try fstatat(fd, "", Linux.AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)
+    }
+
+    @inlinable
+    public static func fstat(_ fd: Int32) throws(Errno) -> stat {
+        var st = Glibc.stat()
+        _ = try valueOrErrno(Glibc.fstat(fd, &st))
+        return st
+    }
+
+    @inlinable
+    public static func lstat(_ path: UnsafePointer<CChar>) throws(Errno) -> stat {
+        var st = Glibc.stat()
+        _ = try valueOrErrno(Glibc.lstat(path, &st))
+        return st
+    }
+
+    @inlinable
+    public static func fchmod(_ fd: Int32, _ mode: mode_t) throws(Errno) {
+        _ = try valueOrErrno(Glibc.fchmod(fd, mode))
+    }
+
+    @inlinable
+    public static func chmod(_ path: UnsafePointer<CChar>, _ mode: mode_t) throws(Errno) {
+        _ = try valueOrErrno(Glibc.chmod(path, mode))
+    }
+
+    @inlinable
+    public static func fchownat(_ dir: Int32, _ path: UnsafePointer<CChar>, _ uid: uid_t, _ gid: gid_t, _ flags: Int32) throws(Errno) {
+        _ = try valueOrErrno(Glibc.fchownat(dir, path, uid, gid, flags))
+    }
+
+    @inlinable
+    public static func ftruncate(_ fd: Int32, _ size: Int64) throws(Errno) {
+        _ = try retryingOnInterrupt { Glibc.ftruncate(fd, off_t(size)) }
+    }
+
+    @inlinable
+    public static func truncate(_ path: UnsafePointer<CChar>, _ size: Int64) throws(Errno) {
+        _ = try retryingOnInterrupt { Glibc.truncate(path, off_t(size)) }
+    }
+
+    @inlinable
+    public static func futimens(_ fd: Int32, _ times: [timespec]) throws(Errno) {
+        _ = try valueOrErrno(Glibc.futimens(fd, times))
+    }
+
+    @inlinable
+    public static func utimensat(_ dir: Int32, _ path: UnsafePointer<CChar>, _ times: [timespec], _ flags: Int32) throws(Errno) {
+        _ = try valueOrErrno(Glibc.utimensat(dir, path, times, flags))
+    }
+
+    @inlinable
+    public static func fstatvfs(_ fd: Int32) throws(Errno) -> statvfs {
+        var st = statvfs()
+        _ = try valueOrErrno(Glibc.fstatvfs(fd, &st))
+        return st
+    }
+
+    @inlinable
+    public static func faccessat(_ dir: Int32, _ path: UnsafePointer<CChar>, _ mode: Int32, _ flags: Int32) throws(Errno) {
+        _ = try valueOrErrno(Glibc.faccessat(dir, path, mode, flags))
+    }
+
+    // MARK: Names
+
+    @inlinable
+    public static func mkdirat(_ dir: Int32, _ name: UnsafePointer<CChar>, _ mode: mode_t) throws(Errno) {
+        _ = try valueOrErrno(Glibc.mkdirat(dir, name, mode))
+    }
+
+    @inlinable
+    public static func mknodat(_ dir: Int32, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ device: dev_t) throws(Errno) {
+        _ = try valueOrErrno(Glibc.mknodat(dir, name, mode, device))
+    }
+
+    @inlinable
+    public static func symlinkat(_ target: UnsafePointer<CChar>, _ dir: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
+        _ = try valueOrErrno(Glibc.symlinkat(target, dir, name))
+    }
+
+    /// The target of a symlink, as raw bytes followed by a NUL.
+    public static func readlinkat(_ dir: Int32, _ path: UnsafePointer<CChar>) throws(Errno) -> [CChar] {
+        var capacity = 256
+        while true {
+            var buffer = [CChar](repeating: 0, count: capacity + 1)
+            let count = try valueOrErrno(Glibc.readlinkat(dir, path, &buffer, capacity))
+            if count < capacity {
+                buffer[count] = 0
+                return Array(buffer[0...count])
+            }
+            capacity *= 4
+            if capacity > 1 << 20 { throw Errno.nameTooLong }
+        }
+    }
+
+    @inlinable
+    public static func linkat(_ fromDir: Int32, _ from: UnsafePointer<CChar>, _ toDir: Int32, _ to: UnsafePointer<CChar>, _ flags: Int32) throws(Errno) {
+        _ = try valueOrErrno(Glibc.linkat(fromDir, from, toDir, to, flags))
+    }
+
+    @inlinable
+    public static func unlinkat(_ dir: Int32, _ name: UnsafePointer<CChar>, _ flags: Int32) throws(Errno) {
+        _ = try valueOrErrno(Glibc.unlinkat(dir, name, flags))
+    }
+
+    @inlinable
+    public static func renameat2(_ fromDir: Int32, _ from: UnsafePointer<CChar>, _ toDir: Int32, _ to: UnsafePointer<CChar>, _ flags: UInt32) throws(Errno) {
+        _ = try valueOrErrno(clinux_renameat2(fromDir, from, toDir, to, flags))
+    }
+
+    // MARK: Data
+
+    @inlinable
+    public static func pread(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int, _ offset: Int64) throws(Errno) -> Int {
+        try retryingOnInterrupt { Glibc.pread(fd, buffer, count, off_t(offset)) }
+    }
+
+    @inlinable
+    public static func pwrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: Int64) throws(Errno) -> Int {
+        try retryingOnInterrupt { Glibc.pwrite(fd, buffer, count, off_t(offset)) }
+    }
+
+    /// Writes all of `count` bytes, looping over short writes.
+    public static func pwriteAll(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: Int64) throws(Errno) {
+        var done = 0
+        while done < count {
+            let n = try pwrite(fd, buffer + done, count - done, offset + Int64(done))
+            if n == 0 { throw Errno.ioError }
+            done += n
+        }
+    }
+
+    @inlinable
+    public static func fsync(_ fd: Int32) throws(Errno) {
+        _ = try retryingOnInterrupt { Glibc.fsync(fd) }
+    }
+
+    @inlinable
+    public static func fdatasync(_ fd: Int32) throws(Errno) {
+        _ = try retryingOnInterrupt { Glibc.fdatasync(fd) }
+    }
+
+    @inlinable
+    public static func fallocate(_ fd: Int32, _ mode: Int32, _ offset: Int64, _ length: Int64) throws(Errno) {
+        _ = try retryingOnInterrupt { clinux_fallocate(fd, mode, offset, length) }
+    }
+
+    @inlinable
+    public static func lseek(_ fd: Int32, _ offset: Int64, _ whence: Int32) throws(Errno) -> Int64 {
+        Int64(try valueOrErrno(Glibc.lseek(fd, off_t(offset), whence)))
+    }
+
+    @inlinable
+    public static func copyFileRange(_ input: Int32, _ inputOffset: inout Int64, _ output: Int32, _ outputOffset: inout Int64, _ length: Int, _ flags: UInt32) throws(Errno) -> Int {
+        try retryingOnInterrupt { clinux_copy_file_range(input, &inputOffset, output, &outputOffset, length, flags) }
+    }
+
+    // MARK: Extended attributes (by path: they do not work on O_PATH descriptors)
+
+    @inlinable
+    public static func getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
+        try valueOrErrno(clinux_getxattr(path, name, buffer, size))
+    }
+
+    @inlinable
+    public static func setxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer?, _ size: Int, _ flags: Int32) throws(Errno) {
+        _ = try valueOrErrno(clinux_setxattr(path, name, value, size, flags))
+    }
+
+    @inlinable
+    public static func listxattr(_ path: UnsafePointer<CChar>, _ buffer: UnsafeMutablePointer<CChar>?, _ size: Int) throws(Errno) -> Int {
+        try valueOrErrno(clinux_listxattr(path, buffer, size))
+    }
+
+    @inlinable
+    public static func removexattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>) throws(Errno) {
+        _ = try valueOrErrno(clinux_removexattr(path, name))
+    }
+}

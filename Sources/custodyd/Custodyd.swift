@@ -1,0 +1,80 @@
+import ArgumentParser
+import CustodyFUSE
+import CustodySystem
+import Glibc
+
+@main
+struct Custodyd: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "custodyd",
+        abstract: "Mount a protected working directory over FUSE.",
+        discussion: """
+            Serves BACKING at MOUNTPOINT and stays in the foreground until the mount point is \
+            unmounted (fusermount3 -u MOUNTPOINT) or the daemon gets SIGTERM or SIGINT.
+            """,
+        version: CustodyVersion.string)
+
+    @Argument(help: "The directory that holds the files (the backing store).")
+    var backing: String
+
+    @Argument(help: "An empty directory where the protected view appears.")
+    var mountPoint: String
+
+    @Option(help: ArgumentHelp("Directory for keys and state.", valueName: "dir"))
+    var state: String?
+
+    @Flag(help: "Let other users use the mount (turns on kernel permission checks).")
+    var allowOther = false
+
+    @Flag(help: "Mount even when the mount point is not empty.")
+    var allowNonempty = false
+
+    @Option(help: ArgumentHelp("Seconds the kernel caches names and attributes.", valueName: "seconds"))
+    var cacheTimeout: Double = 1.0
+
+    @Flag(help: "Send every write to the daemon at once instead of batching in the page cache.")
+    var noWritebackCache = false
+
+    @Option(help: ArgumentHelp("Most FUSE request threads.", valueName: "n"))
+    var threads: Int = 8
+
+    @Flag(help: "Print every FUSE request.")
+    var debug = false
+
+    func validate() throws {
+        guard cacheTimeout >= 0, cacheTimeout.isFinite else {
+            throw ValidationError("--cache-timeout must be a number of seconds, 0 or more")
+        }
+        guard (1...256).contains(threads) else {
+            throw ValidationError("--threads must be between 1 and 256")
+        }
+    }
+
+    func run() throws {
+        var options = MountOptions()
+        options.allowOther = allowOther
+        options.allowNonEmpty = allowNonempty
+        options.entryTimeout = cacheTimeout
+        options.attributeTimeout = cacheTimeout
+        options.negativeTimeout = cacheTimeout
+        options.writebackCache = !noWritebackCache
+        options.maxThreads = threads
+        options.debug = debug
+
+        do {
+            let stateDirectory = state ?? StateDirectory.defaultPath()
+            try StateDirectory.prepare(stateDirectory)
+            let mount = try FUSEMount(backing: backing, mountPoint: mountPoint, options: options)
+            try mount.run {
+                Log.info("serving \(mount.backing) at \(mount.mountPoint) (pid \(getpid()), state \(stateDirectory))")
+            }
+            Log.info("unmounted \(mount.mountPoint)")
+        } catch let error as MountError {
+            Log.error(error.description)
+            throw ExitCode(1)
+        } catch let error as StateDirectoryError {
+            Log.error(error.description)
+            throw ExitCode(1)
+        }
+    }
+}
