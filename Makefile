@@ -1,0 +1,57 @@
+# Custody — see README.md. `make run` mounts a demo protected directory; `make test` runs every test.
+SHELL := /bin/bash
+SWIFT ?= swift
+BUILD_FLAGS ?=
+BIN := .build/debug
+RELEASE_BIN := .build/release
+
+# Debian packages: what building and testing need, and what `make bench` compares against.
+BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libssl-dev libsodium-dev
+TEST_PACKAGES := attr sqlite3 util-linux
+BENCH_PACKAGES := gocryptfs fio sqlite3
+
+DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
+
+.PHONY: all deps bench-deps build release run test bench clean
+
+all: build
+
+# Installs whatever of the listed packages is missing (as root, or through sudo).
+define install_missing
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+endef
+
+deps:
+	$(call install_missing,$(BUILD_PACKAGES) $(TEST_PACKAGES))
+
+bench-deps: deps
+	$(call install_missing,$(BENCH_PACKAGES))
+
+build: deps
+	$(SWIFT) build $(BUILD_FLAGS)
+
+release: deps
+	$(SWIFT) build -c release $(BUILD_FLAGS)
+
+# Mounts $(DEMO_DIR)/backing at $(DEMO_DIR)/Work in the foreground; Ctrl-C unmounts.
+run: build
+	@mkdir -p "$(DEMO_DIR)/backing" "$(DEMO_DIR)/Work" "$(DEMO_DIR)/state"
+	@chmod 700 "$(DEMO_DIR)/state"
+	@if grep -q " $(DEMO_DIR)/Work " /proc/self/mountinfo; then fusermount3 -uz "$(DEMO_DIR)/Work"; fi
+	@echo "Custody demo: files written to $(DEMO_DIR)/Work are stored in $(DEMO_DIR)/backing."
+	@echo "Use it from another terminal; press Ctrl-C here (or run 'fusermount3 -u $(DEMO_DIR)/Work') to stop."
+	$(BIN)/custodyd --state "$(DEMO_DIR)/state" "$(DEMO_DIR)/backing" "$(DEMO_DIR)/Work"
+
+test: build
+	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
+
+bench: bench-deps release
+	bash bench/run.sh
+
+clean:
+	rm -rf .build

@@ -1,0 +1,133 @@
+@testable import CustodyFUSE
+import CustodySystem
+import Glibc
+import XCTest
+
+final class InodeTableTests: XCTestCase {
+    var directory = ""
+
+    override func setUpWithError() throws {
+        var template = Array("/tmp/custody-fuse.XXXXXX".utf8CString)
+        directory = String(cString: try XCTUnwrap(mkdtemp(&template)))
+    }
+
+    override func tearDown() {
+        _ = system("rm -rf '\(directory)'")
+    }
+
+    private func pathFD(_ path: String) throws -> (Int32, stat) {
+        let fd = try Syscall.open(path, Linux.O_PATH | O_NOFOLLOW)
+        return (fd, try Syscall.stat(of: fd))
+    }
+
+    private func isOpen(_ fd: Int32) -> Bool { fcntl(fd, F_GETFD) != -1 }
+
+    private func makeTable() throws -> InodeTable {
+        let (fd, st) = try pathFD(directory)
+        return InodeTable(root: Inode(fd: fd, device: UInt64(st.st_dev), number: UInt64(st.st_ino), fileType: S_IFDIR))
+    }
+
+    func testSameObjectGetsSameIDAndDuplicateDescriptorIsClosed() throws {
+        let table = try makeTable()
+        close(try Syscall.open(directory + "/f", O_CREAT | O_WRONLY, 0o644))
+        XCTAssertEqual(link(directory + "/f", directory + "/g"), 0)
+        let (fd1, st1) = try pathFD(directory + "/f")
+        let (fd2, st2) = try pathFD(directory + "/g")
+        let id1 = table.remember(fd: fd1, attributes: st1)
+        let id2 = table.remember(fd: fd2, attributes: st2)
+        XCTAssertEqual(id1, id2, "hard links map to one node ID")
+        XCTAssertNotEqual(id1, InodeTable.rootID)
+        XCTAssertTrue(isOpen(fd1))
+        XCTAssertFalse(isOpen(fd2), "the second descriptor was closed, not leaked")
+        XCTAssertEqual(table.count, 2)
+
+        // Two lookups: the first forget keeps it, the second retires it and closes its descriptor.
+        table.forget(id1, count: 1)
+        XCTAssertNoThrow(try table.inode(id1))
+        table.forget(id1, count: 1)
+        XCTAssertThrowsError(try table.inode(id1)) { XCTAssertEqual($0 as? Errno, .badFileDescriptor) }
+        XCTAssertFalse(isOpen(fd1), "a forgotten inode's descriptor is closed")
+        XCTAssertEqual(table.count, 1)
+    }
+
+    func testNodeIDsAreNotReusedAndRootIsNeverForgotten() throws {
+        let table = try makeTable()
+        close(try Syscall.open(directory + "/f", O_CREAT | O_WRONLY, 0o644))
+        var (fd, st) = try pathFD(directory + "/f")
+        let first = table.remember(fd: fd, attributes: st)
+        table.forget(first, count: 1)
+        (fd, st) = try pathFD(directory + "/f")
+        let second = table.remember(fd: fd, attributes: st)
+        XCTAssertNotEqual(first, second)
+        table.forget(InodeTable.rootID, count: 1 << 40)
+        XCTAssertNoThrow(try table.inode(InodeTable.rootID))
+    }
+
+    func testInFlightRequestKeepsDescriptorAfterForget() throws {
+        let table = try makeTable()
+        close(try Syscall.open(directory + "/f", O_CREAT | O_WRONLY, 0o644))
+        let (fd, st) = try pathFD(directory + "/f")
+        let id = table.remember(fd: fd, attributes: st)
+        var held: Inode? = try table.inode(id)
+        table.forget(id, count: 1)
+        XCTAssertTrue(isOpen(fd), "a request still holding the inode keeps its descriptor")
+        XCTAssertEqual(held?.fd, fd)
+        held = nil
+        XCTAssertFalse(isOpen(fd))
+    }
+
+    func testHandleBoxRoundTrip() {
+        final class Box { let value = 7 }
+        let fh = HandleBox.store(Box())
+        XCTAssertEqual(HandleBox.borrow(fh, as: Box.self)?.value, 7)
+        XCTAssertNil(HandleBox.borrow(0, as: Box.self))
+        XCTAssertEqual(HandleBox.release(fh, as: Box.self)?.value, 7)
+    }
+}
+
+final class MountValidationTests: XCTestCase {
+    var directory = ""
+
+    override func setUpWithError() throws {
+        var template = Array("/tmp/custody-mv.XXXXXX".utf8CString)
+        directory = String(cString: try XCTUnwrap(mkdtemp(&template)))
+        XCTAssertEqual(mkdir(directory + "/backing", 0o755), 0)
+        XCTAssertEqual(mkdir(directory + "/mnt", 0o755), 0)
+    }
+
+    override func tearDown() {
+        _ = system("rm -rf '\(directory)'")
+    }
+
+    private func validate(_ backing: String, _ mountPoint: String, _ options: MountOptions = MountOptions()) -> MountError? {
+        do {
+            _ = try FUSEMount(backing: backing, mountPoint: mountPoint, options: options)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    func testRefusesBadPathsWithClearErrors() throws {
+        let b = directory + "/backing", m = directory + "/mnt"
+        XCTAssertEqual(validate(directory + "/nope", m), .backingMissing(directory + "/nope"))
+        close(try Syscall.open(directory + "/file", O_CREAT | O_WRONLY, 0o644))
+        XCTAssertEqual(validate(directory + "/file", m), .backingNotDirectory(directory + "/file"))
+        XCTAssertEqual(validate(b, directory + "/missing"), .mountPointMissing(directory + "/missing"))
+        XCTAssertEqual(validate(b, directory + "/file"), .mountPointNotDirectory(directory + "/file"))
+        XCTAssertEqual(mkdir(b + "/inner", 0o755), 0)
+        let inside = resolvedPath(b + "/inner") ?? ""
+        XCTAssertEqual(validate(b, b + "/inner"), .mountPointInsideBacking(mountPoint: inside, backing: resolvedPath(b) ?? ""))
+        XCTAssertEqual(validate(b, b), .mountPointInsideBacking(mountPoint: resolvedPath(b) ?? "", backing: resolvedPath(b) ?? ""))
+        close(try Syscall.open(m + "/occupant", O_CREAT | O_WRONLY, 0o644))
+        XCTAssertEqual(validate(b, m), .mountPointNotEmpty(resolvedPath(m) ?? ""))
+        var options = MountOptions()
+        options.allowNonEmpty = true
+        XCTAssertNil(validate(b, m, options))
+        XCTAssertTrue(MountError.mountPointNotEmpty("/x").description.contains("--allow-nonempty"))
+    }
+
+    func testRefusesAnExistingMountPoint() {
+        XCTAssertEqual(validate(directory + "/backing", "/proc"), .alreadyMounted("/proc", type: "proc"))
+    }
+}

@@ -1,0 +1,245 @@
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// A `custodyd` serving a fresh temporary backing directory at a fresh mount point.
+/// Always unmounted and stopped (by PID) in `stop()`, which tests call from `tearDown`/`defer`.
+final class MountedDaemon {
+    let root: String
+    let backing: String
+    let mountPoint: String
+    let state: String
+    let logPath: String
+    private(set) var pid: pid_t = 0
+
+    /// Where the daemon binary is: `CUSTODYD`, else next to the test bundle.
+    static var binary: String {
+        if let path = ProcessInfo.processInfo.environment["CUSTODYD"] { return path }
+        let bundle = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        var directory = bundle.deletingLastPathComponent()
+        if directory.lastPathComponent == "MacOS" || bundle.pathExtension != "xctest" {
+            directory = directory.deletingLastPathComponent()
+        }
+        return directory.appendingPathComponent("custodyd").path
+    }
+
+    /// FUSE must work here; under CI=true a missing /dev/fuse fails the test instead of skipping it.
+    static func requireFUSE() throws {
+        let fd = open("/dev/fuse", O_RDWR)
+        if fd >= 0 { close(fd); return }
+        if ProcessInfo.processInfo.environment["CI"] == "true" {
+            XCTFail("/dev/fuse is not usable (\(Errno.current)) and CI=true: FUSE tests must run")
+        }
+        throw XCTSkip("/dev/fuse is not usable here")
+    }
+
+    init(extraArguments: [String] = [], file: StaticString = #filePath, line: UInt = #line) throws {
+        try Self.requireFUSE()
+        root = try makeTemporaryDirectory("custody-test")
+        backing = root + "/backing"
+        mountPoint = root + "/mnt"
+        state = root + "/state"
+        logPath = root + "/custodyd.log"
+        for dir in [backing, mountPoint] { try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true) }
+        try start(extraArguments: extraArguments)
+    }
+
+    func start(extraArguments: [String] = []) throws {
+        let arguments = ["--state", state] + extraArguments + [backing, mountPoint]
+        pid = try spawn(Self.binary, arguments, stdoutPath: logPath, stderrPath: logPath)
+        let deadline = Date().addingTimeInterval(15)
+        while Date() < deadline {
+            if MountTable.entry(at: mountPoint)?.fileSystemType == "fuse.custody" { return }
+            var status: Int32 = 0
+            if waitpid(pid, &status, WNOHANG) == pid {
+                pid = 0
+                throw HarnessError("custodyd exited before mounting: \(log)")
+            }
+            usleep(20_000)
+        }
+        stop()
+        throw HarnessError("custodyd did not mount within 15 s: \(log)")
+    }
+
+    var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+    var isMounted: Bool { MountTable.entry(at: mountPoint) != nil }
+
+    /// Unmounts and waits for the daemon; escalates to SIGTERM and SIGKILL if it lingers.
+    func stop() {
+        if isMounted {
+            _ = try? runCommand(["fusermount3", "-u", mountPoint])
+            if isMounted { _ = try? runCommand(["fusermount3", "-uz", mountPoint]) }
+        }
+        guard pid > 0 else { return }
+        if !waitForExit(pid, seconds: 10) {
+            kill(pid, SIGTERM)
+            if !waitForExit(pid, seconds: 5) {
+                kill(pid, SIGKILL)
+                _ = waitForExit(pid, seconds: 5)
+            }
+        }
+        pid = 0
+    }
+
+    /// Stops the daemon and removes every temporary file.
+    func destroy() {
+        stop()
+        _ = try? runCommand(["rm", "-rf", root])
+    }
+
+    func mnt(_ relative: String) -> String { mountPoint + "/" + relative }
+    func back(_ relative: String) -> String { backing + "/" + relative }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Waits for a child; true when it exited (and was reaped) within the time.
+@discardableResult
+func waitForExit(_ pid: pid_t, seconds: Double, status: UnsafeMutablePointer<Int32>? = nil) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    var result: Int32 = 0
+    while Date() < deadline {
+        let reaped = waitpid(pid, &result, WNOHANG)
+        if reaped == pid || (reaped == -1 && errno == ECHILD) {
+            status?.pointee = result
+            return true
+        }
+        usleep(10_000)
+    }
+    return false
+}
+
+func makeTemporaryDirectory(_ prefix: String) throws -> String {
+    var template = Array("/tmp/\(prefix).XXXXXX".utf8CString)
+    guard let created = mkdtemp(&template) else { throw HarnessError("mkdtemp: \(Errno.current)") }
+    return String(cString: created)
+}
+
+/// Starts a program with stdout and stderr sent to files (or /dev/null).
+func spawn(_ program: String, _ arguments: [String], stdoutPath: String = "/dev/null", stderrPath: String = "/dev/null") throws -> pid_t {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, stdoutPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+    posix_spawn_file_actions_addopen(&actions, 2, stderrPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
+    let argv = ([program] + arguments).map { strdup($0) } + [nil]
+    defer { argv.forEach { free($0) } }
+    var pid: pid_t = 0
+    let result = posix_spawnp(&pid, program, &actions, nil, argv, environ)
+    guard result == 0 else { throw HarnessError("cannot start \(program): \(Errno(result))") }
+    return pid
+}
+
+struct CommandResult {
+    var status: Int32
+    var output: String
+    var error: String
+}
+
+/// Runs a command to completion and captures its output.
+@discardableResult
+func runCommand(_ arguments: [String], input: Data? = nil, directory: String? = nil, environment: [String: String]? = nil) throws -> CommandResult {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = arguments
+    if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
+    if let environment { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
+    let out = Pipe(), err = Pipe(), inPipe = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    process.standardInput = input == nil ? FileHandle.nullDevice : inPipe
+    try process.run()
+    if let input {
+        inPipe.fileHandleForWriting.write(input)
+        try? inPipe.fileHandleForWriting.close()
+    }
+    // Read both pipes concurrently so that neither fills up.
+    let group = DispatchGroup()
+    nonisolated(unsafe) var errorData = Data()
+    DispatchQueue.global().async(group: group) { errorData = err.fileHandleForReading.readDataToEndOfFile() }
+    let outputData = out.fileHandleForReading.readDataToEndOfFile()
+    group.wait()
+    process.waitUntilExit()
+    return CommandResult(status: process.terminationStatus,
+                         output: String(decoding: outputData, as: UTF8.self),
+                         error: String(decoding: errorData, as: UTF8.self))
+}
+
+/// Runs a command and fails the test unless it exits 0.
+@discardableResult
+func mustRun(_ arguments: [String], input: Data? = nil, directory: String? = nil, file: StaticString = #filePath, line: UInt = #line) throws -> String {
+    let result = try runCommand(arguments, input: input, directory: directory)
+    if result.status != 0 {
+        throw HarnessError("\(arguments.joined(separator: " ")) exited \(result.status): \(result.error)")
+    }
+    return result.output
+}
+
+// MARK: Small file helpers that report errno, so tests can assert on it.
+
+func writeFile(_ path: String, _ bytes: [UInt8], flags: Int32 = O_WRONLY | O_CREAT | O_TRUNC, mode: mode_t = 0o644) throws {
+    let fd = try Syscall.open(path, flags | O_CLOEXEC, mode)
+    defer { close(fd) }
+    try bytes.withUnsafeBytes { buffer in
+        guard let base = buffer.baseAddress else { return }
+        var offset = 0
+        while offset < buffer.count {
+            let n = Glibc.write(fd, base + offset, buffer.count - offset)
+            if n < 0 { throw Errno.current }
+            offset += n
+        }
+    }
+}
+
+func readFile(_ path: String) throws -> [UInt8] {
+    let fd = try Syscall.open(path, O_RDONLY | O_CLOEXEC)
+    defer { close(fd) }
+    return try readAll(fd)
+}
+
+func readAll(_ fd: Int32) throws -> [UInt8] {
+    var result: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 1 << 16)
+    var offset: Int64 = 0
+    while true {
+        let n = try chunk.withUnsafeMutableBytes { buffer in
+            try Syscall.pread(fd, buffer.baseAddress!, buffer.count, offset)
+        }
+        if n == 0 { return result }
+        result.append(contentsOf: chunk[0..<n])
+        offset += Int64(n)
+    }
+}
+
+func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+/// The errno a throwing call failed with, or nil if it succeeded.
+func errnoOf(_ body: () throws -> Void) -> Int32? {
+    do {
+        try body()
+        return nil
+    } catch let error as Errno {
+        return error.rawValue
+    } catch {
+        return -1
+    }
+}
+
+/// A small seeded generator (SplitMix64), so randomized tests can print and replay their seed.
+struct SeededGenerator: RandomNumberGenerator {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
