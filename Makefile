@@ -51,7 +51,7 @@ test: build
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
 
 bench: bench-deps release
-	bash bench/run.sh
+	python3 bench/bench.py
 
 clean:
 	rm -rf .build

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Custody benchmark: the same workloads on several file systems, in one run, on this machine.
+
+Systems (each mounted once for the run, alternating round by round):
+  raw                        the backing disk itself
+  custody-plain              custodyd with no identity: the plaintext passthrough
+  gocryptfs                  gocryptfs (Debian), default settings
+  gocryptfs-plaintextnames   gocryptfs -plaintextnames (Custody does not encrypt names either)
+
+Prints a markdown table of medians (seconds, or IOPS for fio) with the ratio to gocryptfs, writes
+JSON under bench/results/, and records custodyd's peak RSS during untar.
+
+Environment: ROUNDS (3), FIO_SECONDS (10), WORKLOADS (comma list, default all), SYSTEMS (comma
+list), BENCH_DIR (/var/tmp/custody-bench), CUSTODYD (.build/release/custodyd).
+"""
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUSTODYD = os.environ.get("CUSTODYD", os.path.join(ROOT, ".build/release/custodyd"))
+BENCH_DIR = os.environ.get("BENCH_DIR", "/var/tmp/custody-bench")
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+FIO_SECONDS = int(os.environ.get("FIO_SECONDS", "10"))
+ALL_WORKLOADS = ["dd_write", "dd_read_cold", "untar", "ls_lR_cold", "read_all_cold", "rm_rf",
+                 "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
+WORKLOADS = [w for w in os.environ.get("WORKLOADS", ",".join(ALL_WORKLOADS)).split(",") if w]
+ALL_SYSTEMS = ["raw", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames"]
+SYSTEMS = [s for s in os.environ.get("SYSTEMS", ",".join(ALL_SYSTEMS)).split(",") if s]
+IOPS_WORKLOADS = {"fio_randread_4k", "fio_randwrite_4k"}
+
+
+def sh(*args, **kwargs):
+    return subprocess.run(list(args), check=True, **kwargs)
+
+
+def drop_caches():
+    sh("sync")
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def mounted(path):
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+class System:
+    """A mounted (or raw) directory to run workloads in."""
+
+    def __init__(self, name):
+        self.name = name
+        self.base = os.path.join(BENCH_DIR, name)
+        self.backing = os.path.join(self.base, "backing")
+        self.mnt = os.path.join(self.base, "mnt")
+        self.process = None
+
+    def start(self):
+        shutil.rmtree(self.base, ignore_errors=True)
+        os.makedirs(self.backing)
+        os.makedirs(self.mnt)
+        if self.name == "raw":
+            self.dir = self.backing
+            return
+        log = open(os.path.join(self.base, "daemon.log"), "w")
+        if self.name == "custody-plain":
+            state = os.path.join(self.base, "state")
+            os.makedirs(state, mode=0o700)
+            cmd = [CUSTODYD, "--state", state, self.backing, self.mnt]
+        else:
+            passfile = os.path.join(self.base, "pass")
+            with open(passfile, "w") as f:
+                f.write("benchmark passphrase\n")
+            extra = ["-plaintextnames"] if self.name == "gocryptfs-plaintextnames" else []
+            sh("gocryptfs", "-init", "-q", "-passfile", passfile, *extra, self.backing, stdout=subprocess.DEVNULL)
+            cmd = ["gocryptfs", "-fg", "-q", "-passfile", passfile, self.backing, self.mnt]
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=log)
+        deadline = time.time() + 15
+        while not mounted(self.mnt):
+            if self.process.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"{self.name} did not mount; see {self.base}/daemon.log")
+            time.sleep(0.02)
+        self.dir = self.mnt
+
+    def stop(self):
+        if self.process is None:
+            return
+        if mounted(self.mnt):
+            subprocess.run(["fusermount3", "-u", self.mnt])
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def reset_peak_rss(self):
+        if self.process and self.name.startswith("custody"):
+            with open(f"/proc/{self.process.pid}/clear_refs", "w") as f:
+                f.write("5\n")
+
+    def peak_rss_kib(self):
+        if not (self.process and self.name.startswith("custody")):
+            return None
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        return None
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def fio(path, mode):
+    out = subprocess.run(
+        ["fio", "--name=bench", f"--filename={path}", "--size=256M", "--bs=4k", f"--rw={mode}",
+         "--ioengine=psync", "--direct=1", "--numjobs=1", f"--runtime={FIO_SECONDS}", "--time_based",
+         "--output-format=json"], check=True, capture_output=True, text=True).stdout
+    job = json.loads(out)["jobs"][0]
+    return job["read" if mode == "randread" else "write"]["iops"]
+
+
+def run_round(system, round_index, tarball, results, peaks):
+    work = os.path.join(system.dir, f"round{round_index}")
+    os.makedirs(work)
+    big = os.path.join(work, "big")
+    tree = os.path.join(work, "tree")
+    db = os.path.join(work, "bench.db")
+    record = lambda name, value: results.setdefault(system.name, {}).setdefault(name, []).append(value)
+
+    if "dd_write" in WORKLOADS or "dd_read_cold" in WORKLOADS:
+        record("dd_write", timed(lambda: sh("dd", "if=/dev/zero", f"of={big}", "bs=1M", "count=512",
+                                              "conv=fsync", "status=none")))
+        drop_caches()
+        record("dd_read_cold", timed(lambda: sh("dd", f"if={big}", "of=/dev/null", "bs=1M", "status=none")))
+        os.unlink(big)
+    if {"untar", "ls_lR_cold", "read_all_cold", "rm_rf"} & set(WORKLOADS):
+        os.makedirs(tree)
+        drop_caches()
+        system.reset_peak_rss()
+        record("untar", timed(lambda: (sh("tar", "-xf", tarball, "-C", tree), sh("sync"))))
+        peak = system.peak_rss_kib()
+        if peak is not None:
+            peaks.setdefault(system.name, []).append(peak)
+        drop_caches()
+        record("ls_lR_cold", timed(lambda: sh("ls", "-lR", tree, stdout=subprocess.DEVNULL)))
+        drop_caches()
+        record("read_all_cold", timed(lambda: sh(
+            "sh", "-c", f"find '{tree}' -type f -print0 | xargs -0 cat > /dev/null")))
+        record("rm_rf", timed(lambda: (sh("rm", "-rf", tree), sh("sync"))))
+    if "sqlite_300_commits" in WORKLOADS:
+        sh("sqlite3", db, "create table t(id integer primary key, v text);")
+        script = "".join(f"begin; insert into t(v) values('row {i} {'x' * 100}'); commit;\n" for i in range(300))
+        record("sqlite_300_commits", timed(lambda: subprocess.run(["sqlite3", db], input=script, text=True, check=True)))
+    if "fio_randread_4k" in WORKLOADS or "fio_randwrite_4k" in WORKLOADS:
+        path = os.path.join(work, "fio.dat")
+        sh("dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=256", "conv=fsync", "status=none")
+        if "fio_randread_4k" in WORKLOADS:
+            record("fio_randread_4k", fio(path, "randread"))
+        if "fio_randwrite_4k" in WORKLOADS:
+            record("fio_randwrite_4k", fio(path, "randwrite"))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    if os.geteuid() != 0:
+        raise SystemExit("make bench needs root (to drop caches and mount)")
+    if "custody-plain" in SYSTEMS and not os.path.exists(CUSTODYD):
+        raise SystemExit(f"{CUSTODYD} is missing: run 'make release' first")
+    os.makedirs(BENCH_DIR, exist_ok=True)
+    tarball = os.path.join(BENCH_DIR, "include.tar")
+    sh("tar", "-C", "/usr", "-cf", tarball, "include")
+    files = int(subprocess.run(["sh", "-c", "tar -tf " + tarball + " | wc -l"], capture_output=True, text=True).stdout)
+
+    systems = [System(name) for name in SYSTEMS]
+    results, peaks = {}, {}
+    started = time.time()
+    try:
+        for system in systems:
+            system.start()
+        for r in range(ROUNDS):
+            # Alternate the order each round so no system always runs first.
+            order = systems[r % len(systems):] + systems[:r % len(systems)]
+            for system in order:
+                print(f"round {r + 1}/{ROUNDS}: {system.name}", file=sys.stderr, flush=True)
+                run_round(system, r, tarball, results, peaks)
+    finally:
+        for system in systems:
+            system.stop()
+    elapsed = time.time() - started
+
+    medians = {s: {w: statistics.median(v) for w, v in ws.items()} for s, ws in results.items()}
+    workloads = [w for w in ALL_WORKLOADS if any(w in medians.get(s, {}) for s in SYSTEMS)]
+    reference = "gocryptfs" if "gocryptfs" in medians else None
+    print(f"\nCustody benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+          f"{ROUNDS} rounds (medians), untar of {files} entries, fio {FIO_SECONDS} s, total {elapsed:.0f} s\n")
+    header = "| workload | " + " | ".join(SYSTEMS) + " |"
+    print(header)
+    print("|" + "---|" * (len(SYSTEMS) + 1))
+    for w in workloads:
+        cells = []
+        for s in SYSTEMS:
+            value = medians.get(s, {}).get(w)
+            if value is None:
+                cells.append("–")
+                continue
+            unit = " IOPS" if w in IOPS_WORKLOADS else " s"
+            text = f"{value:.0f}{unit}" if w in IOPS_WORKLOADS else f"{value:.3f}{unit}"
+            ref = medians.get(reference, {}).get(w) if reference else None
+            if ref and s != reference:
+                # Time ratio to gocryptfs (< 1 is faster); for IOPS the inverse, so the same holds.
+                ratio = (ref / value) if w in IOPS_WORKLOADS else (value / ref)
+                text += f" ({ratio:.2f}×)"
+            cells.append(text)
+        print(f"| {w} | " + " | ".join(cells) + " |")
+    for s, values in peaks.items():
+        print(f"\n{s}: peak RSS during untar {max(values) / 1024:.1f} MiB")
+
+    os.makedirs(os.path.join(ROOT, "bench/results"), exist_ok=True)
+    out = os.path.join(ROOT, "bench/results", time.strftime("%Y%m%d-%H%M%S") + ".json")
+    with open(out, "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": ROUNDS, "fio_seconds": FIO_SECONDS,
+                   "untar_entries": files, "elapsed_seconds": elapsed, "samples": results,
+                   "medians": medians, "peak_rss_kib_untar": peaks}, f, indent=2)
+    print(f"\nwrote {os.path.relpath(out, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
