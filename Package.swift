@@ -12,10 +12,14 @@ let package = Package(
     targets: [
         // System-library and C shims.
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .target(name: "CLinux"),
 
         // Typed wrappers over the syscalls (Errno, *at calls, xattrs, mount table).
         .target(name: "CustodySystem", dependencies: ["CLinux"]),
+        // AEAD, key wrap, KDFs, X25519, secure memory.
+        .target(name: "CustodyCrypto", dependencies: ["COpenSSL", "CSodium"]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodySystem"]),
 
@@ -25,6 +29,7 @@ let package = Package(
         ]),
 
         .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
+        .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodySystem"]),
     ]

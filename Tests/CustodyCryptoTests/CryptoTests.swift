@@ -1,0 +1,229 @@
+@testable import CustodyCrypto
+import XCTest
+
+func hex(_ string: String) -> [UInt8] {
+    var bytes: [UInt8] = []
+    var index = string.startIndex
+    while index < string.endIndex {
+        let next = string.index(index, offsetBy: 2)
+        bytes.append(UInt8(string[index..<next], radix: 16)!)
+        index = next
+    }
+    return bytes
+}
+
+func hexString(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+
+func secret(_ bytes: [UInt8]) throws -> SecretBytes {
+    try bytes.withUnsafeBytes { try SecretBytes(copying: $0) }
+}
+
+func bytes(of secret: SecretBytes) -> [UInt8] { secret.withUnsafeBytes { Array($0) } }
+
+final class AESGCMTests: XCTestCase {
+    // NIST GCM specification, test case 16 (AES-256, 60-byte plaintext, 20-byte AAD).
+    let key = hex("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308")
+    let plaintext = hex("d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39")
+    let aad = hex("feedfacedeadbeeffeedfacedeadbeefabaddad2")
+    let nonce = hex("cafebabefacedbaddecaf888")
+    let expectedCiphertext = "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662"
+    let expectedTag = "76fc6ece0f4e1768cddf8853bb2d551b"
+
+    func testKnownAnswer() throws {
+        let gcm = try AESGCMKey(try secret(key))
+        var ciphertext = [UInt8](repeating: 0, count: plaintext.count)
+        var tag = [UInt8](repeating: 0, count: 16)
+        try nonce.withUnsafeBytes { n in try aad.withUnsafeBytes { a in try plaintext.withUnsafeBytes { p in
+            try gcm.seal(nonce: n, aad: a, plaintext: p, ciphertext: &ciphertext, tag: &tag)
+        } } }
+        XCTAssertEqual(hexString(ciphertext), expectedCiphertext)
+        XCTAssertEqual(hexString(tag), expectedTag)
+
+        var opened = [UInt8](repeating: 0, count: plaintext.count)
+        try nonce.withUnsafeBytes { n in try aad.withUnsafeBytes { a in try ciphertext.withUnsafeBytes { c in
+            try gcm.open(nonce: n, aad: a, ciphertext: c, tag: tag, plaintext: &opened)
+        } } }
+        XCTAssertEqual(opened, plaintext)
+    }
+
+    func testEveryTamperIsRejectedAndLeavesNoPlaintext() throws {
+        let gcm = try AESGCMKey(try secret(key))
+        var ciphertext = [UInt8](repeating: 0, count: plaintext.count)
+        var tag = [UInt8](repeating: 0, count: 16)
+        try nonce.withUnsafeBytes { n in try aad.withUnsafeBytes { a in try plaintext.withUnsafeBytes { p in
+            try gcm.seal(nonce: n, aad: a, plaintext: p, ciphertext: &ciphertext, tag: &tag)
+        } } }
+        func open(_ c: [UInt8], _ t: [UInt8], _ a: [UInt8], _ n: [UInt8]) -> (CryptoError?, [UInt8]) {
+            var out = [UInt8](repeating: 0xEE, count: c.count)
+            do {
+                try n.withUnsafeBytes { n in try a.withUnsafeBytes { a in try c.withUnsafeBytes { c in
+                    try gcm.open(nonce: n, aad: a, ciphertext: c, tag: t, plaintext: &out)
+                } } }
+                return (nil, out)
+            } catch { return (error as? CryptoError, out) }
+        }
+        for index in ciphertext.indices {
+            var c = ciphertext
+            c[index] ^= 0x01
+            let (error, out) = open(c, tag, aad, nonce)
+            XCTAssertEqual(error, .authenticationFailed)
+            XCTAssertEqual(out, [UInt8](repeating: 0, count: c.count), "no unauthenticated plaintext escapes")
+        }
+        var t = tag; t[0] ^= 0x80
+        XCTAssertEqual(open(ciphertext, t, aad, nonce).0, .authenticationFailed)
+        var a = aad; a[3] ^= 0x01
+        XCTAssertEqual(open(ciphertext, tag, a, nonce).0, .authenticationFailed)
+        var n = nonce; n[11] ^= 0x01
+        XCTAssertEqual(open(ciphertext, tag, aad, n).0, .authenticationFailed)
+        let wrong = try AESGCMKey(try SecretBytes.random(count: 32))
+        var out = [UInt8](repeating: 0, count: ciphertext.count)
+        XCTAssertThrowsError(try nonce.withUnsafeBytes { n in try aad.withUnsafeBytes { a in try ciphertext.withUnsafeBytes { c in
+            try wrong.open(nonce: n, aad: a, ciphertext: c, tag: tag, plaintext: &out)
+        } } }) { XCTAssertEqual($0 as? CryptoError, .authenticationFailed) }
+    }
+
+    func testRejectsBadSizes() throws {
+        XCTAssertThrowsError(try AESGCMKey(try SecretBytes.random(count: 16))) {
+            XCTAssertEqual($0 as? CryptoError, .invalidLength(what: "AES-256-GCM key", expected: 32, actual: 16))
+        }
+        let gcm = try AESGCMKey(try SecretBytes.random(count: 32))
+        var out = [UInt8](repeating: 0, count: 4), tag = [UInt8](repeating: 0, count: 16)
+        XCTAssertThrowsError(try [UInt8](repeating: 0, count: 8).withUnsafeBytes { n in
+            try gcm.seal(nonce: n, aad: UnsafeRawBufferPointer(start: nil, count: 0), plaintext: UnsafeRawBufferPointer(start: nil, count: 0), ciphertext: &out, tag: &tag)
+        })
+    }
+
+    func testContextsAreSafeAcrossThreads() throws {
+        let gcm = try AESGCMKey(try SecretBytes.random(count: 32))
+        nonisolated(unsafe) let failures = UnsafeMutablePointer<Int>.allocate(capacity: 16)
+        failures.initialize(repeating: 0, count: 16)
+        defer { failures.deallocate() }
+        DispatchQueue.concurrentPerform(iterations: 16) { worker in
+            var message = [UInt8](repeating: UInt8(worker), count: 4096)
+            var ciphertext = message, tag = [UInt8](repeating: 0, count: 16), opened = message
+            for round in 0..<200 {
+                message[0] = UInt8(truncatingIfNeeded: round)
+                let nonce = (try? Random.bytes(12)) ?? []
+                do {
+                    try nonce.withUnsafeBytes { n in try message.withUnsafeBytes { p in
+                        try gcm.seal(nonce: n, aad: UnsafeRawBufferPointer(start: nil, count: 0), plaintext: p, ciphertext: &ciphertext, tag: &tag)
+                    } }
+                    try nonce.withUnsafeBytes { n in try ciphertext.withUnsafeBytes { c in
+                        try gcm.open(nonce: n, aad: UnsafeRawBufferPointer(start: nil, count: 0), ciphertext: c, tag: tag, plaintext: &opened)
+                    } }
+                    if opened != message { failures[worker] += 1 }
+                } catch { failures[worker] += 1 }
+            }
+        }
+        XCTAssertEqual((0..<16).map { failures[$0] }.reduce(0, +), 0)
+    }
+}
+
+final class KeyDerivationTests: XCTestCase {
+    func testHKDFRFC5869Case1() throws {
+        let okm = try HKDF.derive(.sha256, key: try secret([UInt8](repeating: 0x0b, count: 22)),
+                                  salt: hex("000102030405060708090a0b0c"), info: hex("f0f1f2f3f4f5f6f7f8f9"), count: 42)
+        XCTAssertEqual(hexString(bytes(of: okm)), "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865")
+        let sha512 = try HKDF.derive(.sha512, key: try secret([UInt8](repeating: 0x0b, count: 22)), salt: [], info: [], count: 32)
+        XCTAssertNotEqual(bytes(of: sha512), Array(bytes(of: okm).prefix(32)))
+    }
+
+    func testArgon2idIsDeterministicAndSaltSensitive() throws {
+        // Small limits keep the test fast; the parameters are stored with the output in real use.
+        let parameters = Argon2Parameters(opsLimit: 1, memLimit: 8192 * 1024, salt: [UInt8](repeating: 7, count: 16))
+        let passphrase = try secret(Array("correct horse battery staple".utf8))
+        let first = try Argon2id.derive(passphrase: passphrase, parameters: parameters)
+        let second = try Argon2id.derive(passphrase: passphrase, parameters: parameters)
+        XCTAssertTrue(first.constantTimeEquals(second))
+        var salted = parameters
+        salted.salt[0] = 8
+        XCTAssertFalse(first.constantTimeEquals(try Argon2id.derive(passphrase: passphrase, parameters: salted)))
+        let other = try Argon2id.derive(passphrase: try secret(Array("correct horse battery stapler".utf8)), parameters: parameters)
+        XCTAssertFalse(first.constantTimeEquals(other))
+        var badSalt = parameters
+        badSalt.salt = [1, 2, 3]
+        XCTAssertThrowsError(try Argon2id.derive(passphrase: passphrase, parameters: badSalt))
+        let interactive = try Argon2Parameters.interactive()
+        XCTAssertEqual(interactive.salt.count, 16)
+        XCTAssertNotEqual(interactive.salt, try Argon2Parameters.interactive().salt, "salts are fresh")
+        XCTAssertGreaterThan(try Argon2Parameters.moderate().memLimit, interactive.memLimit)
+    }
+
+    func testX25519RFC7748() throws {
+        let alice = try secret(hex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"))
+        let bob = try secret(hex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb"))
+        let alicePublic = try X25519.publicKey(for: alice)
+        let bobPublic = try X25519.publicKey(for: bob)
+        XCTAssertEqual(hexString(alicePublic), "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a")
+        XCTAssertEqual(hexString(bobPublic), "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")
+        let shared = try X25519.sharedSecret(privateKey: alice, publicKey: bobPublic)
+        XCTAssertEqual(hexString(bytes(of: shared)), "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742")
+        XCTAssertTrue(shared.constantTimeEquals(try X25519.sharedSecret(privateKey: bob, publicKey: alicePublic)))
+        XCTAssertThrowsError(try X25519.sharedSecret(privateKey: alice, publicKey: [UInt8](repeating: 0, count: 32))) {
+            XCTAssertEqual($0 as? CryptoError, .invalidPublicKey, "a low-order point gives no shared secret")
+        }
+        XCTAssertThrowsError(try X25519.sharedSecret(privateKey: alice, publicKey: [1, 2, 3]))
+    }
+}
+
+final class KeyWrapAndSecretTests: XCTestCase {
+    func testWrapUnwrapAndContextBinding() throws {
+        let kek = try AESGCMKey(try SecretBytes.random(count: 32))
+        let key = try SecretBytes.random(count: 32)
+        let context = Array("owner=alice class=A".utf8)
+        let wrapped = try context.withUnsafeBytes { try KeyWrap.wrap(key, with: kek, context: $0) }
+        XCTAssertEqual(wrapped.count, 60)
+        let again = try context.withUnsafeBytes { try KeyWrap.wrap(key, with: kek, context: $0) }
+        XCTAssertNotEqual(wrapped, again, "every wrap has a fresh nonce")
+        let unwrapped = try wrapped.withUnsafeBytes { w in try context.withUnsafeBytes { try KeyWrap.unwrap(w, with: kek, context: $0) } }
+        XCTAssertTrue(unwrapped.constantTimeEquals(key))
+        let otherContext = Array("owner=mallory class=A".utf8)
+        XCTAssertThrowsError(try wrapped.withUnsafeBytes { w in try otherContext.withUnsafeBytes { try KeyWrap.unwrap(w, with: kek, context: $0) } }) {
+            XCTAssertEqual($0 as? CryptoError, .authenticationFailed)
+        }
+        XCTAssertThrowsError(try wrapped.withUnsafeBytes { w in try context.withUnsafeBytes {
+            try KeyWrap.unwrap(w, with: try AESGCMKey(try SecretBytes.random(count: 32)), context: $0)
+        } })
+        XCTAssertThrowsError(try [UInt8](wrapped.prefix(59)).withUnsafeBytes { w in try context.withUnsafeBytes { try KeyWrap.unwrap(w, with: kek, context: $0) } })
+    }
+
+    func testSecretsAreRedactedAndZeroedOnRelease() throws {
+        let key = try secret([UInt8](repeating: 0x41, count: 32))
+        XCTAssertEqual(String(describing: key), "SecretBytes(32 bytes, redacted)")
+        XCTAssertEqual("\(key)", "SecretBytes(32 bytes, redacted)")
+        XCTAssertFalse(String(reflecting: key).contains("65"))
+        XCTAssertTrue(Mirror(reflecting: key).children.isEmpty)
+        // A released slot is zeroed: the next allocation from the pool reads as zeros.
+        var pointer: UnsafeMutableRawPointer?
+        do {
+            let temporary = try secret([UInt8](repeating: 0x5A, count: 32))
+            pointer = temporary.pointer
+        }
+        let reused = try SecretBytes(count: 32)
+        if reused.pointer == pointer {
+            XCTAssertEqual(bytes(of: reused), [UInt8](repeating: 0, count: 32))
+        }
+        XCTAssertEqual(UnsafeRawBufferPointer(start: pointer, count: 32).allSatisfy { $0 == 0 }, true, "zeroed at release")
+    }
+
+    func testManySmallSecretsShareSlabs() throws {
+        let before = SecurePool.shared.slabCount
+        let keys = try (0..<1000).map { _ in try SecretBytes.random(count: 32) }
+        XCTAssertLessThanOrEqual(SecurePool.shared.slabCount - before, 1000 / (SecurePool.slabSize / SecurePool.slotSize) + 1)
+        XCTAssertEqual(Set(keys.map { bytes(of: $0) }).count, 1000, "random keys are distinct")
+        let big = try SecretBytes.random(count: 200)
+        XCTAssertEqual(big.count, 200)
+        XCTAssertThrowsError(try SecretBytes(count: 0))
+    }
+
+    func testConstantTimeEqualsAndSHA256() {
+        let a: [UInt8] = [1, 2, 3], b: [UInt8] = [1, 2, 3], c: [UInt8] = [1, 2, 4]
+        a.withUnsafeBytes { a in
+            b.withUnsafeBytes { XCTAssertTrue(constantTimeEquals(a, $0)) }
+            c.withUnsafeBytes { XCTAssertFalse(constantTimeEquals(a, $0)) }
+            [UInt8]([1, 2]).withUnsafeBytes { XCTAssertFalse(constantTimeEquals(a, $0)) }
+        }
+        XCTAssertEqual(hexString(Array("abc".utf8).withUnsafeBytes { sha256($0) }),
+                       "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+    }
+}
