@@ -20,6 +20,8 @@ let package = Package(
         .target(name: "CustodySystem", dependencies: ["CLinux"]),
         // AEAD, key wrap, KDFs, X25519, secure memory.
         .target(name: "CustodyCrypto", dependencies: ["COpenSSL", "CSodium"]),
+        // The self-describing file format: header codec, block math, random-access protected files.
+        .target(name: "CustodyFormat", dependencies: ["CustodyCrypto", "CustodySystem"]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodySystem"]),
 
@@ -30,6 +32,7 @@ let package = Package(
 
         .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
         .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto"]),
+        .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodySystem"]),
     ]

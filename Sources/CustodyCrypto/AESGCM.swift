@@ -15,7 +15,7 @@ public final class AESGCMKey: @unchecked Sendable {
     public static let tagSize = 16
 
     /// An EVP context owned by the pool; only ever used by the thread that took it.
-    private struct PooledContext: @unchecked Sendable { let pointer: OpaquePointer }
+    fileprivate struct PooledContext: @unchecked Sendable { let pointer: OpaquePointer }
 
     private let key: SecretBytes
     private let idle = Mutex<[PooledContext]>([])
@@ -40,6 +40,16 @@ public final class AESGCMKey: @unchecked Sendable {
         return try body(AESGCMContext(context: context.pointer))
     }
 
+    /// Lends a context until the lease is released (for work that spans many blocks and throws
+    /// errors of its own).
+    public func lease() throws(CryptoError) -> AESGCMLease {
+        AESGCMLease(key: self, pooled: try acquire())
+    }
+
+    fileprivate func giveBack(_ context: PooledContext) {
+        idle.withLock { $0.append(context) }
+    }
+
     /// Seals one message (for one-off uses such as key wrapping).
     public func seal(nonce: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, plaintext: UnsafeRawBufferPointer,
                      ciphertext: UnsafeMutableRawPointer, tag: UnsafeMutableRawPointer) throws(CryptoError) {
@@ -56,7 +66,7 @@ public final class AESGCMKey: @unchecked Sendable {
         }
     }
 
-    private func acquire() throws(CryptoError) -> PooledContext {
+    fileprivate func acquire() throws(CryptoError) -> PooledContext {
         if let context = idle.withLock({ $0.popLast() }) { return context }
         guard let context = EVP_CIPHER_CTX_new() else { throw .library("EVP_CIPHER_CTX_new failed") }
         let keyed = key.withUnsafeBytes {
@@ -128,4 +138,19 @@ public struct AESGCMContext {
             }
         }
     }
+}
+
+/// A context of an `AESGCMKey`, returned to the key's pool when the lease goes away.
+public final class AESGCMLease {
+    private let key: AESGCMKey
+    private let pooled: AESGCMKey.PooledContext
+    public let context: AESGCMContext
+
+    fileprivate init(key: AESGCMKey, pooled: AESGCMKey.PooledContext) {
+        self.key = key
+        self.pooled = pooled
+        self.context = AESGCMContext(context: pooled.pointer)
+    }
+
+    deinit { key.giveBack(pooled) }
 }

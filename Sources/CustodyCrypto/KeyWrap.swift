@@ -8,13 +8,21 @@ public enum KeyWrap {
     public static let keySize = 32
     public static let wrappedSize = AESGCMKey.nonceSize + keySize + AESGCMKey.tagSize
 
-    public static func wrap(_ key: SecretBytes, with wrappingKey: AESGCMKey, context: UnsafeRawBufferPointer) throws(CryptoError) -> [UInt8] {
+    /// `nonce` is for reproducible test vectors only; leave it nil (random) everywhere else.
+    public static func wrap(_ key: SecretBytes, with wrappingKey: AESGCMKey, context: UnsafeRawBufferPointer, nonce fixedNonce: [UInt8]? = nil) throws(CryptoError) -> [UInt8] {
         guard key.count == keySize else { throw .invalidLength(what: "wrapped key", expected: keySize, actual: key.count) }
         let out = UnsafeMutableRawBufferPointer.allocate(byteCount: wrappedSize, alignment: 8)
         defer { out.deallocate() }
         let base = out.baseAddress!
         let nonce = UnsafeMutableRawBufferPointer(start: base, count: AESGCMKey.nonceSize)
-        try Random.fill(nonce)
+        if let fixedNonce {
+            guard fixedNonce.count == AESGCMKey.nonceSize else {
+                throw .invalidLength(what: "wrap nonce", expected: AESGCMKey.nonceSize, actual: fixedNonce.count)
+            }
+            nonce.copyBytes(from: fixedNonce)
+        } else {
+            try Random.fill(nonce)
+        }
         try wrappingKey.seal(nonce: UnsafeRawBufferPointer(nonce), aad: context,
                              plaintext: UnsafeRawBufferPointer(start: key.pointer, count: keySize),
                              ciphertext: base + AESGCMKey.nonceSize, tag: base + AESGCMKey.nonceSize + keySize)

@@ -1,0 +1,98 @@
+import CustodySystem
+import Glibc
+import Synchronization
+
+/// Random-access bytes under a protected file: a descriptor on the backing store, or memory.
+public protocol BlockStorage: AnyObject, Sendable {
+    /// Reads up to `buffer.count` bytes at `offset`; fewer only at the end.
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int
+    /// Writes all of `data` at `offset`.
+    func write(_ data: UnsafeRawBufferPointer, at offset: UInt64) throws(FormatError)
+    func size() throws(FormatError) -> UInt64
+    func truncate(to size: UInt64) throws(FormatError)
+    func sync() throws(FormatError)
+}
+
+/// A file descriptor (not closed here unless `closeOnDeinit`).
+public final class DescriptorStorage: BlockStorage {
+    public let fd: Int32
+    private let closeOnDeinit: Bool
+
+    public init(fd: Int32, closeOnDeinit: Bool = false) {
+        self.fd = fd
+        self.closeOnDeinit = closeOnDeinit
+    }
+
+    deinit { if closeOnDeinit { Syscall.close(fd) } }
+
+    public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int {
+        guard let base = buffer.baseAddress else { return 0 }
+        var done = 0
+        do {
+            while done < buffer.count {
+                let n = try Syscall.pread(fd, base + done, buffer.count - done, Int64(offset) + Int64(done))
+                if n == 0 { break }
+                done += n
+            }
+        } catch { throw .io(error) }
+        return done
+    }
+
+    public func write(_ data: UnsafeRawBufferPointer, at offset: UInt64) throws(FormatError) {
+        guard let base = data.baseAddress else { return }
+        do { try Syscall.pwriteAll(fd, base, data.count, Int64(offset)) } catch { throw .io(error) }
+    }
+
+    public func size() throws(FormatError) -> UInt64 {
+        do { return UInt64(try Syscall.fstat(fd).st_size) } catch { throw .io(error) }
+    }
+
+    public func truncate(to size: UInt64) throws(FormatError) {
+        do { try Syscall.ftruncate(fd, Int64(size)) } catch { throw .io(error) }
+    }
+
+    public func sync() throws(FormatError) {
+        do { try Syscall.fdatasync(fd) } catch { throw .io(error) }
+    }
+}
+
+/// Bytes in memory: protected buffers (the data protection API), tests and the fuzzer.
+public final class MemoryStorage: BlockStorage {
+    private let storage: Mutex<[UInt8]>
+
+    public init(_ bytes: [UInt8] = []) { storage = Mutex(bytes) }
+
+    public var bytes: [UInt8] { storage.withLock { $0 } }
+
+    public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int {
+        storage.withLock { bytes in
+            guard offset < UInt64(bytes.count) else { return 0 }
+            let count = min(buffer.count, bytes.count - Int(offset))
+            bytes.withUnsafeBytes { source in
+                buffer.baseAddress?.copyMemory(from: source.baseAddress! + Int(offset), byteCount: count)
+            }
+            return count
+        }
+    }
+
+    public func write(_ data: UnsafeRawBufferPointer, at offset: UInt64) throws(FormatError) {
+        storage.withLock { bytes in
+            let end = Int(offset) + data.count
+            if bytes.count < end { bytes += [UInt8](repeating: 0, count: end - bytes.count) }
+            bytes.withUnsafeMutableBytes { target in
+                if let base = data.baseAddress { (target.baseAddress! + Int(offset)).copyMemory(from: base, byteCount: data.count) }
+            }
+        }
+    }
+
+    public func size() throws(FormatError) -> UInt64 { storage.withLock { UInt64($0.count) } }
+
+    public func truncate(to size: UInt64) throws(FormatError) {
+        storage.withLock { bytes in
+            if UInt64(bytes.count) > size { bytes.removeLast(bytes.count - Int(size)) }
+            else { bytes += [UInt8](repeating: 0, count: Int(size) - bytes.count) }
+        }
+    }
+
+    public func sync() throws(FormatError) {}
+}

@@ -1,0 +1,377 @@
+import CustodyCrypto
+import Dispatch
+import Glibc
+import Synchronization
+
+/// Random-access plaintext over the encrypted format: read, write and truncate at any offset, with
+/// read-modify-write of partial blocks, sparse holes, and a final-block flag that makes truncation
+/// at a block boundary detectable.
+///
+/// Concurrency: any number of readers and writers may use one object. A size lock is held shared
+/// by reads and by writes inside the current size, exclusively by writes that extend the file and
+/// by truncate; 64 striped block locks keep two requests from touching the same block at once.
+/// There must be one `ProtectedFile` per stored file at a time (the engine keeps one per inode).
+public final class ProtectedFile: @unchecked Sendable {
+    public let header: FileHeader
+    public let storage: BlockStorage
+    public let layout: BlockLayout
+    let cipher: ContentCipher
+
+    /// Requests of at least this many blocks are split across cores.
+    static let parallelThreshold: UInt64 = 32
+    static let cores = max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+    private static let stripeCount = 64
+
+    private var plaintextSize: UInt64
+    private let sizeLock = UnsafeMutablePointer<pthread_rwlock_t>.allocate(capacity: 1)
+    private let stripes = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: ProtectedFile.stripeCount)
+
+    // MARK: Opening and creating
+
+    /// A new, empty protected file: writes a fresh header (with a new random file key) over `storage`.
+    public static func create(on storage: BlockStorage, owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey,
+                              blockSize: UInt32 = FileHeader.defaultBlockSize) throws(FormatError) -> ProtectedFile {
+        let fileKey: SecretBytes
+        do { fileKey = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
+        let header = try FileHeader.encrypted(owner: owner, protectionClass: protectionClass, classKey: classKey,
+                                              fileKey: fileKey, blockSize: blockSize)
+        try storage.truncate(to: 0)
+        try storage.writeBytes(header.encoded(), at: 0)
+        return try ProtectedFile(storage: storage, header: header, fileKey: fileKey)
+    }
+
+    /// Opens existing content: reads the header, asks `classKey` for the key it names, unwraps.
+    public static func open(_ storage: BlockStorage, classKey: (FileHeader) throws(FormatError) -> ClassKey) throws(FormatError) -> ProtectedFile {
+        let header = try readHeader(from: storage)
+        guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
+        let fileKey = try header.unwrapFileKey(with: try classKey(header))
+        return try ProtectedFile(storage: storage, header: header, fileKey: fileKey)
+    }
+
+    /// The header at the start of `storage`.
+    public static func readHeader(from storage: BlockStorage) throws(FormatError) -> FileHeader {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: FileHeader.length, alignment: 8)
+        defer { buffer.deallocate() }
+        let count = try storage.read(into: buffer, at: 0)
+        return try FileHeader.decode(UnsafeRawBufferPointer(rebasing: buffer[0..<count]))
+    }
+
+    /// Content whose file key the caller already holds (the engine caches unwrapped keys).
+    public init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes) throws(FormatError) {
+        guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
+        self.storage = storage
+        self.header = header
+        self.layout = BlockLayout(blockSize: header.blockSize)
+        self.cipher = try ContentCipher(fileKey: fileKey, fileID: header.fileID)
+        self.plaintextSize = try layout.plaintextSize(storedSize: storage.size())
+        pthread_rwlock_init(sizeLock, nil)
+        for index in 0..<Self.stripeCount { pthread_mutex_init(stripes + index, nil) }
+    }
+
+    deinit {
+        pthread_rwlock_destroy(sizeLock)
+        sizeLock.deallocate()
+        for index in 0..<Self.stripeCount { pthread_mutex_destroy(stripes + index) }
+        stripes.deallocate()
+    }
+
+    /// The plaintext size (kept in memory; derived from the stored size when opened).
+    public var size: UInt64 {
+        pthread_rwlock_rdlock(sizeLock)
+        defer { pthread_rwlock_unlock(sizeLock) }
+        return plaintextSize
+    }
+
+    // MARK: Reading
+
+    /// Reads up to `buffer.count` plaintext bytes at `offset`; fewer only at the end of the file.
+    public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int {
+        guard buffer.count > 0, let out = buffer.baseAddress else { return 0 }
+        pthread_rwlock_rdlock(sizeLock)
+        defer { pthread_rwlock_unlock(sizeLock) }
+        let size = plaintextSize
+        guard offset < size else { return 0 }
+        let end = min(offset + UInt64(buffer.count), size)
+        let blockSize = layout.blockSize
+        let first = offset / blockSize, last = (end - 1) / blockSize, finalBlock = (size - 1) / blockSize
+        let locked = lockStripes(first...last)
+        defer { unlockStripes(locked) }
+
+        let storedStart = layout.storedOffset(ofBlock: first)
+        let storedEnd = layout.storedOffset(ofBlock: last) + layout.plaintextLength(ofBlock: last, fileSize: size) + UInt64(BlockLayout.overhead)
+        let stored = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(storedEnd - storedStart), alignment: 16)
+        defer { stored.deallocate() }
+        let got = try storage.read(into: stored, at: storedStart)
+        guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
+
+        try processBlocks(first...last) { (blocks, worker) throws(FormatError) in
+            for index in blocks {
+                let blockStart = index * blockSize
+                let length = layout.plaintextLength(ofBlock: index, fileSize: size)
+                let source = UnsafeRawBufferPointer(start: stored.baseAddress! + Int((index - first) * layout.storedBlockSize),
+                                                    count: Int(length) + BlockLayout.overhead)
+                let wantStart = max(offset, blockStart), wantEnd = min(end, blockStart + length)
+                let destination = out + Int(wantStart - offset)
+                if wantStart == blockStart, wantEnd == blockStart + length {
+                    try openBlock(worker, index, final: index == finalBlock, source, into: destination)
+                } else {
+                    try openBlock(worker, index, final: index == finalBlock, source, into: worker.plaintext)
+                    destination.copyMemory(from: worker.plaintext + Int(wantStart - blockStart), byteCount: Int(wantEnd - wantStart))
+                }
+            }
+        }
+        return Int(end - offset)
+    }
+
+    /// Opens one stored block, telling a hole, a truncation and tampering apart (only once the tag
+    /// has failed, so the normal path pays nothing for it).
+    private func openBlock(_ worker: BlockWorker, _ index: UInt64, final: Bool, _ stored: UnsafeRawBufferPointer, into plaintext: UnsafeMutableRawPointer) throws(FormatError) {
+        do {
+            try cipher.open(worker.lease.context, aad: worker.aad, index: index, final: final, stored: stored, into: plaintext)
+            return
+        } catch where error == .authenticationFailed {
+        } catch {
+            throw .crypto(error)
+        }
+        let length = stored.count - BlockLayout.overhead
+        if !final, UInt64(length) == layout.blockSize, stored.allSatisfy({ $0 == 0 }) {
+            // A hole: never written, reads as zeros. (Only non-final blocks can be holes.)
+            plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: length)
+            return
+        }
+        if final, (try? cipher.open(worker.lease.context, aad: worker.aad, index: index, final: false, stored: stored, into: plaintext)) != nil {
+            plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: length)
+            throw .truncated(lastBlock: index)
+        }
+        throw .blockAuthenticationFailed(index: index)
+    }
+
+    // MARK: Writing
+
+    /// Writes all of `data` at plaintext `offset`, extending the file (with holes) if needed.
+    public func write(_ data: UnsafeRawBufferPointer, at offset: UInt64) throws(FormatError) {
+        guard data.count > 0 else { return }
+        let (end, overflow) = offset.addingReportingOverflow(UInt64(data.count))
+        guard !overflow, end <= UInt64(Int64.max) / 2 else { throw .unsupported("a write past \(UInt64(Int64.max) / 2) bytes") }
+        pthread_rwlock_rdlock(sizeLock)
+        var exclusive = false
+        if end > plaintextSize {
+            pthread_rwlock_unlock(sizeLock)
+            pthread_rwlock_wrlock(sizeLock)
+            exclusive = true
+        }
+        defer { pthread_rwlock_unlock(sizeLock) }
+
+        let oldSize = plaintextSize, newSize = max(oldSize, end)
+        let blockSize = layout.blockSize
+        let first = offset / blockSize, last = (end - 1) / blockSize
+        let locked = exclusive ? 0 : lockStripes(first...last)
+        defer { unlockStripes(locked) }
+
+        var rangeStart = first
+        if oldSize > 0 {
+            let oldFinal = (oldSize - 1) / blockSize
+            if oldFinal < first {
+                // The old final block stays below the write: it becomes a full, non-final block.
+                // Next to the write it goes in the same pwrite; otherwise on its own, first.
+                if oldFinal + 1 == first {
+                    rangeStart = oldFinal
+                } else {
+                    try storeBlocks(oldFinal...oldFinal, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
+                }
+            }
+        }
+        try storeBlocks(rangeStart...last, oldSize: oldSize, newSize: newSize, data: data, dataOffset: offset)
+        plaintextSize = newSize
+    }
+
+    /// Sets the plaintext size. Growing leaves a hole (reads as zeros); the new final block is
+    /// written so that the size stays authenticated.
+    public func truncate(to newSize: UInt64) throws(FormatError) {
+        guard newSize <= UInt64(Int64.max) / 2 else { throw .unsupported("a size past \(UInt64(Int64.max) / 2) bytes") }
+        pthread_rwlock_wrlock(sizeLock)
+        defer { pthread_rwlock_unlock(sizeLock) }
+        let oldSize = plaintextSize
+        guard newSize != oldSize else { return }
+        let blockSize = layout.blockSize
+        if newSize == 0 {
+            try storage.truncate(to: layout.headerLength)
+        } else if newSize < oldSize {
+            let last = (newSize - 1) / blockSize
+            try storeBlocks(last...last, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
+            try storage.truncate(to: layout.storedSize(plaintextSize: newSize))
+        } else {
+            let newFinal = (newSize - 1) / blockSize
+            if oldSize == 0 {
+                try storeBlocks(newFinal...newFinal, oldSize: 0, newSize: newSize, data: nil, dataOffset: 0)
+            } else {
+                let oldFinal = (oldSize - 1) / blockSize
+                if newFinal <= oldFinal + 1 {
+                    try storeBlocks(oldFinal...newFinal, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
+                } else {
+                    try storeBlocks(oldFinal...oldFinal, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
+                    try storeBlocks(newFinal...newFinal, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
+                }
+            }
+        }
+        plaintextSize = newSize
+    }
+
+    public func sync() throws(FormatError) { try storage.sync() }
+
+    /// Encrypts blocks `range` of a file going from `oldSize` to `newSize` bytes, and stores them
+    /// with one write. A block's plaintext is its old content (zero-extended to its new length)
+    /// overlaid with the part of `data` (at `dataOffset`) that falls in it; blocks that `data`
+    /// covers entirely are encrypted straight from it.
+    private func storeBlocks(_ range: ClosedRange<UInt64>, oldSize: UInt64, newSize: UInt64,
+                             data: UnsafeRawBufferPointer?, dataOffset: UInt64) throws(FormatError) {
+        let blockSize = layout.blockSize
+        let newFinal = (newSize - 1) / blockSize
+        let oldFinal: UInt64? = oldSize > 0 ? (oldSize - 1) / blockSize : nil
+        let dataEnd = dataOffset + UInt64(data?.count ?? 0)
+        let storedStart = layout.storedOffset(ofBlock: range.lowerBound)
+        let storedCount = (range.upperBound - range.lowerBound) * layout.storedBlockSize
+            + layout.plaintextLength(ofBlock: range.upperBound, fileSize: newSize) + UInt64(BlockLayout.overhead)
+        let stored = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(storedCount), alignment: 16)
+        defer { stored.deallocate() }
+
+        try processBlocks(range) { (blocks, worker) throws(FormatError) in
+            for index in blocks {
+                let blockStart = index * blockSize
+                let newLength = layout.plaintextLength(ofBlock: index, fileSize: newSize)
+                let target = stored.baseAddress! + Int((index - range.lowerBound) * layout.storedBlockSize)
+                let coverStart = max(dataOffset, blockStart), coverEnd = min(dataEnd, blockStart + newLength)
+                let plaintext: UnsafeRawBufferPointer
+                if let data, coverStart == blockStart, coverEnd == blockStart + newLength {
+                    plaintext = UnsafeRawBufferPointer(start: data.baseAddress! + Int(blockStart - dataOffset), count: Int(newLength))
+                } else {
+                    var oldLength: UInt64 = 0
+                    if let oldFinal, index <= oldFinal {
+                        oldLength = index < oldFinal ? blockSize : oldSize - blockStart
+                        try readStoredBlock(index, length: oldLength, final: index == oldFinal, worker: worker)
+                    }
+                    if newLength > oldLength {
+                        (worker.plaintext + Int(oldLength)).initializeMemory(as: UInt8.self, repeating: 0, count: Int(newLength - oldLength))
+                    }
+                    if let data, coverStart < coverEnd {
+                        (worker.plaintext + Int(coverStart - blockStart)).copyMemory(
+                            from: data.baseAddress! + Int(coverStart - dataOffset), byteCount: Int(coverEnd - coverStart))
+                    }
+                    plaintext = UnsafeRawBufferPointer(start: worker.plaintext, count: Int(newLength))
+                }
+                do throws(CryptoError) {
+                    try cipher.seal(worker.lease.context, aad: worker.aad, index: index, final: index == newFinal,
+                                    plaintext: plaintext, into: target)
+                } catch {
+                    throw .crypto(error)
+                }
+            }
+        }
+        try storage.write(UnsafeRawBufferPointer(stored), at: storedStart)
+    }
+
+    /// Reads and opens stored block `index` (its old plaintext is `length` bytes) into the worker's plaintext buffer.
+    private func readStoredBlock(_ index: UInt64, length: UInt64, final: Bool, worker: BlockWorker) throws(FormatError) {
+        let count = Int(length) + BlockLayout.overhead
+        let buffer = UnsafeMutableRawBufferPointer(start: worker.stored, count: count)
+        let got = try storage.read(into: buffer, at: layout.storedOffset(ofBlock: index))
+        guard got == count else { throw .corruptLength(layout.storedOffset(ofBlock: index) + UInt64(got)) }
+        try openBlock(worker, index, final: final, UnsafeRawBufferPointer(buffer), into: worker.plaintext)
+    }
+
+    // MARK: Workers and locks
+
+    /// Runs `body` over `range`, split across cores when the range is large. Each part gets its own
+    /// keyed cipher context and scratch buffers. The lowest-numbered part's error is thrown.
+    private func processBlocks(_ range: ClosedRange<UInt64>, _ body: (ClosedRange<UInt64>, BlockWorker) throws(FormatError) -> Void) throws(FormatError) {
+        let count = range.upperBound - range.lowerBound + 1
+        let parts = count >= Self.parallelThreshold ? min(UInt64(Self.cores), count / (Self.parallelThreshold / 2)) : 1
+        if parts <= 1 {
+            try body(range, try BlockWorker(self))
+            return
+        }
+        let perPart = (count + parts - 1) / parts
+        let failures = Mutex<[(Int, FormatError)]>([])
+        withoutActuallyEscaping(body) { body in
+            // concurrentPerform returns only when every part is done, and the parts touch disjoint
+            // blocks of buffers that outlive the call: sharing the closure is safe.
+            let shared = UncheckedSendable(body)
+            DispatchQueue.concurrentPerform(iterations: Int(parts)) { part in
+                let lower = range.lowerBound + UInt64(part) * perPart
+                guard lower <= range.upperBound else { return }
+                let upper = min(range.upperBound, lower + perPart - 1)
+                do throws(FormatError) {
+                    try shared.value(lower...upper, try BlockWorker(self))
+                } catch {
+                    failures.withLock { $0.append((part, error)) }
+                }
+            }
+        }
+        if let failure = failures.withLock({ $0.min { $0.0 < $1.0 } }) { throw failure.1 }
+    }
+
+    /// Locks the stripes of blocks `range` in ascending order; returns the mask to unlock.
+    private func lockStripes(_ range: ClosedRange<UInt64>) -> UInt64 {
+        var mask: UInt64 = 0
+        if range.upperBound - range.lowerBound >= UInt64(Self.stripeCount - 1) {
+            mask = ~0
+        } else {
+            for index in range { mask |= 1 << (index % UInt64(Self.stripeCount)) }
+        }
+        var bits = mask
+        while bits != 0 {
+            let stripe = bits.trailingZeroBitCount
+            pthread_mutex_lock(stripes + stripe)
+            bits &= bits - 1
+        }
+        return mask
+    }
+
+    private func unlockStripes(_ mask: UInt64) {
+        var bits = mask
+        while bits != 0 {
+            pthread_mutex_unlock(stripes + bits.trailingZeroBitCount)
+            bits &= bits - 1
+        }
+    }
+}
+
+/// Per-thread state for processing blocks: a leased cipher context and scratch buffers.
+final class BlockWorker {
+    let lease: AESGCMLease
+    let blockSize: Int
+    let plaintext: UnsafeMutableRawPointer
+    let stored: UnsafeMutableRawPointer
+    let aad: UnsafeMutableRawPointer
+
+    init(_ file: ProtectedFile) throws(FormatError) {
+        do { lease = try file.cipher.key.lease() } catch { throw .crypto(error) }
+        blockSize = Int(file.layout.blockSize)
+        plaintext = .allocate(byteCount: blockSize, alignment: 16)
+        stored = .allocate(byteCount: Int(file.layout.storedBlockSize), alignment: 16)
+        aad = .allocate(byteCount: 32, alignment: 8)
+    }
+
+    deinit {
+        // The scratch plaintext may hold a block of the file: clear it before giving it back.
+        plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: blockSize)
+        plaintext.deallocate()
+        stored.deallocate()
+        aad.deallocate()
+    }
+}
+
+extension BlockStorage {
+    func writeBytes(_ bytes: [UInt8], at offset: UInt64) throws(FormatError) {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(bytes.count, 1), alignment: 8)
+        defer { buffer.deallocate() }
+        buffer.copyBytes(from: bytes)
+        try write(UnsafeRawBufferPointer(rebasing: buffer[0..<bytes.count]), at: offset)
+    }
+}
+
+/// A value handed to concurrent work that only uses it in ways the caller has checked are safe.
+struct UncheckedSendable<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}

@@ -1,0 +1,307 @@
+@testable import CustodyCrypto
+@testable import CustodyFormat
+import CustodySystem
+import Glibc
+import XCTest
+
+final class BlockLayoutTests: XCTestCase {
+    func testStoredAndPlaintextSizesAgreeForEverySize() throws {
+        for blockSize: UInt32 in [16, 64, 4096] {
+            let layout = BlockLayout(blockSize: blockSize)
+            let b = UInt64(blockSize)
+            for size in UInt64(0)...(3 * b + 5) {
+                let stored = layout.storedSize(plaintextSize: size)
+                XCTAssertEqual(try layout.plaintextSize(storedSize: stored), size)
+            }
+            // A body cut inside a block's overhead is impossible.
+            XCTAssertThrowsError(try layout.plaintextSize(storedSize: 512 + 10)) { XCTAssertEqual($0 as? FormatError, .corruptLength(522)) }
+            XCTAssertThrowsError(try layout.plaintextSize(storedSize: 100))
+            XCTAssertEqual(layout.plaintextLength(ofBlock: 1, fileSize: b + 3), 3)
+            XCTAssertEqual(layout.plaintextLength(ofBlock: 2, fileSize: b + 3), 0)
+        }
+    }
+}
+
+final class ProtectedFileTests: XCTestCase {
+    let owner = try! Owner("Alice@Contoso.com")
+
+    func makeFile(_ content: [UInt8], blockSize: UInt32 = 4096, storage: BlockStorage = MemoryStorage(), classKey: ClassKey? = nil) throws -> ProtectedFile {
+        let file = try ProtectedFile.create(on: storage, owner: owner, protectionClass: .complete,
+                                            classKey: try classKey ?? symmetricClassKey(), blockSize: blockSize)
+        if !content.isEmpty { try file.write(content, at: 0) }
+        return file
+    }
+
+    func reopen(_ bytes: [UInt8], classKey: ClassKey? = nil) throws -> ProtectedFile {
+        let key = try classKey ?? symmetricClassKey()
+        return try ProtectedFile.open(MemoryStorage(bytes)) { _ in key }
+    }
+
+    func testRoundTripAndPlaintextSizeFromStoredSize() throws {
+        let content = (0..<10_000).map { UInt8(truncatingIfNeeded: $0 * 31) }
+        let storage = MemoryStorage()
+        let file = try makeFile(content, storage: storage)
+        XCTAssertEqual(file.size, 10_000)
+        let stored = storage.bytes
+        XCTAssertEqual(stored.count, 512 + 2 * 4124 + (10_000 - 8192) + 28)
+        XCTAssertEqual(try BlockLayout().plaintextSize(storedSize: UInt64(stored.count)), 10_000)
+        XCTAssertNil(stored.firstRange(of: Array(content[100..<132])), "no plaintext run is stored")
+        let again = try reopen(stored)
+        XCTAssertEqual(try again.readAll(), content)
+        XCTAssertEqual(try again.read(10, at: 4090), Array(content[4090..<4100]))
+        XCTAssertEqual(try again.read(100, at: 9_950), Array(content[9_950...]))
+        XCTAssertEqual(try again.read(100, at: 10_000), [])
+        XCTAssertEqual(again.header.owner, owner)
+        // Same plaintext, fresh nonces: the ciphertext differs.
+        XCTAssertNotEqual(try makeFile(content).storage.size(), 0)
+        XCTAssertNotEqual((try makeFile(content).storage as! MemoryStorage).bytes, stored)
+    }
+
+    /// Flip every byte of a small encrypted file, one at a time: each read fails with the error
+    /// that names the damaged part, and never returns plaintext.
+    func testEveryFlippedByteIsDetected() throws {
+        let content = (0..<200).map { UInt8(truncatingIfNeeded: $0) }
+        let storage = MemoryStorage()
+        _ = try makeFile(content, blockSize: 64, storage: storage)
+        let stored = storage.bytes
+        XCTAssertEqual(stored.count, 512 + 3 * 92 + 8 + 28)
+        let key = try symmetricClassKey()
+        for index in stored.indices {
+            var damaged = stored
+            damaged[index] ^= 0x01
+            var result: Result<[UInt8], FormatError>
+            do {
+                let file = try ProtectedFile.open(MemoryStorage(damaged)) { _ in key }
+                result = .success(try file.readAll())
+            } catch let error as FormatError {
+                result = .failure(error)
+            }
+            guard case .failure(let error) = result else {
+                XCTFail("flipping byte \(index) went unnoticed")
+                continue
+            }
+            switch index {
+            case 0..<8: XCTAssertEqual(error, .notProtected, "byte \(index)")
+            case 8..<10: XCTAssertEqual(error, .unsupportedVersion(index == 8 ? 0 : 257), "byte \(index)")
+            case 40..<48: XCTAssertEqual(error, .wrongKey(keyID: { var id = [UInt8]([1, 2, 3, 4, 5, 6, 7, 8]); id[index - 40] ^= 1; return id }()), "byte \(index)")
+            case 440..<500: XCTAssertEqual(error, .headerAuthenticationFailed, "byte \(index)")
+            case 10..<512:
+                let headerLevel: Bool
+                switch error {
+                case .headerAuthenticationFailed, .corruptHeader, .unsupported: headerLevel = true
+                default: headerLevel = false
+                }
+                XCTAssertTrue(headerLevel, "byte \(index): \(error)")
+            default:
+                let block = UInt64((index - 512) / 92)
+                XCTAssertEqual(error, .blockAuthenticationFailed(index: block), "byte \(index)")
+            }
+        }
+    }
+
+    func testSwappedMovedAndGraftedBlocksAreDetected() throws {
+        let a = (0..<400).map { UInt8(truncatingIfNeeded: $0) }
+        let storageA = MemoryStorage(), storageB = MemoryStorage()
+        _ = try makeFile(a, blockSize: 64, storage: storageA)
+        _ = try makeFile(a, blockSize: 64, storage: storageB)
+        let x = storageA.bytes, y = storageB.bytes
+        let blockRange = { (i: Int) in (512 + i * 92)..<(512 + (i + 1) * 92) }
+
+        var swapped = x
+        swapped.replaceSubrange(blockRange(1), with: x[blockRange(2)])
+        swapped.replaceSubrange(blockRange(2), with: x[blockRange(1)])
+        XCTAssertThrowsError(try reopen(swapped).readAll()) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 1)) }
+
+        var foreign = x
+        foreign.replaceSubrange(blockRange(3), with: y[blockRange(3)])
+        XCTAssertThrowsError(try reopen(foreign).readAll()) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 3)) }
+
+        let grafted = Array(x[0..<512]) + Array(y[512...])
+        XCTAssertThrowsError(try reopen(grafted).readAll()) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 0)) }
+
+        // Cut at a block boundary: the last block left was not written as final.
+        let cut = Array(x[0..<(512 + 3 * 92)])
+        let shortened = try reopen(cut)
+        XCTAssertEqual(shortened.size, 192)
+        XCTAssertThrowsError(try shortened.readAll()) { XCTAssertEqual($0 as? FormatError, .truncated(lastBlock: 2)) }
+        XCTAssertEqual(try shortened.read(64, at: 0), Array(a[0..<64]), "blocks before the cut still read")
+        // Cut inside a block's overhead: the length itself is impossible.
+        XCTAssertThrowsError(try reopen(Array(x[0..<(512 + 92 + 20)]))) {
+            XCTAssertEqual($0 as? FormatError, .corruptLength(UInt64(512 + 92 + 20)))
+        }
+        // A final block cut short (but still longer than the overhead) fails to authenticate.
+        XCTAssertThrowsError(try reopen(Array(x.dropLast(3))).readAll()) {
+            XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 6))
+        }
+    }
+
+    func testWrongKeyAndLockedClassB() throws {
+        let stored = (try makeFile([1, 2, 3]).storage as! MemoryStorage).bytes
+        XCTAssertThrowsError(try reopen(stored, classKey: try symmetricClassKey(0x12))) {
+            XCTAssertEqual($0 as? FormatError, .headerAuthenticationFailed)
+        }
+        let (locked, _, _) = try classBKey(unlocked: false)
+        let (unlocked, _, _) = try classBKey(unlocked: true)
+        let storage = MemoryStorage()
+        let created = try ProtectedFile.create(on: storage, owner: owner, protectionClass: .completeUnlessOpen, classKey: locked)
+        try created.write(Array("written while locked".utf8), at: 0)
+        XCTAssertEqual(try created.readAll(), Array("written while locked".utf8), "the creating handle keeps working")
+        XCTAssertThrowsError(try ProtectedFile.open(MemoryStorage(storage.bytes)) { _ in locked })
+        XCTAssertEqual(try ProtectedFile.open(MemoryStorage(storage.bytes)) { _ in unlocked }.readAll(), Array("written while locked".utf8))
+    }
+
+    func testHolesReadAsZerosAndStaySparse() throws {
+        let (fd, path) = try temporaryFile()
+        defer { close(fd); unlink(path) }
+        let file = try makeFile([], storage: DescriptorStorage(fd: fd))
+        try file.write(Array("head".utf8), at: 0)
+        try file.write(Array("tail".utf8), at: 64 << 20)
+        XCTAssertEqual(file.size, (64 << 20) + 4)
+        let st = try Syscall.fstat(fd)
+        XCTAssertLessThan(st.st_blocks, 256, "64 MiB of hole are not stored")
+        XCTAssertEqual(try file.read(8, at: 0), Array("head".utf8) + [0, 0, 0, 0])
+        XCTAssertEqual(try file.read(16, at: 32 << 20), [UInt8](repeating: 0, count: 16))
+        XCTAssertEqual(try file.read(8, at: (64 << 20) - 4), [0, 0, 0, 0] + Array("tail".utf8))
+        // Growing by truncate leaves a hole too, and the new size is authenticated.
+        try file.truncate(to: 128 << 20)
+        XCTAssertEqual(try file.read(4, at: (128 << 20) - 4), [0, 0, 0, 0])
+        let reopened = try ProtectedFile.open(DescriptorStorage(fd: fd)) { _ in try! symmetricClassKey() }
+        XCTAssertEqual(reopened.size, 128 << 20)
+        XCTAssertEqual(try reopened.read(4, at: 64 << 20), Array("tail".utf8))
+        // A zeroed final block is not a hole: it is tampering.
+        let storage = MemoryStorage()
+        _ = try makeFile([UInt8](repeating: 7, count: 100), blockSize: 64, storage: storage)
+        var bytes = storage.bytes
+        bytes.replaceSubrange(512..<(512 + 92), with: [UInt8](repeating: 0, count: 92))
+        XCTAssertEqual(try reopen(bytes).read(64, at: 0), [UInt8](repeating: 0, count: 64), "a zeroed non-final block reads as a hole (documented)")
+        bytes.replaceSubrange((512 + 92)..., with: [UInt8](repeating: 0, count: 36 + 28))
+        XCTAssertThrowsError(try reopen(bytes).read(10, at: 64)) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 1)) }
+    }
+
+    func testTruncateShrinkAndGrowKeepContent() throws {
+        let content = (0..<1000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let storage = MemoryStorage()
+        let file = try makeFile(content, blockSize: 64, storage: storage)
+        try file.truncate(to: 130)
+        XCTAssertEqual(try file.readAll(), Array(content[0..<130]))
+        XCTAssertEqual(try storage.size(), BlockLayout(blockSize: 64).storedSize(plaintextSize: 130))
+        try file.truncate(to: 128)
+        XCTAssertEqual(try reopen(storage.bytes).readAll(), Array(content[0..<128]))
+        try file.truncate(to: 300)
+        XCTAssertEqual(try reopen(storage.bytes).readAll(), Array(content[0..<128]) + [UInt8](repeating: 0, count: 172))
+        try file.truncate(to: 0)
+        XCTAssertEqual(try storage.size(), 512)
+        XCTAssertEqual(try reopen(storage.bytes).readAll(), [])
+        try file.truncate(to: 5)
+        XCTAssertEqual(try reopen(storage.bytes).readAll(), [0, 0, 0, 0, 0])
+    }
+
+    /// Random writes, truncates and reads against an in-memory model, on memory and on a real file,
+    /// with a small block size (many boundaries) and the default one. Reopens now and then.
+    func testRandomOperationsMatchAModel() throws {
+        let seed = ProcessInfo.processInfo.environment["FORMAT_SEED"].flatMap(UInt64.init) ?? UInt64.random(in: 1...UInt64(UInt32.max))
+        var random = SeededGenerator(seed: seed)
+        for (blockSize, steps) in [(UInt32(64), 1500), (UInt32(4096), 600)] {
+            let (fd, path) = try temporaryFile()
+            defer { close(fd); unlink(path) }
+            for storage in [MemoryStorage() as BlockStorage, DescriptorStorage(fd: fd)] {
+                var file = try makeFile([], blockSize: blockSize, storage: storage)
+                var model: [UInt8] = []
+                let span = Int(blockSize) * 12
+                for step in 0..<steps {
+                    let context = "seed \(seed) block \(blockSize) step \(step) (replay with FORMAT_SEED=\(seed))"
+                    switch Int.random(in: 0..<10, using: &random) {
+                    case 0..<5:
+                        let offset = Int.random(in: 0..<span, using: &random)
+                        let count = Int.random(in: 1...(Int(blockSize) * 3), using: &random)
+                        let data = (0..<count).map { _ in UInt8.random(in: 0...255, using: &random) }
+                        try file.write(data, at: UInt64(offset))
+                        if model.count < offset + count { model += [UInt8](repeating: 0, count: offset + count - model.count) }
+                        model.replaceSubrange(offset..<(offset + count), with: data)
+                    case 5..<7:
+                        let size = Int.random(in: 0..<span, using: &random)
+                        try file.truncate(to: UInt64(size))
+                        if size < model.count { model.removeLast(model.count - size) } else { model += [UInt8](repeating: 0, count: size - model.count) }
+                    case 7..<9:
+                        let offset = Int.random(in: 0..<span, using: &random)
+                        let count = Int.random(in: 1...(Int(blockSize) * 4), using: &random)
+                        let expected = offset < model.count ? Array(model[offset..<min(model.count, offset + count)]) : []
+                        XCTAssertEqual(try file.read(count, at: UInt64(offset)), expected, context)
+                    default:
+                        file = try ProtectedFile.open(storage) { _ in try! symmetricClassKey() }
+                    }
+                    XCTAssertEqual(file.size, UInt64(model.count), context)
+                    if file.size != UInt64(model.count) { return }
+                }
+                XCTAssertEqual(try file.readAll(), model, "seed \(seed)")
+                XCTAssertEqual(try BlockLayout(blockSize: blockSize).plaintextSize(storedSize: storage.size()), UInt64(model.count))
+            }
+        }
+    }
+
+    /// Eight writers rewrite distinct blocks while readers check that no block is ever torn
+    /// (each write fills whole blocks with one byte value).
+    func testConcurrentWritersAndReadersNeverSeeTornBlocks() throws {
+        let blockSize = 4096, blocks = 64
+        let file = try makeFile([UInt8](repeating: 0, count: blockSize * blocks))
+        nonisolated(unsafe) var torn = 0
+        let tornLock = NSLock()
+        DispatchQueue.concurrentPerform(iterations: 12) { worker in
+            var random = SeededGenerator(seed: UInt64(worker + 1))
+            for _ in 0..<150 {
+                if worker < 8 {
+                    // Writer: blocks worker, worker+8, ... (distinct per writer), one to three at a time.
+                    let first = worker + 8 * Int.random(in: 0..<(blocks / 8 - 2), using: &random)
+                    let value = UInt8.random(in: 1...255, using: &random)
+                    try? file.write([UInt8](repeating: value, count: blockSize), at: UInt64(first * blockSize))
+                } else {
+                    let offset = Int.random(in: 0..<(blocks - 4), using: &random) * blockSize
+                    guard let data = try? file.read(blockSize * 4, at: UInt64(offset)) else {
+                        tornLock.lock(); torn += 1; tornLock.unlock()
+                        continue
+                    }
+                    for block in 0..<4 {
+                        let slice = data[(block * blockSize)..<((block + 1) * blockSize)]
+                        if Set(slice).count != 1 { tornLock.lock(); torn += 1; tornLock.unlock() }
+                    }
+                }
+            }
+        }
+        XCTAssertEqual(torn, 0)
+    }
+
+    func testLargeWritesUseEveryCoreAndRoundTrip() throws {
+        let content = (0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 2654435761 >> 13) }
+        let (fd, path) = try temporaryFile()
+        defer { close(fd); unlink(path) }
+        let file = try makeFile([], storage: DescriptorStorage(fd: fd))
+        try file.write(content, at: 100)
+        let again = try ProtectedFile.open(DescriptorStorage(fd: fd)) { _ in try! symmetricClassKey() }
+        XCTAssertEqual(try again.read(content.count, at: 100), content)
+        XCTAssertEqual(try again.read(100, at: 0), [UInt8](repeating: 0, count: 100))
+    }
+}
+
+final class ProtectedDataTests: XCTestCase {
+    func testManagedUnmanagedAndUnprotectedBuffers() throws {
+        let key = try symmetricClassKey()
+        let message = Array("quarterly numbers".utf8)
+        let sealed = try ProtectedData.encrypt(message, owner: try Owner("Alice@Contoso.com"), protectionClass: .complete, classKey: key)
+        XCTAssertNil(sealed.firstRange(of: message))
+        XCTAssertEqual(try ProtectedData.header(of: sealed)?.owner.canonical, "alice@contoso.com")
+        XCTAssertEqual(try ProtectedData.unprotect(sealed) { _ in key }, message)
+
+        let tagged = try ProtectedData.tag(message, owner: try Owner("Bob@Personal.example"))
+        XCTAssertEqual(Array(tagged[512...]), message, "unmanaged data stays plain after the header")
+        XCTAssertEqual(try ProtectedData.header(of: tagged)?.kind, .plain)
+        XCTAssertEqual(try ProtectedData.unprotect(tagged) { _ in key }, message)
+
+        XCTAssertNil(try ProtectedData.header(of: message))
+        XCTAssertEqual(try ProtectedData.unprotect(message) { _ in key }, message, "unprotected input comes back unchanged")
+
+        var damaged = sealed
+        damaged[damaged.count - 1] ^= 1
+        XCTAssertThrowsError(try ProtectedData.unprotect(damaged) { _ in key }) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 0)) }
+        XCTAssertEqual(try ProtectedData.encrypt([], owner: try Owner("a@b"), protectionClass: .none, classKey: key).count, 512)
+    }
+}
