@@ -12,7 +12,7 @@ BENCH_PACKAGES := gocryptfs fio sqlite3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps bench-deps build release run test bench clean
+.PHONY: all deps bench-deps build release run test bench fuzz clean
 
 all: build
 
@@ -55,3 +55,11 @@ bench: bench-deps release
 
 clean:
 	rm -rf .build
+
+# Fuzzes the header parser and block decoder with libFuzzer. FUZZ_SECONDS (default 600).
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	$(SWIFT) build -c release --scratch-path .build-fuzz --product custody-fuzz \
+		--sanitize=fuzzer -Xswiftc -parse-as-library -Xswiftc -DFUZZING
+	mkdir -p fuzz/corpus
+	.build-fuzz/release/custody-fuzz fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 -print_final_stats=1

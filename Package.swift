@@ -30,6 +30,9 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 
+        // libFuzzer target for the format (see `make fuzz`); an ordinary build replays inputs.
+        .executableTarget(name: "custody-fuzz", dependencies: ["CustodyFormat", "CustodyCrypto"]),
+
         .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
         .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto"]),
         .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),

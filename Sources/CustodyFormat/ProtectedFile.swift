@@ -23,8 +23,9 @@ public final class ProtectedFile: @unchecked Sendable {
     private static let stripeCount = 64
 
     private var plaintextSize: UInt64
-    private let sizeLock = UnsafeMutablePointer<pthread_rwlock_t>.allocate(capacity: 1)
-    private let stripes = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: ProtectedFile.stripeCount)
+    // Allocated in init only after every step that can throw: a throwing init skips deinit.
+    private let sizeLock: UnsafeMutablePointer<pthread_rwlock_t>
+    private let stripes: UnsafeMutablePointer<pthread_mutex_t>
 
     // MARK: Opening and creating
 
@@ -59,11 +60,14 @@ public final class ProtectedFile: @unchecked Sendable {
     /// Content whose file key the caller already holds (the engine caches unwrapped keys).
     public init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes) throws(FormatError) {
         guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
+        let layout = BlockLayout(blockSize: header.blockSize)
+        self.plaintextSize = try layout.plaintextSize(storedSize: storage.size())
+        self.cipher = try ContentCipher(fileKey: fileKey, fileID: header.fileID)
         self.storage = storage
         self.header = header
-        self.layout = BlockLayout(blockSize: header.blockSize)
-        self.cipher = try ContentCipher(fileKey: fileKey, fileID: header.fileID)
-        self.plaintextSize = try layout.plaintextSize(storedSize: storage.size())
+        self.layout = layout
+        sizeLock = .allocate(capacity: 1)
+        stripes = .allocate(capacity: Self.stripeCount)
         pthread_rwlock_init(sizeLock, nil)
         for index in 0..<Self.stripeCount { pthread_mutex_init(stripes + index, nil) }
     }

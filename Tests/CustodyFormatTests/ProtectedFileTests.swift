@@ -270,6 +270,26 @@ final class ProtectedFileTests: XCTestCase {
         XCTAssertEqual(torn, 0)
     }
 
+    /// Found by the fuzzer: an open that fails after the header (an impossible stored length) must
+    /// not leak the file's lock storage.
+    func testFailedOpensDoNotLeak() throws {
+        func residentKiB() -> Int {
+            let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+            return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
+        }
+        let key = try symmetricClassKey()
+        let storage = MemoryStorage()
+        _ = try ProtectedFile.create(on: storage, owner: try Owner("a@b"), protectionClass: .complete, classKey: key)
+        let broken = storage.bytes + [1, 2, 3]  // a body shorter than one block's overhead
+        for _ in 0..<2000 { _ = try? ProtectedFile.open(MemoryStorage(broken)) { _ in key } }
+        let before = residentKiB()
+        for _ in 0..<50_000 {
+            XCTAssertThrowsError(try ProtectedFile.open(MemoryStorage(broken)) { _ in key })
+        }
+        XCTAssertLessThan(residentKiB() - before, 20_000, "50,000 failed opens grew RSS by more than 20 MB")
+    }
+
     func testLargeWritesUseEveryCoreAndRoundTrip() throws {
         let content = (0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 2654435761 >> 13) }
         let (fd, path) = try temporaryFile()
