@@ -12,7 +12,7 @@ BENCH_PACKAGES := gocryptfs fio sqlite3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps bench-deps build release run test bench fuzz clean
+.PHONY: all deps bench-deps build release run test bench bench-format fuzz clean
 
 all: build
 
@@ -52,6 +52,10 @@ test: build
 
 bench: bench-deps release
 	python3 bench/bench.py
+
+# Throughput of the protected file format alone (release build, file in /dev/shm).
+bench-format: release
+	.build/release/custody-format-bench 256 /dev/shm
 
 clean:
 	rm -rf .build

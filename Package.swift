@@ -32,6 +32,8 @@ let package = Package(
 
         // libFuzzer target for the format (see `make fuzz`); an ordinary build replays inputs.
         .executableTarget(name: "custody-fuzz", dependencies: ["CustodyFormat", "CustodyCrypto"]),
+        // Throughput of the format (see `make bench-format`).
+        .executableTarget(name: "custody-format-bench", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 
         .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
         .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto"]),

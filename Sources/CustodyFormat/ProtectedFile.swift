@@ -19,7 +19,10 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// Requests of at least this many blocks are split across cores.
     static let parallelThreshold: UInt64 = 32
-    static let cores = max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+    /// One worker per online core.
+    public static let defaultParallelism = max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+    /// The most threads one request's blocks are spread over (1: the calling thread only).
+    public let parallelism: Int
     private static let stripeCount = 64
 
     private var plaintextSize: UInt64
@@ -31,22 +34,23 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// A new, empty protected file: writes a fresh header (with a new random file key) over `storage`.
     public static func create(on storage: BlockStorage, owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey,
-                              blockSize: UInt32 = FileHeader.defaultBlockSize) throws(FormatError) -> ProtectedFile {
+                              blockSize: UInt32 = FileHeader.defaultBlockSize, parallelism: Int = defaultParallelism) throws(FormatError) -> ProtectedFile {
         let fileKey: SecretBytes
         do { fileKey = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
         let header = try FileHeader.encrypted(owner: owner, protectionClass: protectionClass, classKey: classKey,
                                               fileKey: fileKey, blockSize: blockSize)
         try storage.truncate(to: 0)
         try storage.writeBytes(header.encoded(), at: 0)
-        return try ProtectedFile(storage: storage, header: header, fileKey: fileKey)
+        return try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism)
     }
 
     /// Opens existing content: reads the header, asks `classKey` for the key it names, unwraps.
-    public static func open(_ storage: BlockStorage, classKey: (FileHeader) throws(FormatError) -> ClassKey) throws(FormatError) -> ProtectedFile {
+    public static func open(_ storage: BlockStorage, parallelism: Int = defaultParallelism,
+                            classKey: (FileHeader) throws(FormatError) -> ClassKey) throws(FormatError) -> ProtectedFile {
         let header = try readHeader(from: storage)
         guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
         let fileKey = try header.unwrapFileKey(with: try classKey(header))
-        return try ProtectedFile(storage: storage, header: header, fileKey: fileKey)
+        return try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism)
     }
 
     /// The header at the start of `storage`.
@@ -58,7 +62,7 @@ public final class ProtectedFile: @unchecked Sendable {
     }
 
     /// Content whose file key the caller already holds (the engine caches unwrapped keys).
-    public init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes) throws(FormatError) {
+    public init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int = defaultParallelism) throws(FormatError) {
         guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
         let layout = BlockLayout(blockSize: header.blockSize)
         self.plaintextSize = try layout.plaintextSize(storedSize: storage.size())
@@ -66,6 +70,7 @@ public final class ProtectedFile: @unchecked Sendable {
         self.storage = storage
         self.header = header
         self.layout = layout
+        self.parallelism = max(1, parallelism)
         sizeLock = .allocate(capacity: 1)
         stripes = .allocate(capacity: Self.stripeCount)
         pthread_rwlock_init(sizeLock, nil)
@@ -289,7 +294,7 @@ public final class ProtectedFile: @unchecked Sendable {
     /// keyed cipher context and scratch buffers. The lowest-numbered part's error is thrown.
     private func processBlocks(_ range: ClosedRange<UInt64>, _ body: (ClosedRange<UInt64>, BlockWorker) throws(FormatError) -> Void) throws(FormatError) {
         let count = range.upperBound - range.lowerBound + 1
-        let parts = count >= Self.parallelThreshold ? min(UInt64(Self.cores), count / (Self.parallelThreshold / 2)) : 1
+        let parts = count >= Self.parallelThreshold ? min(UInt64(parallelism), count / (Self.parallelThreshold / 2)) : 1
         if parts <= 1 {
             try body(range, try BlockWorker(self))
             return
