@@ -25,12 +25,15 @@ final class ContentCipher: @unchecked Sendable {
         aad.storeBytes(of: final ? 1 : 0, toByteOffset: 24, as: UInt8.self)
     }
 
-    /// Seals `plaintext` as block `index` into `stored` (`plaintext.count + 28` bytes) with a fresh
-    /// random nonce (or `fixedNonce`, for test vectors only).
+    /// Seals `plaintext` as block `index` into `stored` (`plaintext.count + 28` bytes) with `nonce`:
+    /// fresh random bytes for every block write (fixed only in test vectors).
     func seal(_ context: AESGCMContext, aad: UnsafeMutableRawPointer, index: UInt64, final: Bool,
-              plaintext: UnsafeRawBufferPointer, into stored: UnsafeMutableRawPointer, fixedNonce: UnsafeRawBufferPointer? = nil) throws(CryptoError) {
+              plaintext: UnsafeRawBufferPointer, into stored: UnsafeMutableRawPointer, nonce source: UnsafeRawBufferPointer) throws(CryptoError) {
+        guard source.count == AESGCMKey.nonceSize else {
+            throw .invalidLength(what: "GCM nonce", expected: AESGCMKey.nonceSize, actual: source.count)
+        }
         let nonce = UnsafeMutableRawBufferPointer(start: stored, count: AESGCMKey.nonceSize)
-        if let fixedNonce { nonce.copyMemory(from: fixedNonce) } else { try Random.fill(nonce) }
+        nonce.copyMemory(from: source)
         fillAAD(aad, index: index, final: final)
         try context.seal(nonce: UnsafeRawBufferPointer(nonce), aad: UnsafeRawBufferPointer(start: aad, count: Self.aadSize),
                          plaintext: plaintext, ciphertext: stored + AESGCMKey.nonceSize,

@@ -29,3 +29,45 @@ public enum OwnerRecord {
         do { return try Owner(canonical: canonical, display: display) } catch { throw .corruptHeader("\(error)") }
     }
 }
+
+import CustodySystem
+
+extension OwnerRecord {
+    /// Records `owner` on the stored file at `path` (needs root: `trusted.*`).
+    public static func store(_ owner: Owner, at path: String) throws(FormatError) {
+        let value = encode(owner)
+        do {
+            try value.withBytes { (bytes) throws(Errno) in
+                try Syscall.setxattr(path, attributeName, bytes.baseAddress, bytes.count, 0)
+            }
+        } catch {
+            throw .io(error)
+        }
+    }
+
+    /// The owner recorded on the stored file at `path`, or nil when it has none.
+    public static func load(from path: String) throws(FormatError) -> Owner? {
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let count: Int
+        do {
+            count = try buffer.withMutableBytes { (bytes) throws(Errno) in
+                try Syscall.getxattr(path, attributeName, bytes.baseAddress, bytes.count)
+            }
+        } catch where error == .noData {
+            return nil
+        } catch {
+            throw .io(error)
+        }
+        return try decode(Array(buffer[0..<count]))
+    }
+
+    /// Removes the record (the file becomes untracked).
+    public static func remove(at path: String) throws(FormatError) {
+        do {
+            try Syscall.removexattr(path, attributeName)
+        } catch where error == .noData {
+        } catch {
+            throw .io(error)
+        }
+    }
+}

@@ -110,10 +110,14 @@ public final class ProtectedFile: @unchecked Sendable {
         let storedEnd = layout.storedOffset(ofBlock: last) + layout.plaintextLength(ofBlock: last, fileSize: size) + UInt64(BlockLayout.overhead)
         let stored = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(storedEnd - storedStart), alignment: 16)
         defer { stored.deallocate() }
-        let got = try storage.read(into: stored, at: storedStart)
-        guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
 
         try processBlocks(first...last) { (blocks, worker) throws(FormatError) in
+            // Each part reads its own blocks, so the kernel's copies run in parallel too.
+            let partStart = layout.storedOffset(ofBlock: blocks.lowerBound)
+            let partEnd = blocks.upperBound == last ? storedEnd : layout.storedOffset(ofBlock: blocks.upperBound + 1)
+            let part = UnsafeMutableRawBufferPointer(rebasing: stored[Int(partStart - storedStart)..<Int(partEnd - storedStart)])
+            let got = try storage.read(into: part, at: partStart)
+            guard got == part.count else { throw .corruptLength(partStart + UInt64(got)) }
             for index in blocks {
                 let blockStart = index * blockSize
                 let length = layout.plaintextLength(ofBlock: index, fileSize: size)
@@ -229,7 +233,7 @@ public final class ProtectedFile: @unchecked Sendable {
     public func sync() throws(FormatError) { try storage.sync() }
 
     /// Encrypts blocks `range` of a file going from `oldSize` to `newSize` bytes, and stores them
-    /// with one write. A block's plaintext is its old content (zero-extended to its new length)
+    /// with one write per part (one part unless the range is large enough to split across cores). A block's plaintext is its old content (zero-extended to its new length)
     /// overlaid with the part of `data` (at `dataOffset`) that falls in it; blocks that `data`
     /// covers entirely are encrypted straight from it.
     private func storeBlocks(_ range: ClosedRange<UInt64>, oldSize: UInt64, newSize: UInt64,
@@ -245,9 +249,14 @@ public final class ProtectedFile: @unchecked Sendable {
         defer { stored.deallocate() }
 
         try processBlocks(range) { (blocks, worker) throws(FormatError) in
+            // One call to the random generator for the nonces of all these blocks (0.6 µs per call).
+            let nonces = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(blocks.upperBound - blocks.lowerBound + 1) * AESGCMKey.nonceSize, alignment: 8)
+            defer { nonces.deallocate() }
+            do throws(CryptoError) { try Random.fill(nonces) } catch { throw .crypto(error) }
             for index in blocks {
                 let blockStart = index * blockSize
                 let newLength = layout.plaintextLength(ofBlock: index, fileSize: newSize)
+                let nonce = UnsafeRawBufferPointer(rebasing: nonces[(Int(index - blocks.lowerBound) * AESGCMKey.nonceSize)...].prefix(AESGCMKey.nonceSize))
                 let target = stored.baseAddress! + Int((index - range.lowerBound) * layout.storedBlockSize)
                 let coverStart = max(dataOffset, blockStart), coverEnd = min(dataEnd, blockStart + newLength)
                 let plaintext: UnsafeRawBufferPointer
@@ -270,13 +279,16 @@ public final class ProtectedFile: @unchecked Sendable {
                 }
                 do throws(CryptoError) {
                     try cipher.seal(worker.lease.context, aad: worker.aad, index: index, final: index == newFinal,
-                                    plaintext: plaintext, into: target)
+                                    plaintext: plaintext, into: target, nonce: nonce)
                 } catch {
                     throw .crypto(error)
                 }
             }
+            // Each part stores its own blocks, so the kernel's copies run in parallel too.
+            let partStart = layout.storedOffset(ofBlock: blocks.lowerBound) - storedStart
+            let partEnd = blocks.upperBound == range.upperBound ? storedCount : layout.storedOffset(ofBlock: blocks.upperBound + 1) - storedStart
+            try storage.write(UnsafeRawBufferPointer(rebasing: stored[Int(partStart)..<Int(partEnd)]), at: storedStart + partStart)
         }
-        try storage.write(UnsafeRawBufferPointer(stored), at: storedStart)
     }
 
     /// Reads and opens stored block `index` (its old plaintext is `length` bytes) into the worker's plaintext buffer.

@@ -151,7 +151,7 @@ final class FormatVectorTests: XCTestCase {
             try hex(f("nonce")).withUnsafeBytes { nonce in
                 try plaintext.withUnsafeBytes { p in
                     try stored.withUnsafeMutableBytes { s in
-                        try cipher.seal(lease.context, aad: aad, index: index, final: final, plaintext: p, into: s.baseAddress!, fixedNonce: nonce)
+                        try cipher.seal(lease.context, aad: aad, index: index, final: final, plaintext: p, into: s.baseAddress!, nonce: nonce)
                     }
                 }
             }

@@ -1,5 +1,6 @@
 @testable import CustodyCrypto
 @testable import CustodyFormat
+import Glibc
 import XCTest
 
 final class HeaderTests: XCTestCase {
@@ -119,6 +120,25 @@ final class HeaderTests: XCTestCase {
         XCTAssertThrowsError(try OwnerRecord.decode([2] + record.dropFirst())) { XCTAssertEqual($0 as? FormatError, .unsupportedVersion(2)) }
         XCTAssertThrowsError(try OwnerRecord.decode(Array(record.dropLast())))
         XCTAssertThrowsError(try OwnerRecord.decode(record + [0]))
+    }
+
+    /// Unmanaged files keep their bytes: the owner lives in a trusted.* attribute of the stored file.
+    func testOwnerRecordOnARealFile() throws {
+        let (fd, path) = try temporaryFile()
+        defer { close(fd); unlink(path) }
+        let content = Array("personal notes".utf8)
+        _ = content.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        XCTAssertNil(try OwnerRecord.load(from: path))
+        let owner = try Owner("Bob@Personal.example")
+        try OwnerRecord.store(owner, at: path)
+        XCTAssertEqual(try OwnerRecord.load(from: path), owner)
+        var buffer = [UInt8](repeating: 0, count: 64)
+        XCTAssertEqual(pread(fd, &buffer, 64, 0), content.count)
+        XCTAssertEqual(Array(buffer[0..<content.count]), content, "the stored bytes are untouched")
+        try OwnerRecord.remove(at: path)
+        XCTAssertNil(try OwnerRecord.load(from: path))
+        XCTAssertNoThrow(try OwnerRecord.remove(at: path), "removing twice is fine")
+        XCTAssertThrowsError(try OwnerRecord.store(owner, at: path + ".missing")) { XCTAssertEqual($0 as? FormatError, .io(.noSuchFile)) }
     }
 
     func testProtectionClassNames() {
