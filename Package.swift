@@ -22,6 +22,8 @@ let package = Package(
         .target(name: "CustodyCrypto", dependencies: ["COpenSSL", "CSodium"]),
         // The self-describing file format: header codec, block math, random-access protected files.
         .target(name: "CustodyFormat", dependencies: ["CustodyCrypto", "CustodySystem"]),
+        // The engine: accounts, policy, identity resolution, keybags, locks, events. No FUSE, no HTTP.
+        .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodySystem"]),
 
@@ -38,6 +40,7 @@ let package = Package(
         .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
         .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto"]),
         .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodySystem"]),
     ]

@@ -18,6 +18,8 @@ public final class AESGCMKey: @unchecked Sendable {
     fileprivate struct PooledContext: @unchecked Sendable { let pointer: OpaquePointer }
 
     private let key: SecretBytes
+    /// The key bytes (for rewrapping a class key under a new passphrase).
+    public var secret: SecretBytes { key }
     private let idle = Mutex<[PooledContext]>([])
 
     public init(_ key: SecretBytes) throws(CryptoError) {

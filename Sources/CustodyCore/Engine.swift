@@ -1,0 +1,434 @@
+import CustodyCrypto
+import CustodyFormat
+import CustodySystem
+import FoundationEssentials
+import Glibc
+import Synchronization
+
+/// The lock state of one identity.
+public enum LockStatus: Equatable, Sendable, CustomStringConvertible {
+    case unlocked
+    /// Lock requested; class A keys go at `remaining` seconds from now.
+    case locking(remaining: Double)
+    case locked
+
+    public var description: String {
+        switch self {
+        case .unlocked: return "unlocked"
+        case .locking(let remaining): return "locking (\(Int(remaining.rounded(.up))) s left)"
+        case .locked: return "locked"
+        }
+    }
+}
+
+/// What a class key is wanted for: creating a file (class B works while locked) or opening one.
+public enum KeyPurpose: Sendable { case create, open }
+
+/// Deletes an identity's files during a wipe (the mount provides it; see the wipe issue).
+public protocol WipeHandler: Sendable {
+    func wipeFiles(of account: Account, progress: (_ scanned: Int, _ deleted: Int, _ bytesFreed: UInt64) -> Void) throws
+}
+
+/// The engine: accounts and policy, keybags and locks, identity resolution, events. It knows
+/// nothing of FUSE or HTTP; the mount and the control socket drive it.
+public final class Engine: @unchecked Sendable {
+    public let events = EventBus()
+    public let settings: Settings
+    let files: StateFiles
+    let clock: EngineClock
+    let processes: ProcessTable
+    let machineKey: SecretBytes
+    let state: Mutex<State>
+    private let wipeHandlerBox = Mutex<WipeHandler?>(nil)
+    private let timer = Mutex<DeadlineTimer?>(nil)
+
+    enum Lock: Equatable { case locked, unlocked, locking(until: Double) }
+
+    struct IdentityKeys {
+        var stored: StoredKeybag
+        var classD: (id: [UInt8], key: AESGCMKey)
+        var classBPublic: (id: [UInt8], publicKey: [UInt8])
+        /// Class A and the class B private key: only while unlocked (or in the grace period).
+        var classA: (id: [UInt8], key: AESGCMKey)?
+        var classBPrivate: SecretBytes?
+        /// Class C: from the first unlock until the daemon stops.
+        var classC: (id: [UInt8], key: AESGCMKey)?
+        var lock: Lock = .locked
+        var failures = 0
+        var retryAt: Double = 0
+    }
+
+    struct Bindings: Codable {
+        var version = 1
+        var processes: [Binding] = []
+        var threads: [Binding] = []
+        struct Binding: Codable { var task: TaskKey; var identity: String }
+    }
+
+    struct AccountsFile: Codable {
+        var version = 1
+        var accounts: [Account] = []
+    }
+
+    struct State: @unchecked Sendable {
+        var accounts: [Account] = []
+        /// Enrolled accounts' keys, by canonical object ID.
+        var keys: [String: IdentityKeys] = [:]
+        var processBindings: [TaskKey: String] = [:]
+        var threadBindings: [TaskKey: String] = [:]
+        var openKeys = OpenFileKeys()
+    }
+
+    // MARK: Starting
+
+    /// Loads (or creates) the state in `stateDirectory`. Invalid files are errors that name them.
+    public init(stateDirectory: String, settings: Settings = Settings(), clock: EngineClock = SystemClock(),
+                processes: ProcessTable = LinuxProcessTable()) throws(EngineError) {
+        self.settings = settings
+        self.clock = clock
+        self.processes = processes
+        self.files = StateFiles(directory: stateDirectory)
+        do { try Syscall.mkdirat(AT_FDCWD, stateDirectory, 0o700) } catch where error == .exists {} catch {
+            throw .io(file: stateDirectory, error)
+        }
+        try files.makeDirectory("keybags")
+        files.removeStaleTemporaries()
+        self.machineKey = try Self.loadMachineKey(files)
+        var loaded = State()
+        loaded.accounts = try files.read(AccountsFile.self, from: "accounts.json")?.accounts ?? []
+        for account in loaded.accounts where account.isEnrolled {
+            let name = Self.keybagName(account.id)
+            guard let stored = try files.read(StoredKeybag.self, from: name) else {
+                throw .corruptState(file: files.path(name), reason: "enrolled account \(account.id) has no keybag")
+            }
+            var keys = try Self.loadKeys(stored, machineKey: machineKey, file: files.path(name))
+            if stored.passphrase == nil {
+                // Nothing to prove: an identity without a passphrase starts unlocked.
+                let unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: nil, file: files.path(name))
+                keys.install(unlocked)
+            }
+            loaded.keys[Account.canonical(account.id)] = keys
+        }
+        if let bindings = try files.read(Bindings.self, from: "bindings.json") {
+            // Bindings of processes that are gone (or whose PID was reused) are dropped.
+            for binding in bindings.processes where processes.startTime(of: binding.task.id) == binding.task.startTime {
+                loaded.processBindings[binding.task] = binding.identity
+            }
+            for binding in bindings.threads where processes.startTime(of: binding.task.id) == binding.task.startTime {
+                loaded.threadBindings[binding.task] = binding.identity
+            }
+        }
+        state = Mutex(loaded)
+    }
+
+    /// Starts the thread that completes locks at the end of their grace period (the daemon does;
+    /// tests with a manual clock call `processDeadlines` instead).
+    public func startDeadlineTimer() {
+        timer.withLock { timer in
+            if timer == nil { timer = DeadlineTimer(engine: self) }
+        }
+    }
+
+    public func stopDeadlineTimer() {
+        let stopped = timer.withLock { timer -> DeadlineTimer? in
+            defer { timer = nil }
+            return timer
+        }
+        stopped?.stop()
+    }
+
+    func pokeDeadlineTimer() { timer.withLock { $0?.poke() } }
+
+    static func loadMachineKey(_ files: StateFiles) throws(EngineError) -> SecretBytes {
+        let path = files.path("machine.key")
+        if let bytes = try files.readBytes("machine.key") {
+            guard bytes.count == 32 else { throw .corruptState(file: path, reason: "\(bytes.count) bytes, a machine key has 32") }
+            if let attributes = try? Syscall.lstat(path), attributes.st_mode & 0o077 != 0 {
+                throw .corruptState(file: path, reason: "group or others can read it (mode \(String(attributes.st_mode & 0o777, radix: 8))); it must be 0600")
+            }
+            do { return try bytes.withBytes { (b) throws(CryptoError) in try SecretBytes(copying: b) } } catch { throw .crypto(error) }
+        }
+        let key: SecretBytes
+        do { key = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
+        try files.writeBytes(key.withUnsafeBytes { Array($0) }, to: "machine.key", mode: 0o600)
+        return key
+    }
+
+    static func loadKeys(_ stored: StoredKeybag, machineKey: SecretBytes, file: String) throws(EngineError) -> IdentityKeys {
+        guard let b = stored.classes["B"], let publicKey = b.publicKey, publicKey.count == 32 else {
+            throw .corruptState(file: file, reason: "class B public key is missing")
+        }
+        let d = try Keybags.unlockMachineClass(stored, machineKey: machineKey, file: file)
+        return IdentityKeys(stored: stored, classD: d, classBPublic: (Array(b.id), Array(publicKey)))
+    }
+
+    static func keybagName(_ id: String) -> String {
+        let digest = Array(Account.canonical(id).utf8).withUnsafeBytes { sha256($0) }
+        let hex: String = hexString(digest.prefix(16))
+        return "keybags/" + hex + ".json"
+    }
+
+    public var wipeHandler: WipeHandler? {
+        get { wipeHandlerBox.withLock { $0 } }
+        set { wipeHandlerBox.withLock { $0 = newValue } }
+    }
+
+    // MARK: Accounts
+
+    public func accounts() -> [Account] { state.withLock { $0.accounts } }
+
+    public func account(_ identity: String) throws(EngineError) -> Account {
+        guard let account = state.withLock({ $0.accounts.first { $0.matches(identity) } }) else { throw .unknownAccount(identity) }
+        return account
+    }
+
+    /// Registers an account without enrolling it (known, unmanaged).
+    @discardableResult
+    public func register(id: String, upn: String, uid: UInt32? = nil) throws(EngineError) -> Account {
+        let id = id.trimmingWhitespace(), upn = upn.trimmingWhitespace()
+        guard !id.isEmpty, !upn.isEmpty else { throw .invalidIdentity("an account needs an object ID and a UPN") }
+        let account = try state.withLock { (state) throws(EngineError) -> Account in
+            if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }) { return existing }
+            let account = Account(id: id, upn: upn, registeredAt: wallClock(), policy: nil, uid: uid)
+            state.accounts.append(account)
+            try saveAccounts(state)
+            return account
+        }
+        events.emit(.registered, identity: account.upn, "registered \(account.upn)", details: ["id": account.id])
+        return account
+    }
+
+    /// Enrolls an account: it becomes managed, with `policy`, and gets a keybag (protected by
+    /// `passphrase`, or unlocking on authorization alone when nil).
+    @discardableResult
+    public func enroll(id: String, upn: String, policy: Policy = Policy(), passphrase: SecretBytes? = nil, uid: UInt32? = nil) throws(EngineError) -> Account {
+        do {
+            let account = try enrollChecked(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid)
+            events.emit(.enrolled, identity: account.upn, code: 100, "enrolled \(account.upn); new policies received",
+                        details: ["id": account.id, "protectionLevel": account.policy?.protectionLevel.description ?? ""])
+            return account
+        } catch {
+            events.emit(.enrollmentFailed, identity: upn, code: error.code, error.description)
+            throw error
+        }
+    }
+
+    private func enrollChecked(id: String, upn: String, policy: Policy, passphrase: SecretBytes?, uid: UInt32?) throws(EngineError) -> Account {
+        let id = id.trimmingWhitespace(), upn = upn.trimmingWhitespace()
+        guard !id.isEmpty, !upn.isEmpty else { throw .invalidIdentity("an account needs an object ID and a UPN") }
+        if !settings.allowedAccounts.isEmpty {
+            let allowed = settings.allowedAccounts.map(Account.canonical)
+            guard allowed.contains(Account.canonical(id)) || allowed.contains(Account.canonical(upn)) else { throw .accountNotAllowed(upn) }
+        }
+        try state.withLock { (state) throws(EngineError) in
+            if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }), existing.isEnrolled {
+                throw .alreadyEnrolled(existing.upn)
+            }
+            if !settings.multiIdentity, let other = state.accounts.first(where: { $0.isEnrolled }) {
+                throw .singleManagedAccountMode(enrolled: other.upn)
+            }
+        }
+        // A keybag kept from an earlier enrollment (deregistered without wipe) is reused, so that
+        // enrolling the same account again restores access to its files.
+        let name = Self.keybagName(id)
+        var keys: IdentityKeys
+        if let kept = try files.read(StoredKeybag.self, from: name) {
+            keys = try Self.loadKeys(kept, machineKey: machineKey, file: files.path(name))
+            keys.install(try Keybags.unlock(kept, machineKey: machineKey, passphrase: passphrase, file: files.path(name)))
+        } else {
+            let (stored, unlocked, d, b) = try Keybags.create(identity: Account.canonical(id), passphrase: passphrase,
+                                                               cost: settings.passphraseCost, machineKey: machineKey)
+            try files.write(stored, to: name)
+            keys = IdentityKeys(stored: stored, classD: d, classBPublic: b)
+            keys.install(unlocked)
+        }
+        return try state.withLock { (state) throws(EngineError) -> Account in
+            var account = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) })
+                ?? Account(id: id, upn: upn, registeredAt: wallClock(), policy: nil, uid: uid)
+            account.policy = policy
+            account.hasPassphrase = keys.stored.passphrase != nil
+            if let uid { account.uid = uid }
+            state.accounts.removeAll { $0.matches(id) || $0.matches(upn) }
+            state.accounts.append(account)
+            state.keys[Account.canonical(account.id)] = keys
+            try saveAccounts(state)
+            return account
+        }
+    }
+
+    /// Replaces an enrolled account's policy. A change marks its files for re-protection.
+    @discardableResult
+    public func setPolicy(_ identity: String, _ policy: Policy) throws(EngineError) -> Account {
+        let (account, changed) = try state.withLock { (state) throws(EngineError) -> (Account, Bool) in
+            guard let index = state.accounts.firstIndex(where: { $0.matches(identity) }) else { throw .unknownAccount(identity) }
+            guard let old = state.accounts[index].policy else { throw .notEnrolled(state.accounts[index].upn) }
+            let changed = old != policy
+            state.accounts[index].policy = policy
+            if changed { state.accounts[index].reprotectPending = true }
+            try saveAccounts(state)
+            return (state.accounts[index], changed)
+        }
+        if changed {
+            events.emit(.policyChanged, identity: account.upn, code: 100, "new policies received for \(account.upn)",
+                        details: ["protectionLevel": policy.protectionLevel.description, "fileEncryptionRequired": "\(policy.fileEncryptionRequired)"])
+            events.emit(.reprotectRequired, identity: account.upn, "existing files of \(account.upn) need re-protection")
+        } else {
+            events.emit(.policyUnchanged, identity: account.upn, code: 101, "policies have not changed for \(account.upn)")
+        }
+        return account
+    }
+
+    /// Marks an account's re-protection as done (called by whoever re-protected its files).
+    public func reprotectFinished(_ identity: String) throws(EngineError) {
+        try state.withLock { (state) throws(EngineError) in
+            guard let index = state.accounts.firstIndex(where: { $0.matches(identity) }) else { throw .unknownAccount(identity) }
+            state.accounts[index].reprotectPending = false
+            try saveAccounts(state)
+        }
+    }
+
+    /// Deregisters an account. With `wipe`: its keys are destroyed first (in memory and on disk),
+    /// then its files are deleted (the wipe handler), then it is unregistered. Without: its keybag
+    /// stays sealed on disk, so enrolling it again restores access to its (still encrypted) files.
+    public func deregister(_ identity: String, wipe: Bool) throws(EngineError) {
+        let account = try self.account(identity)
+        let key = Account.canonical(account.id)
+        if wipe {
+            events.emit(.wipeStarted, identity: account.upn, code: 102, "wipe received for \(account.upn)")
+            state.withLock { state in
+                state.keys[key] = nil
+                _ = state.openKeys.revoke { $0.identity == key }
+            }
+            try files.destroy(Self.keybagName(account.id))
+            if let handler = wipeHandler {
+                do {
+                    try handler.wipeFiles(of: account) { scanned, deleted, bytes in
+                        events.emit(.wipeProgress, identity: account.upn, "wiping \(account.upn)",
+                                    details: ["scanned": "\(scanned)", "deleted": "\(deleted)", "bytesFreed": "\(bytes)"])
+                    }
+                } catch {
+                    events.emit(.wipeFailed, identity: account.upn, code: 215, "wipe of \(account.upn) failed: \(error)")
+                    throw .corruptState(file: files.directory, reason: "wipe of \(account.upn) failed: \(error)")
+                }
+            }
+        } else {
+            state.withLock { state in
+                state.keys[key] = nil
+                _ = state.openKeys.revoke { $0.identity == key }
+            }
+        }
+        try state.withLock { (state) throws(EngineError) in
+            state.accounts.removeAll { $0.matches(account.id) }
+            state.processBindings = state.processBindings.filter { !account.matches($0.value) }
+            state.threadBindings = state.threadBindings.filter { !account.matches($0.value) }
+            try saveAccounts(state)
+            try saveBindings(state)
+        }
+        if wipe { events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)") }
+        events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)",
+                    details: ["wipe": "\(wipe)"])
+    }
+
+    private func saveAccounts(_ state: State) throws(EngineError) {
+        try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
+    }
+
+    func saveBindingsLocked(_ state: State) throws(EngineError) { try saveBindings(state) }
+
+    private func saveBindings(_ state: State) throws(EngineError) {
+        var bindings = Bindings()
+        bindings.processes = state.processBindings.map { .init(task: $0.key, identity: $0.value) }.sorted { $0.task.id < $1.task.id }
+        bindings.threads = state.threadBindings.map { .init(task: $0.key, identity: $0.value) }.sorted { $0.task.id < $1.task.id }
+        try files.write(bindings, to: "bindings.json")
+    }
+
+    // MARK: Protection
+
+    /// The class an identity's new files get: min(policy level, MaxFileProtectionLevel); nil when
+    /// the identity is unmanaged or its policy does not require encryption.
+    public func effectiveProtection(for identity: String) -> ProtectionClass? {
+        guard let account = try? self.account(identity), let policy = account.policy, policy.fileEncryptionRequired else { return nil }
+        return min(policy.protectionLevel, settings.maxFileProtectionLevel)
+    }
+
+    /// The class key for `identity`'s files of `protectionClass`, or `locked` when the lock state
+    /// withholds it. Class B can create while locked (public key only).
+    public func classKey(for identity: String, _ protectionClass: ProtectionClass, purpose: KeyPurpose) throws(EngineError) -> ClassKey {
+        processDeadlines()
+        let account = try self.account(identity)
+        return try state.withLock { (state) throws(EngineError) -> ClassKey in
+            guard let keys = state.keys[Account.canonical(account.id)] else { throw .notEnrolled(account.upn) }
+            switch protectionClass {
+            case .none:
+                return .symmetric(id: keys.classD.id, key: keys.classD.key)
+            case .untilFirstAuthentication:
+                guard let c = keys.classC else { throw .locked(account.upn, protectionClass) }
+                return .symmetric(id: c.id, key: c.key)
+            case .completeUnlessOpen:
+                if purpose == .open, keys.classBPrivate == nil { throw .locked(account.upn, protectionClass) }
+                return .agreement(id: keys.classBPublic.id, publicKey: keys.classBPublic.publicKey,
+                                  privateKey: purpose == .open ? keys.classBPrivate : nil)
+            case .complete:
+                guard let a = keys.classA else { throw .locked(account.upn, protectionClass) }
+                return .symmetric(id: a.id, key: a.key)
+            }
+        }
+    }
+
+    /// The file key of a protected file for an open handle: unwrapped once, shared by the file's
+    /// open handles, dropped at the last `closeFileKey`.
+    public func openFileKey(_ header: FileHeader) throws(EngineError) -> FileKeyLease {
+        let account = try self.account(header.owner.canonical)
+        let key = Account.canonical(account.id)
+        if let lease = state.withLock({ $0.openKeys.reuse(header.fileID) }) { return lease }
+        let classKey = try self.classKey(for: account.id, header.protectionClass, purpose: .open)
+        let fileKey: SecretBytes
+        do { fileKey = try header.unwrapFileKey(with: classKey) } catch { throw .format(error) }
+        let lease = FileKeyLease(identity: key, protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
+        return state.withLock { state in
+            if let existing = state.openKeys.reuse(header.fileID) { return existing }
+            state.openKeys.add(lease)
+            return lease
+        }
+    }
+
+    /// Registers a key the caller made itself (a file it just created) as open.
+    public func adoptFileKey(_ fileKey: SecretBytes, header: FileHeader) throws(EngineError) -> FileKeyLease {
+        let account = try self.account(header.owner.canonical)
+        let lease = FileKeyLease(identity: Account.canonical(account.id), protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
+        state.withLock { $0.openKeys.add(lease) }
+        return lease
+    }
+
+    /// One handle closed; at the last one the key is dropped (zeroed once nothing holds it).
+    public func closeFileKey(_ lease: FileKeyLease) {
+        state.withLock { _ = $0.openKeys.close(lease) }
+    }
+
+    /// How many file keys are held open, for one identity or all (for tests and status).
+    public func openFileKeyCount(identity: String? = nil) -> Int {
+        let key = identity.map { (try? self.account($0)).map { Account.canonical($0.id) } ?? Account.canonical($0) }
+        return state.withLock { state in state.openKeys.count { key == nil || $0.identity == key } }
+    }
+}
+
+extension Engine.IdentityKeys {
+    mutating func install(_ unlocked: ClassKeys) {
+        classA = unlocked.complete
+        classBPrivate = unlocked.completeUnlessOpenPrivate
+        classC = unlocked.untilFirstAuthentication
+        lock = .unlocked
+        failures = 0
+        retryAt = 0
+    }
+}
+
+func hexString<S: Sequence>(_ bytes: S) -> String where S.Element == UInt8 {
+    let digits = Array("0123456789abcdef".utf8)
+    var out: [UInt8] = []
+    for byte in bytes {
+        out.append(digits[Int(byte >> 4)])
+        out.append(digits[Int(byte & 0x0F)])
+    }
+    return String(decoding: out, as: UTF8.self)
+}

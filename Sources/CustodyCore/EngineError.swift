@@ -1,0 +1,97 @@
+import CustodyCrypto
+import CustodyFormat
+import CustodySystem
+
+/// Why the engine refused or failed an operation. Each case has a stable status code (the SDK's
+/// enrollment codes where one applies) and maps to an errno at the FUSE boundary.
+public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
+    case unknownAccount(String)
+    case alreadyEnrolled(String)
+    case notEnrolled(String)
+    case accountNotAllowed(String)
+    case singleManagedAccountMode(enrolled: String)
+    case invalidIdentity(String)
+    case invalidPolicy(String)
+    case passphraseRequired(String)
+    case wrongPassphrase(String)
+    case rateLimited(String, retryAfterSeconds: Double)
+    case locked(String, ProtectionClass)
+    case noSuchProcess(Int32)
+    case corruptState(file: String, reason: String)
+    case io(file: String, Errno)
+    case crypto(CryptoError)
+    case format(FormatError)
+
+    /// The SDK's enrollment status codes where they apply (2xx failures), else Custody's own 3xx.
+    public var code: Int {
+        switch self {
+        case .alreadyEnrolled: return 208                  // AlreadyEnrolled
+        case .accountNotAllowed: return 209                // NotEmmAccount: not the account the organisation allows
+        case .notEnrolled: return 214                      // NotEnrolledAccount
+        case .singleManagedAccountMode: return 227         // SingleManagedAccountMode
+        case .invalidIdentity: return 207                  // NilAccount
+        case .unknownAccount: return 300
+        case .invalidPolicy: return 301
+        case .passphraseRequired: return 302
+        case .wrongPassphrase: return 303
+        case .rateLimited: return 304
+        case .locked: return 305
+        case .noSuchProcess: return 306
+        case .corruptState: return 310
+        case .io: return 311
+        case .crypto, .format: return 201                  // InternalError
+        }
+    }
+
+    /// A stable name for the API.
+    public var name: String {
+        switch self {
+        case .unknownAccount: return "UnknownAccount"
+        case .alreadyEnrolled: return "AlreadyEnrolled"
+        case .notEnrolled: return "NotEnrolledAccount"
+        case .accountNotAllowed: return "AccountNotAllowed"
+        case .singleManagedAccountMode: return "SingleManagedAccountMode"
+        case .invalidIdentity: return "NilAccount"
+        case .invalidPolicy: return "InvalidPolicy"
+        case .passphraseRequired: return "PassphraseRequired"
+        case .wrongPassphrase: return "WrongPassphrase"
+        case .rateLimited: return "RateLimited"
+        case .locked: return "Locked"
+        case .noSuchProcess: return "NoSuchProcess"
+        case .corruptState: return "CorruptState"
+        case .io: return "IOError"
+        case .crypto, .format: return "InternalError"
+        }
+    }
+
+    /// The errno a file system caller sees.
+    public var errno: Int32 {
+        switch self {
+        case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed: return 13  // EACCES
+        case .io(_, let error): return error.rawValue
+        case .noSuchProcess: return 3  // ESRCH
+        default: return 5  // EIO
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .unknownAccount(let id): return "no account \(id) is registered"
+        case .alreadyEnrolled(let id): return "account \(id) is already enrolled"
+        case .notEnrolled(let id): return "account \(id) is not enrolled"
+        case .accountNotAllowed(let id): return "account \(id) is not in the allowed accounts"
+        case .singleManagedAccountMode(let enrolled): return "only one managed account is allowed (MultiIdentity is off) and \(enrolled) is enrolled"
+        case .invalidIdentity(let reason): return "invalid identity: \(reason)"
+        case .invalidPolicy(let reason): return "invalid policy: \(reason)"
+        case .passphraseRequired(let id): return "account \(id) has a passphrase; unlocking needs it"
+        case .wrongPassphrase(let id): return "wrong passphrase for \(id)"
+        case .rateLimited(let id, let seconds): return "too many wrong passphrases for \(id); try again in \(Int(seconds.rounded(.up))) s"
+        case .locked(let id, let protectionClass): return "\(id) is locked: class \(protectionClass.letter) (\(protectionClass)) keys are not available"
+        case .noSuchProcess(let pid): return "no process \(pid)"
+        case .corruptState(let file, let reason): return "state file \(file) is invalid: \(reason)"
+        case .io(let file, let error): return "\(file): \(error)"
+        case .crypto(let error): return "crypto error: \(error)"
+        case .format(let error): return "\(error)"
+        }
+    }
+}

@@ -1,0 +1,84 @@
+/// Identity resolution: who a calling thread is working as. See docs/identity.md.
+extension Engine {
+    /// Binds a process (and, through inheritance, its descendants) to `identity`.
+    public func bindProcess(_ pid: Int32, to identity: String) throws(EngineError) {
+        let identity = try checkedIdentity(identity)
+        guard let start = processes.startTime(of: pid) else { throw .noSuchProcess(pid) }
+        try state.withLock { (state) throws(EngineError) in
+            state.processBindings = state.processBindings.filter { $0.key.id != pid }
+            state.processBindings[TaskKey(id: pid, startTime: start)] = identity
+            try saveBindingsLocked(state)
+        }
+        events.emit(.identityBound, identity: identity, "process \(pid) bound to \(identity)", details: ["pid": "\(pid)"])
+    }
+
+    /// Binds one thread (a TID) to `identity`; it takes precedence over its process's binding.
+    public func bindThread(_ tid: Int32, to identity: String) throws(EngineError) {
+        let identity = try checkedIdentity(identity)
+        guard let start = processes.startTime(of: tid) else { throw .noSuchProcess(tid) }
+        try state.withLock { (state) throws(EngineError) in
+            state.threadBindings = state.threadBindings.filter { $0.key.id != tid }
+            state.threadBindings[TaskKey(id: tid, startTime: start)] = identity
+            try saveBindingsLocked(state)
+        }
+        events.emit(.identityBound, identity: identity, "thread \(tid) bound to \(identity)", details: ["tid": "\(tid)"])
+    }
+
+    public func unbindProcess(_ pid: Int32) throws(EngineError) {
+        try state.withLock { (state) throws(EngineError) in
+            state.processBindings = state.processBindings.filter { $0.key.id != pid }
+            try saveBindingsLocked(state)
+        }
+        events.emit(.identityUnbound, "process \(pid) unbound", details: ["pid": "\(pid)"])
+    }
+
+    public func unbindThread(_ tid: Int32) throws(EngineError) {
+        try state.withLock { (state) throws(EngineError) in
+            state.threadBindings = state.threadBindings.filter { $0.key.id != tid }
+            try saveBindingsLocked(state)
+        }
+        events.emit(.identityUnbound, "thread \(tid) unbound", details: ["tid": "\(tid)"])
+    }
+
+    /// The effective identity of thread `tid` of a caller with `uid`, by precedence: the thread's
+    /// binding; its process's binding; the nearest bound ancestor's; the uid's default identity;
+    /// the primary managed account when MultiIdentity is off; else none. Bindings only match the
+    /// process or thread that was bound (same start time), never a later one with the same ID.
+    public func resolve(thread tid: Int32, uid: UInt32) -> ResolvedIdentity {
+        let (threads, processesBound) = state.withLock { ($0.threadBindings, $0.processBindings) }
+        if !threads.isEmpty, let start = processes.startTime(of: tid), let identity = threads[TaskKey(id: tid, startTime: start)] {
+            return ResolvedIdentity(identity: identity, source: .thread(tid))
+        }
+        if !processesBound.isEmpty, let pid = processes.process(ofThread: tid) {
+            var current = pid
+            for _ in 0..<256 {
+                if let start = processes.startTime(of: current), let identity = processesBound[TaskKey(id: current, startTime: start)] {
+                    return ResolvedIdentity(identity: identity, source: current == pid ? .process(pid) : .ancestor(current))
+                }
+                guard let parent = processes.parent(of: current), parent != current else { break }
+                current = parent
+            }
+        }
+        if let identity = settings.defaultIdentities[uid] {
+            return ResolvedIdentity(identity: identity, source: .uidDefault(uid))
+        }
+        if !settings.multiIdentity, let primary = accounts().first(where: { $0.isEnrolled }) {
+            return ResolvedIdentity(identity: primary.upn, source: .primaryAccount)
+        }
+        return ResolvedIdentity(identity: nil, source: .none)
+    }
+
+    /// The owner a new file gets: the caller's effective identity, or, for a caller with no
+    /// identity, the owner of the directory it is created in (nil: untracked).
+    public func ownerForNewFile(_ caller: ResolvedIdentity, directoryOwner: String?) -> String? {
+        caller.identity ?? directoryOwner
+    }
+
+    private func checkedIdentity(_ identity: String) throws(EngineError) -> String {
+        let trimmed = identity.trimmingWhitespace()
+        guard !trimmed.isEmpty else { throw .invalidIdentity("empty identity") }
+        guard trimmed.utf8.count <= 180 else { throw .invalidIdentity("identity longer than 180 bytes") }
+        // A registered account is named as registered (its UPN); any other string is an unmanaged identity.
+        return (try? account(trimmed))?.upn ?? trimmed
+    }
+}

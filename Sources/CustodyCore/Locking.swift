@@ -1,0 +1,156 @@
+import CustodyCrypto
+import CustodyFormat
+
+/// The lock state machine: lock needs no passphrase and takes effect after the grace period;
+/// unlock needs the passphrase (when one is set) and is rate-limited after wrong ones.
+extension Engine {
+    /// The lock state of an enrolled identity.
+    public func lockStatus(_ identity: String) throws(EngineError) -> LockStatus {
+        processDeadlines()
+        let account = try self.account(identity)
+        let now = clock.now()
+        return try state.withLock { (state) throws(EngineError) -> LockStatus in
+            guard let keys = state.keys[Account.canonical(account.id)] else { throw .notEnrolled(account.upn) }
+            switch keys.lock {
+            case .locked: return .locked
+            case .unlocked: return .unlocked
+            case .locking(let until): return .locking(remaining: max(0, until - now))
+            }
+        }
+    }
+
+    /// Whether class C is available (the identity was unlocked at least once since the daemon started).
+    public func hasBeenUnlocked(_ identity: String) throws(EngineError) -> Bool {
+        let account = try self.account(identity)
+        return state.withLock { $0.keys[Account.canonical(account.id)]?.classC != nil }
+    }
+
+    /// Requests a lock. Class A keys (and open class A files) go when the grace period ends;
+    /// the class B private key too (open class B files keep working).
+    public func lock(_ identity: String) throws(EngineError) {
+        let account = try self.account(identity)
+        let deadline = clock.now() + settings.lockGracePeriod
+        let requested = try state.withLock { (state) throws(EngineError) -> Bool in
+            let key = Account.canonical(account.id)
+            guard var keys = state.keys[key] else { throw .notEnrolled(account.upn) }
+            guard keys.lock == .unlocked else { return false }
+            keys.lock = .locking(until: deadline)
+            state.keys[key] = keys
+            return true
+        }
+        if requested {
+            pokeDeadlineTimer()
+            events.emit(.lockRequested, identity: account.upn, "lock requested for \(account.upn); class A keys go in \(settings.lockGracePeriod) s",
+                        details: ["gracePeriod": "\(settings.lockGracePeriod)"])
+        }
+        processDeadlines()
+    }
+
+    /// Locks every enrolled identity.
+    public func lockAll() {
+        for account in accounts() where account.isEnrolled { try? lock(account.id) }
+    }
+
+    /// Unlocks with the passphrase (nil for an identity that has none). A wrong passphrase fails
+    /// with `wrongPassphrase`; after three in a row, attempts wait 1, 2, 4 … (at most 300) seconds.
+    public func unlock(_ identity: String, passphrase: SecretBytes?) throws(EngineError) {
+        let account = try self.account(identity)
+        let key = Account.canonical(account.id)
+        let now = clock.now()
+        let stored = try state.withLock { (state) throws(EngineError) -> StoredKeybag in
+            guard let keys = state.keys[key] else { throw .notEnrolled(account.upn) }
+            if keys.retryAt > now { throw .rateLimited(account.upn, retryAfterSeconds: keys.retryAt - now) }
+            return keys.stored
+        }
+        // Argon2id runs outside the lock: a slow unlock does not hold up other requests.
+        let unlocked: ClassKeys
+        do {
+            unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: passphrase, file: files.path(Self.keybagName(account.id)))
+        } catch {
+            if case .wrongPassphrase = error {
+                let failures = state.withLock { state -> Int in
+                    guard var keys = state.keys[key] else { return 0 }
+                    keys.failures += 1
+                    if keys.failures >= 3 { keys.retryAt = clock.now() + min(300, Double(1 << min(keys.failures - 3, 16))) }
+                    state.keys[key] = keys
+                    return keys.failures
+                }
+                events.emit(.unlockFailed, identity: account.upn, "wrong passphrase for \(account.upn)", details: ["failures": "\(failures)"])
+            }
+            throw error
+        }
+        state.withLock { state in
+            state.keys[key]?.install(unlocked)
+        }
+        events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn)")
+    }
+
+    /// Unlocks every identity that has no passphrase; returns those that still need one.
+    @discardableResult
+    public func unlockAll() -> [String] {
+        var stillLocked: [String] = []
+        for account in accounts() where account.isEnrolled {
+            if account.hasPassphrase {
+                if (try? lockStatus(account.id)) != .unlocked { stillLocked.append(account.upn) }
+            } else {
+                try? unlock(account.id, passphrase: nil)
+            }
+        }
+        return stillLocked
+    }
+
+    /// Sets, changes or removes an identity's passphrase. Needs the current one (nil when none).
+    public func changePassphrase(_ identity: String, old: SecretBytes?, new: SecretBytes?) throws(EngineError) {
+        let account = try self.account(identity)
+        let key = Account.canonical(account.id)
+        let name = Self.keybagName(account.id)
+        guard let stored = state.withLock({ $0.keys[key]?.stored }) else { throw .notEnrolled(account.upn) }
+        let unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: old, file: files.path(name))
+        let updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost,
+                                         machineKey: machineKey, file: files.path(name))
+        try files.write(updated, to: name)
+        try state.withLock { (state) throws(EngineError) in
+            state.keys[key]?.stored = updated
+            if let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) {
+                state.accounts[index].hasPassphrase = new != nil
+                try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
+            }
+        }
+        events.emit(.passphraseChanged, identity: account.upn, new == nil ? "passphrase removed for \(account.upn)" : "passphrase set for \(account.upn)")
+    }
+
+    /// Completes every lock whose grace period has ended: drops class A keys and the class B
+    /// private key, and revokes open class A file keys. Call it from a timer (the mount does); the
+    /// engine also calls it before answering anything that depends on lock state.
+    public func processDeadlines() {
+        let now = clock.now()
+        let completed: [(String, Int)] = state.withLock { state in
+            var done: [(String, Int)] = []
+            for (key, var keys) in state.keys {
+                guard case .locking(let until) = keys.lock, until <= now else { continue }
+                keys.classA = nil
+                keys.classBPrivate = nil
+                keys.lock = .locked
+                state.keys[key] = keys
+                let revoked = state.openKeys.revoke { $0.identity == key && $0.protectionClass == .complete }
+                let upn = state.accounts.first { $0.matches(key) }?.upn ?? key
+                done.append((upn, revoked))
+            }
+            return done
+        }
+        for (upn, revoked) in completed {
+            events.emit(.locked, identity: upn, "locked \(upn): class A and B keys dropped",
+                        details: ["revokedFileKeys": "\(revoked)", "classes": "A,B"])
+        }
+    }
+
+    /// When the next lock completes (monotonic seconds), for a timer to sleep until.
+    public func nextDeadline() -> Double? {
+        state.withLock { state in
+            state.keys.values.compactMap { keys -> Double? in
+                if case .locking(let until) = keys.lock { return until }
+                return nil
+            }.min()
+        }
+    }
+}

@@ -1,0 +1,84 @@
+import CustodySystem
+import Glibc
+
+/// What identity resolution needs to know about processes. The Linux implementation reads /proc;
+/// tests substitute a table of their own (to stage a reused PID, for example).
+public protocol ProcessTable: Sendable {
+    /// The process (thread group) a thread belongs to: the `Tgid:` of /proc/TID/status.
+    func process(ofThread tid: Int32) -> Int32?
+    /// The parent process (`PPid:`), nil for the top of the tree or a process that is gone.
+    func parent(of pid: Int32) -> Int32?
+    /// When the process or thread started (field 22 of /proc/PID/stat, clock ticks since boot):
+    /// a PID that is reused by an unrelated process has another start time.
+    func startTime(of pid: Int32) -> UInt64?
+}
+
+public struct LinuxProcessTable: ProcessTable {
+    public init() {}
+
+    public func process(ofThread tid: Int32) -> Int32? { statusField("Tgid:", of: tid) }
+
+    public func parent(of pid: Int32) -> Int32? {
+        guard let parent = statusField("PPid:", of: pid), parent > 0 else { return nil }
+        return parent
+    }
+
+    public func startTime(of pid: Int32) -> UInt64? {
+        guard let text = readTextFile("/proc/\(pid)/stat"), let close = text.lastIndex(of: ")") else { return nil }
+        // Fields after the command name (which may hold spaces and parentheses): state is field 3.
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        guard fields.count > 19 else { return nil }
+        return UInt64(fields[19])
+    }
+
+    private func statusField(_ name: String, of pid: Int32) -> Int32? {
+        guard let text = readTextFile("/proc/\(pid)/status") else { return nil }
+        for line in text.split(separator: "\n") where line.hasPrefix(name) {
+            return Int32(line.dropFirst(name.count).trimmingCharacters(in: " \t"))
+        }
+        return nil
+    }
+}
+
+extension Substring {
+    func trimmingCharacters(in set: String) -> String {
+        var slice = self[...]
+        while let first = slice.first, set.contains(first) { slice = slice.dropFirst() }
+        while let last = slice.last, set.contains(last) { slice = slice.dropLast() }
+        return String(slice)
+    }
+}
+
+/// A process or thread as bound: its ID and start time, so that a reused ID does not match.
+public struct TaskKey: Hashable, Codable, Sendable {
+    public var id: Int32
+    public var startTime: UInt64
+}
+
+/// Where an effective identity came from.
+public enum IdentitySource: Equatable, Sendable, CustomStringConvertible {
+    case thread(Int32)
+    case process(Int32)
+    /// Inherited from an ancestor process bound to it.
+    case ancestor(Int32)
+    case uidDefault(UInt32)
+    case primaryAccount
+    case none
+
+    public var description: String {
+        switch self {
+        case .thread(let tid): return "thread \(tid)"
+        case .process(let pid): return "process \(pid)"
+        case .ancestor(let pid): return "ancestor process \(pid)"
+        case .uidDefault(let uid): return "default of uid \(uid)"
+        case .primaryAccount: return "primary account"
+        case .none: return "none"
+        }
+    }
+}
+
+/// The effective identity of a caller (nil identity: no identity).
+public struct ResolvedIdentity: Equatable, Sendable {
+    public var identity: String?
+    public var source: IdentitySource
+}

@@ -1,0 +1,63 @@
+import CustodyFormat
+
+/// The daemon's settings, with the Intune SDK's names (IntuneMAMSettings) where they exist.
+public struct Settings: Codable, Equatable, Sendable {
+    /// Caps every policy's protection level (effective class = min(policy, this)).
+    public var maxFileProtectionLevel: ProtectionClass = .complete
+    /// More than one enrolled (managed) account at a time.
+    public var multiIdentity: Bool = false
+    /// Seconds between a lock request and class A keys being dropped.
+    public var lockGracePeriod: Double = 10
+    public var verboseLoggingEnabled: Bool = false
+    /// Strings (identities, paths) replaced by a hash in logs.
+    public var valuesToScrubFromLogging: [String] = []
+    /// When not empty, only these accounts (object ID or UPN, case-insensitive) may enroll.
+    public var allowedAccounts: [String] = []
+    /// Default identity per uid, for callers that have no thread or process binding.
+    public var defaultIdentities: [UInt32: String] = [:]
+    /// Argon2id cost for passphrases: "interactive", "moderate", or "minimal" (tests only).
+    public var passphraseCost: String = "interactive"
+
+    public init() {}
+
+    enum CodingKeys: String, CodingKey {
+        case maxFileProtectionLevel = "MaxFileProtectionLevel"
+        case multiIdentity = "MultiIdentity"
+        case lockGracePeriod = "LockGracePeriod"
+        case verboseLoggingEnabled = "VerboseLoggingEnabled"
+        case valuesToScrubFromLogging = "ValuesToScrubFromLogging"
+        case allowedAccounts = "AllowedAccounts"
+        case defaultIdentities = "DefaultIdentities"
+        case passphraseCost = "PassphraseCost"
+    }
+
+    public init(from decoder: Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        let defaults = Settings()
+        if let name = try container.decodeIfPresent(String.self, forKey: .maxFileProtectionLevel) {
+            guard let level = ProtectionClass(name: name) else {
+                throw DecodingError.dataCorruptedError(forKey: .maxFileProtectionLevel, in: container, debugDescription: "unknown protection level \(name)")
+            }
+            maxFileProtectionLevel = level
+        }
+        multiIdentity = try container.decodeIfPresent(Bool.self, forKey: .multiIdentity) ?? defaults.multiIdentity
+        lockGracePeriod = try container.decodeIfPresent(Double.self, forKey: .lockGracePeriod) ?? defaults.lockGracePeriod
+        verboseLoggingEnabled = try container.decodeIfPresent(Bool.self, forKey: .verboseLoggingEnabled) ?? defaults.verboseLoggingEnabled
+        valuesToScrubFromLogging = try container.decodeIfPresent([String].self, forKey: .valuesToScrubFromLogging) ?? []
+        allowedAccounts = try container.decodeIfPresent([String].self, forKey: .allowedAccounts) ?? []
+        defaultIdentities = try container.decodeIfPresent([UInt32: String].self, forKey: .defaultIdentities) ?? [:]
+        passphraseCost = try container.decodeIfPresent(String.self, forKey: .passphraseCost) ?? defaults.passphraseCost
+    }
+
+    public func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(maxFileProtectionLevel.description, forKey: .maxFileProtectionLevel)
+        try container.encode(multiIdentity, forKey: .multiIdentity)
+        try container.encode(lockGracePeriod, forKey: .lockGracePeriod)
+        try container.encode(verboseLoggingEnabled, forKey: .verboseLoggingEnabled)
+        try container.encode(valuesToScrubFromLogging, forKey: .valuesToScrubFromLogging)
+        try container.encode(allowedAccounts, forKey: .allowedAccounts)
+        try container.encode(defaultIdentities, forKey: .defaultIdentities)
+        try container.encode(passphraseCost, forKey: .passphraseCost)
+    }
+}

@@ -1,0 +1,144 @@
+import CustodySystem
+import FoundationEssentials
+import Glibc
+
+/// JSON state files in the state directory, written atomically: a temporary file in the same
+/// directory, fsync, rename over the old one, fsync the directory. A daemon killed at any point
+/// finds either the old or the new file, never a mix.
+struct StateFiles: Sendable {
+    let directory: String
+
+    func path(_ name: String) -> String { directory + "/" + name }
+
+    func write<T: Encodable>(_ value: T, to name: String) throws(EngineError) {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        let data: Data
+        do { data = try encoder.encode(value) } catch { throw .corruptState(file: path(name), reason: "cannot encode: \(error)") }
+        try writeBytes(Array(data), to: name)
+    }
+
+    func writeBytes(_ bytes: [UInt8], to name: String, mode: mode_t = 0o600) throws(EngineError) {
+        let target = path(name)
+        let temporary = target + ".tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        do throws(Errno) {
+            let fd = try Syscall.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
+            do {
+                try bytes.withBytes { (buffer) throws(Errno) in
+                    if let base = buffer.baseAddress { try Syscall.pwriteAll(fd, base, buffer.count, 0) }
+                }
+                try Syscall.fsync(fd)
+                Syscall.close(fd)
+            } catch {
+                Syscall.close(fd)
+                _ = unlink(temporary)
+                throw error
+            }
+            try Syscall.renameat2(AT_FDCWD, temporary, AT_FDCWD, target, 0)
+            let dir = try Syscall.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            defer { Syscall.close(dir) }
+            try Syscall.fsync(dir)
+        } catch {
+            throw .io(file: target, error)
+        }
+    }
+
+    /// The decoded file, or nil when it does not exist. Unreadable or invalid files are errors
+    /// that name the file.
+    func read<T: Decodable>(_ type: T.Type, from name: String) throws(EngineError) -> T? {
+        guard let bytes = try readBytes(name) else { return nil }
+        do {
+            return try JSONDecoder().decode(T.self, from: Data(bytes))
+        } catch {
+            throw .corruptState(file: path(name), reason: Self.describe(error))
+        }
+    }
+
+    func readBytes(_ name: String) throws(EngineError) -> [UInt8]? {
+        let target = path(name)
+        let fd: Int32
+        do {
+            fd = try Syscall.open(target, O_RDONLY | O_CLOEXEC)
+        } catch where error == .noSuchFile {
+            return nil
+        } catch {
+            throw .io(file: target, error)
+        }
+        defer { Syscall.close(fd) }
+        var result: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        var offset: Int64 = 0
+        while true {
+            let count: Int
+            do {
+                count = try chunk.withMutableBytes { (buffer) throws(Errno) in try Syscall.pread(fd, buffer.baseAddress!, buffer.count, offset) }
+            } catch {
+                throw .io(file: target, error)
+            }
+            if count == 0 { return result }
+            result += chunk[0..<count]
+            offset += Int64(count)
+        }
+    }
+
+    /// Overwrites a file with zeros, syncs, and removes it (for key material).
+    func destroy(_ name: String) throws(EngineError) {
+        let target = path(name)
+        do throws(Errno) {
+            let fd = try Syscall.open(target, O_WRONLY | O_CLOEXEC)
+            let size = Int(try Syscall.fstat(fd).st_size)
+            let zeros = [UInt8](repeating: 0, count: max(size, 1))
+            try zeros.withBytes { (buffer) throws(Errno) in try Syscall.pwriteAll(fd, buffer.baseAddress!, size, 0) }
+            try Syscall.fsync(fd)
+            Syscall.close(fd)
+            try Syscall.unlinkat(AT_FDCWD, target, 0)
+            let dir = try Syscall.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            defer { Syscall.close(dir) }
+            try Syscall.fsync(dir)
+        } catch where error == .noSuchFile {
+        } catch {
+            throw .io(file: target, error)
+        }
+    }
+
+    /// Removes temporary files a killed daemon left behind (the real files are intact: a temporary
+    /// only replaces its target by rename once it is complete and synced).
+    func removeStaleTemporaries() {
+        for subdirectory in ["", "/keybags"] {
+            guard let dir = opendir(directory + subdirectory) else { continue }
+            var stale: [String] = []
+            while let entry = readdir(dir) {
+                let name = withUnsafePointer(to: entry.pointee.d_name) {
+                    $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+                }
+                if name.contains(".tmp-") { stale.append(directory + subdirectory + "/" + name) }
+            }
+            closedir(dir)
+            for path in stale { _ = unlink(path) }
+        }
+    }
+
+    /// Creates a subdirectory (0700) if missing.
+    func makeDirectory(_ name: String) throws(EngineError) {
+        do { try Syscall.mkdirat(AT_FDCWD, path(name), 0o700) } catch where error == .exists {} catch { throw .io(file: path(name), error) }
+    }
+
+    static func describe(_ error: Error) -> String {
+        switch error {
+        case DecodingError.dataCorrupted(let context):
+            return context.debugDescription + at(context.codingPath)
+        case DecodingError.keyNotFound(let key, let context):
+            return "missing key \(key.stringValue)" + at(context.codingPath)
+        case DecodingError.typeMismatch(let type, let context):
+            return "expected \(type)" + at(context.codingPath)
+        case DecodingError.valueNotFound(let type, let context):
+            return "missing \(type)" + at(context.codingPath)
+        default:
+            return "\(error)"
+        }
+    }
+
+    private static func at(_ path: [CodingKey]) -> String {
+        path.isEmpty ? "" : " at " + path.map(\.stringValue).joined(separator: ".")
+    }
+}

@@ -1,0 +1,136 @@
+@testable import CustodyCore
+import CustodyCrypto
+import CustodyFormat
+import Foundation
+import XCTest
+
+final class AccountTests: EngineTestCase {
+    func testRegisterEnrollListAndCaseInsensitiveLookup() throws {
+        let engine = try makeEngine()
+        let events = recorded(engine)
+        try engine.register(id: "3ec2c00f-b125-4519-acf0-302ac3761822", upn: "Bob@Personal.example")
+        let alice = try engine.enroll(id: "A1B2-C3", upn: "Alice@Contoso.com", policy: Policy(protectionLevel: .completeUnlessOpen))
+        XCTAssertTrue(alice.isEnrolled)
+        XCTAssertEqual(try engine.account("alice@CONTOSO.com").id, "A1B2-C3", "UPN, any case")
+        XCTAssertEqual(try engine.account("a1b2-c3").upn, "Alice@Contoso.com", "object ID, any case; the answer keeps its spelling")
+        XCTAssertEqual(engine.accounts().count, 2)
+        XCTAssertEqual(engine.accounts().filter(\.isEnrolled).map(\.upn), ["Alice@Contoso.com"])
+        XCTAssertThrowsError(try engine.account("nobody@x")) { XCTAssertEqual(($0 as? EngineError)?.code, 300) }
+        XCTAssertThrowsError(try engine.register(id: " ", upn: "x")) { XCTAssertEqual(($0 as? EngineError)?.code, 207) }
+        let kinds = events.withLock { $0.map(\.kind) }
+        XCTAssertEqual(kinds, [.registered, .enrolled])
+        XCTAssertEqual(events.withLock { $0.last?.code }, 100, "enrollment reports NewPoliciesReceived")
+    }
+
+    func testEnrollmentRulesAndTheirCodes() throws {
+        var settings = testSettings(multiIdentity: false)
+        settings.allowedAccounts = ["alice@contoso.com", "CAROL-ID"]
+        let engine = try makeEngine(settings)
+        let events = recorded(engine)
+        XCTAssertThrowsError(try engine.enroll(id: "mallory", upn: "mallory@evil.example")) {
+            XCTAssertEqual($0 as? EngineError, .accountNotAllowed("mallory@evil.example"))
+            XCTAssertEqual(($0 as? EngineError)?.code, 209)
+        }
+        try engine.enroll(id: "alice-id", upn: "Alice@Contoso.com")
+        XCTAssertThrowsError(try engine.enroll(id: "alice-id", upn: "alice@contoso.com")) {
+            XCTAssertEqual(($0 as? EngineError)?.code, 208, "AlreadyEnrolled")
+        }
+        XCTAssertThrowsError(try engine.enroll(id: "carol-id", upn: "carol@contoso.com")) {
+            XCTAssertEqual($0 as? EngineError, .singleManagedAccountMode(enrolled: "Alice@Contoso.com"))
+            XCTAssertEqual(($0 as? EngineError)?.code, 227)
+        }
+        let failures = events.withLock { $0.filter { $0.kind == .enrollmentFailed }.compactMap(\.code) }
+        XCTAssertEqual(failures, [209, 208, 227], "each failure is an event with its code")
+
+        let multi = try Engine(stateDirectory: directory + "/multi", settings: testSettings(multiIdentity: true), clock: ManualClock(), processes: FakeProcessTable())
+        try multi.enroll(id: "a", upn: "a@x")
+        try multi.enroll(id: "b", upn: "b@x")
+        XCTAssertEqual(multi.accounts().filter(\.isEnrolled).count, 2, "MultiIdentity allows several managed accounts")
+    }
+
+    func testPolicyChangesEmitEventsAndMarkReprotection() throws {
+        var settings = testSettings()
+        settings.maxFileProtectionLevel = .completeUnlessOpen
+        let engine = try makeEngine(settings)
+        try engine.register(id: "bob", upn: "bob@personal.example")
+        try engine.enroll(id: "alice", upn: "alice@contoso.com", policy: Policy(protectionLevel: .complete))
+        XCTAssertEqual(engine.effectiveProtection(for: "alice@contoso.com"), .completeUnlessOpen, "min(policy, MaxFileProtectionLevel)")
+        XCTAssertNil(engine.effectiveProtection(for: "bob@personal.example"), "registered but not enrolled: unmanaged")
+        XCTAssertNil(engine.effectiveProtection(for: "stranger@x"), "unknown identity: unmanaged")
+        let events = recorded(engine)
+        var policy = Policy(protectionLevel: .untilFirstAuthentication)
+        let changed = try engine.setPolicy("ALICE@contoso.com", policy)
+        XCTAssertTrue(changed.reprotectPending)
+        XCTAssertEqual(engine.effectiveProtection(for: "alice"), .untilFirstAuthentication)
+        try engine.setPolicy("alice", policy)
+        policy.fileEncryptionRequired = false
+        try engine.setPolicy("alice", policy)
+        XCTAssertNil(engine.effectiveProtection(for: "alice"), "encryption not required: plain files")
+        let seen = events.withLock { $0.map { "\($0.kind.rawValue):\($0.code.map(String.init) ?? "-")" } }
+        XCTAssertEqual(seen, ["policyChanged:100", "reprotectRequired:-", "policyUnchanged:101", "policyChanged:100", "reprotectRequired:-"])
+        try engine.reprotectFinished("alice")
+        XCTAssertFalse(try engine.account("alice").reprotectPending)
+        XCTAssertThrowsError(try engine.setPolicy("bob", policy)) { XCTAssertEqual(($0 as? EngineError)?.code, 214) }
+    }
+
+    func testPolicyAndSettingsAcceptTheSDKAndConsoleNames() throws {
+        let policy = try JSONDecoder().decode(Policy.self, from: Data(#"{"protectionLevel": "locked except open files", "fileProviderEncryptionRequired": true}"#.utf8))
+        XCTAssertEqual(policy.protectionLevel, .completeUnlessOpen)
+        XCTAssertTrue(policy.fileEncryptionRequired, "defaults fill what is missing")
+        XCTAssertTrue(policy.fileProviderEncryptionRequired)
+        XCTAssertThrowsError(try JSONDecoder().decode(Policy.self, from: Data(#"{"protectionLevel": "sometimes"}"#.utf8)))
+        let settings = try JSONDecoder().decode(Settings.self, from: Data(#"{"MaxFileProtectionLevel": "NSFileProtectionCompleteUntilFirstUserAuthentication", "MultiIdentity": true, "ValuesToScrubFromLogging": ["alice@contoso.com"]}"#.utf8))
+        XCTAssertEqual(settings.maxFileProtectionLevel, .untilFirstAuthentication)
+        XCTAssertTrue(settings.multiIdentity)
+        XCTAssertEqual(settings.lockGracePeriod, 10, "default grace period")
+        XCTAssertEqual(settings.valuesToScrubFromLogging, ["alice@contoso.com"])
+        let roundTrip = try JSONDecoder().decode(Settings.self, from: JSONEncoder().encode(settings))
+        XCTAssertEqual(roundTrip, settings)
+        XCTAssertEqual(Settings().maxFileProtectionLevel, .complete)
+    }
+
+    final class RecordingWipe: WipeHandler, @unchecked Sendable {
+        var wiped: [String] = []
+        var keybagExistedDuringWipe: Bool?
+        let keybagPath: String
+        init(keybagPath: String) { self.keybagPath = keybagPath }
+        func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
+            keybagExistedDuringWipe = FileManager.default.fileExists(atPath: keybagPath)
+            progress(3, 1, 4096)
+            wiped.append(account.upn)
+        }
+    }
+
+    func testDeregisterWithWipeDestroysKeysFirstThenCallsTheHook() throws {
+        let engine = try makeEngine()
+        try engine.enroll(id: "alice", upn: "alice@contoso.com")
+        let keybag = directory + "/" + Engine.keybagName("alice")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: keybag))
+        let handler = RecordingWipe(keybagPath: keybag)
+        engine.wipeHandler = handler
+        let events = recorded(engine)
+        try engine.deregister("Alice@Contoso.com", wipe: true)
+        XCTAssertEqual(handler.wiped, ["alice@contoso.com"])
+        XCTAssertEqual(handler.keybagExistedDuringWipe, false, "keys are gone before files are deleted")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: keybag))
+        XCTAssertThrowsError(try engine.account("alice"))
+        XCTAssertThrowsError(try engine.classKey(for: "alice", .none, purpose: .open))
+        let seen = events.withLock { $0.map { "\($0.kind.rawValue):\($0.code.map(String.init) ?? "-")" } }
+        XCTAssertEqual(seen, ["wipeStarted:102", "wipeProgress:-", "wipeFinished:102", "deregistered:104"])
+        XCTAssertEqual(events.withLock { $0[1].details["bytesFreed"] }, "4096")
+    }
+
+    func testDeregisterWithoutWipeKeepsKeysSealedForReEnrollment() throws {
+        let engine = try makeEngine()
+        try engine.enroll(id: "alice", upn: "alice@contoso.com", passphrase: try passphrase("pw"))
+        let before = try engine.classKey(for: "alice", .complete, purpose: .open).id
+        try engine.deregister("alice", wipe: false)
+        XCTAssertThrowsError(try engine.classKey(for: "alice", .complete, purpose: .open), "no keys while deregistered")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: directory + "/" + Engine.keybagName("alice")), "the keybag stays sealed")
+        XCTAssertThrowsError(try engine.enroll(id: "alice", upn: "alice@contoso.com", passphrase: try passphrase("wrong"))) {
+            XCTAssertEqual($0 as? EngineError, .wrongPassphrase("alice"))
+        }
+        try engine.enroll(id: "alice", upn: "alice@contoso.com", passphrase: try passphrase("pw"))
+        XCTAssertEqual(try engine.classKey(for: "alice", .complete, purpose: .open).id, before, "the same class keys are back")
+    }
+}

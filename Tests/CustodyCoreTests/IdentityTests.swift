@@ -1,0 +1,200 @@
+@testable import CustodyCore
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+final class IdentityTests: EngineTestCase {
+    func testPrecedenceThreadProcessAncestorUidPrimaryNone() throws {
+        let table = FakeProcessTable()
+        // init(1) ← shell(100) ← worker(200, threads 200 and 201)
+        table.add(1, start: 1)
+        table.add(100, parent: 1, start: 500)
+        table.add(200, parent: 100, start: 900)
+        table.add(201, process: 200, parent: 100, start: 901)
+        var settings = testSettings(multiIdentity: true)
+        settings.defaultIdentities = [1000: "personal@example.org"]
+        let engine = try makeEngine(settings, processes: table)
+        try engine.enroll(id: "alice-id", upn: "Alice@Contoso.com")
+
+        XCTAssertEqual(engine.resolve(thread: 200, uid: 0), ResolvedIdentity(identity: nil, source: .none))
+        XCTAssertEqual(engine.resolve(thread: 200, uid: 1000), ResolvedIdentity(identity: "personal@example.org", source: .uidDefault(1000)))
+
+        try engine.bindProcess(100, to: "alice@contoso.com")
+        XCTAssertEqual(engine.resolve(thread: 201, uid: 1000), ResolvedIdentity(identity: "Alice@Contoso.com", source: .ancestor(100)),
+                       "descendants inherit; a registered account answers with its own spelling")
+        XCTAssertEqual(engine.resolve(thread: 100, uid: 1000), ResolvedIdentity(identity: "Alice@Contoso.com", source: .process(100)))
+
+        try engine.bindProcess(200, to: "Bob@Personal.example")
+        XCTAssertEqual(engine.resolve(thread: 201, uid: 0), ResolvedIdentity(identity: "Bob@Personal.example", source: .process(200)),
+                       "the nearest binding wins; an unregistered identity is unmanaged")
+        try engine.bindThread(201, to: "alice-id")
+        XCTAssertEqual(engine.resolve(thread: 201, uid: 0), ResolvedIdentity(identity: "Alice@Contoso.com", source: .thread(201)))
+        XCTAssertEqual(engine.resolve(thread: 200, uid: 0), ResolvedIdentity(identity: "Bob@Personal.example", source: .process(200)),
+                       "a thread binding is the thread's alone")
+        try engine.unbindThread(201)
+        try engine.unbindProcess(200)
+        XCTAssertEqual(engine.resolve(thread: 201, uid: 0).source, .ancestor(100))
+        XCTAssertThrowsError(try engine.bindProcess(4242, to: "alice")) { XCTAssertEqual($0 as? EngineError, .noSuchProcess(4242)) }
+        XCTAssertThrowsError(try engine.bindProcess(100, to: "  ")) { XCTAssertEqual(($0 as? EngineError)?.code, 207) }
+
+        // MultiIdentity off: the primary managed account is the fallback.
+        let single = try Engine(stateDirectory: directory + "/single", settings: testSettings(multiIdentity: false), clock: ManualClock(), processes: table)
+        XCTAssertEqual(single.resolve(thread: 200, uid: 0).source, .none, "no managed account yet")
+        try single.enroll(id: "carol-id", upn: "carol@contoso.com")
+        XCTAssertEqual(single.resolve(thread: 200, uid: 0), ResolvedIdentity(identity: "carol@contoso.com", source: .primaryAccount))
+    }
+
+    func testAReusedPIDDoesNotInheritTheBinding() throws {
+        let table = FakeProcessTable()
+        table.add(1, start: 1)
+        table.add(300, parent: 1, start: 1000)
+        let engine = try makeEngine(processes: table)
+        try engine.bindProcess(300, to: "alice@contoso.com")
+        XCTAssertEqual(engine.resolve(thread: 300, uid: 0).identity, "alice@contoso.com")
+        // Process 300 exits; an unrelated process gets PID 300 later.
+        table.remove(300)
+        table.add(300, parent: 1, start: 5000)
+        XCTAssertEqual(engine.resolve(thread: 300, uid: 0), ResolvedIdentity(identity: nil, source: .none))
+        // Nor do its children.
+        table.add(301, parent: 300, start: 5001)
+        XCTAssertEqual(engine.resolve(thread: 301, uid: 0).source, .none)
+        // And after a restart the stale binding is dropped.
+        let reloaded = try makeEngine(processes: table)
+        XCTAssertEqual(reloaded.resolve(thread: 300, uid: 0).source, .none)
+    }
+
+    func testDirectoryOwnerAppliesOnlyToCallersWithoutIdentity() throws {
+        let engine = try makeEngine()
+        let nobody = ResolvedIdentity(identity: nil, source: .none)
+        let bob = ResolvedIdentity(identity: "bob@x", source: .process(5))
+        XCTAssertEqual(engine.ownerForNewFile(nobody, directoryOwner: "alice@contoso.com"), "alice@contoso.com")
+        XCTAssertEqual(engine.ownerForNewFile(bob, directoryOwner: "alice@contoso.com"), "bob@x")
+        XCTAssertNil(engine.ownerForNewFile(nobody, directoryOwner: nil))
+    }
+
+    /// The real /proc: a shell bound to an identity, and its child `sleep` inheriting it.
+    func testRealProcessesInheritThroughProc() throws {
+        let engine = try makeEngine(processes: LinuxProcessTable())
+        let shell = Process()
+        shell.executableURL = URL(fileURLWithPath: "/bin/sh")
+        shell.arguments = ["-c", "sleep 30 & wait"]
+        try shell.run()
+        defer { shell.terminate(); shell.waitUntilExit() }
+        let table = LinuxProcessTable()
+        var child: Int32?
+        for _ in 0..<200 {
+            let text = readTextFile("/proc/\(shell.processIdentifier)/task/\(shell.processIdentifier)/children") ?? ""
+            if let pid = text.split(separator: " ").first.flatMap({ Int32($0) }) { child = pid; break }
+            usleep(10_000)
+        }
+        let sleeper = try XCTUnwrap(child)
+        defer { kill(sleeper, SIGKILL) }
+        XCTAssertEqual(table.parent(of: sleeper), shell.processIdentifier)
+        XCTAssertEqual(table.process(ofThread: sleeper), sleeper)
+        XCTAssertNotNil(table.startTime(of: sleeper))
+        try engine.bindProcess(shell.processIdentifier, to: "alice@contoso.com")
+        XCTAssertEqual(engine.resolve(thread: sleeper, uid: 0), ResolvedIdentity(identity: "alice@contoso.com", source: .ancestor(shell.processIdentifier)))
+        // This test's own thread is not a descendant of the shell.
+        XCTAssertEqual(engine.resolve(thread: Linux.currentThreadID(), uid: 0).source, .none)
+        try engine.bindThread(Linux.currentThreadID(), to: "bob@x")
+        XCTAssertEqual(engine.resolve(thread: Linux.currentThreadID(), uid: 0).source, .thread(Linux.currentThreadID()))
+    }
+}
+
+final class PersistenceTests: EngineTestCase {
+    func testRestartReloadsEverything() throws {
+        let table = FakeProcessTable()
+        table.add(1, start: 1)
+        table.add(700, parent: 1, start: 70)
+        let clock = ManualClock()
+        do {
+            let engine = try makeEngine(testSettings(grace: 0), clock: clock, processes: table)
+            try engine.register(id: "bob-id", upn: "bob@personal.example", uid: 1000)
+            try engine.enroll(id: "alice-id", upn: "Alice@Contoso.com", policy: Policy(protectionLevel: .untilFirstAuthentication), passphrase: try passphrase("pw"), uid: 1001)
+            try engine.enroll(id: "dave-id", upn: "dave@contoso.com")
+            try engine.bindProcess(700, to: "alice@contoso.com")
+            try engine.setPolicy("alice-id", Policy(protectionLevel: .complete))
+        }
+        let engine = try makeEngine(testSettings(grace: 0), clock: clock, processes: table)
+        XCTAssertEqual(engine.accounts().map(\.upn).sorted(), ["Alice@Contoso.com", "bob@personal.example", "dave@contoso.com"])
+        let alice = try engine.account("alice@contoso.com")
+        XCTAssertEqual(alice.policy?.protectionLevel, .complete)
+        XCTAssertEqual(alice.uid, 1001)
+        XCTAssertTrue(alice.hasPassphrase)
+        XCTAssertTrue(alice.reprotectPending)
+        XCTAssertEqual(engine.resolve(thread: 700, uid: 0).identity, "Alice@Contoso.com", "bindings survive a restart")
+        XCTAssertEqual(try engine.lockStatus("alice-id"), .locked, "an identity with a passphrase starts locked")
+        XCTAssertFalse(try engine.hasBeenUnlocked("alice-id"), "class C waits for the first unlock after a restart")
+        XCTAssertThrowsError(try engine.classKey(for: "alice-id", .untilFirstAuthentication, purpose: .open))
+        XCTAssertNotNil(try engine.classKey(for: "alice-id", .none, purpose: .open), "class D needs no unlock")
+        XCTAssertEqual(try engine.lockStatus("dave-id"), .unlocked, "an identity without a passphrase starts unlocked")
+        try engine.unlock("alice-id", passphrase: try passphrase("pw"))
+        XCTAssertTrue(try engine.hasBeenUnlocked("alice-id"))
+    }
+
+    func testBadStateFilesGiveErrorsNamingTheFile() throws {
+        _ = try makeEngine()
+        try Data("{ not json".utf8).write(to: URL(fileURLWithPath: directory + "/accounts.json"))
+        XCTAssertThrowsError(try makeEngine()) {
+            guard case .corruptState(let file, _) = $0 as? EngineError else { return XCTFail("\($0)") }
+            XCTAssertEqual(file, self.directory + "/accounts.json")
+        }
+        try Data(#"{"version": 1, "accounts": [{"id": "a", "upn": "a@x", "registeredAt": 0, "policy": {"protectionLevel": "bogus"}}]}"#.utf8)
+            .write(to: URL(fileURLWithPath: directory + "/accounts.json"))
+        XCTAssertThrowsError(try makeEngine()) { XCTAssertTrue("\($0)".contains("bogus"), "\($0)") }
+        try FileManager.default.removeItem(atPath: directory + "/accounts.json")
+
+        let engine = try makeEngine()
+        try engine.enroll(id: "alice", upn: "alice@contoso.com")
+        let keybag = directory + "/" + Engine.keybagName("alice")
+        var stored = try JSONDecoder().decode(StoredKeybag.self, from: Data(contentsOf: URL(fileURLWithPath: keybag)))
+        // Swap two class keys' wraps: each is bound to its slot, so neither unwraps.
+        let a = stored.classes["A"]!, c = stored.classes["C"]!
+        stored.classes["A"]?.wrapped = c.wrapped
+        stored.classes["C"]?.wrapped = a.wrapped
+        try JSONEncoder().encode(stored).write(to: URL(fileURLWithPath: keybag))
+        XCTAssertThrowsError(try makeEngine()) {
+            guard case .corruptState(let file, _) = $0 as? EngineError else { return XCTFail("\($0)") }
+            XCTAssertEqual(file, keybag)
+        }
+        try FileManager.default.removeItem(atPath: keybag)
+        XCTAssertThrowsError(try makeEngine()) { XCTAssertTrue("\($0)".contains("has no keybag"), "\($0)") }
+    }
+
+    func testMachineKeyIsPrivateAndChecked() throws {
+        _ = try makeEngine()
+        let path = directory + "/machine.key"
+        XCTAssertEqual(try Syscall.lstat(path).st_mode & 0o777, 0o600)
+        XCTAssertEqual(try Syscall.lstat(path).st_size, 32)
+        chmod(path, 0o644)
+        XCTAssertThrowsError(try makeEngine()) { XCTAssertTrue("\($0)".contains("0600"), "\($0)") }
+        chmod(path, 0o600)
+        try Data([1, 2, 3]).write(to: URL(fileURLWithPath: path))
+        chmod(path, 0o600)
+        XCTAssertThrowsError(try makeEngine()) { XCTAssertTrue("\($0)".contains("32"), "\($0)") }
+    }
+
+    /// What a daemon killed in the middle of a write leaves: a complete old file and a partial
+    /// temporary. The next start reads the old file and removes the temporary.
+    func testAKilledWriteLeavesTheOldStateReadable() throws {
+        do {
+            let engine = try makeEngine()
+            try engine.enroll(id: "alice", upn: "alice@contoso.com")
+        }
+        try Data(#"{"version": 1, "accou"#.utf8).write(to: URL(fileURLWithPath: directory + "/accounts.json.tmp-99-1234"))
+        try Data("garbage".utf8).write(to: URL(fileURLWithPath: directory + "/keybags/x.json.tmp-99-5"))
+        let engine = try makeEngine()
+        XCTAssertEqual(engine.accounts().map(\.upn), ["alice@contoso.com"])
+        XCTAssertFalse(FileManager.default.fileExists(atPath: directory + "/accounts.json.tmp-99-1234"))
+        XCTAssertFalse(FileManager.default.fileExists(atPath: directory + "/keybags/x.json.tmp-99-5"))
+    }
+
+    func testNoTemporaryFilesAreLeftBehind() throws {
+        let engine = try makeEngine()
+        for index in 0..<20 { try engine.register(id: "id\(index)", upn: "user\(index)@x") }
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.contains(".tmp-") }
+        XCTAssertEqual(leftovers, [])
+        XCTAssertEqual(try Syscall.lstat(directory + "/accounts.json").st_mode & 0o777, 0o600)
+    }
+}
