@@ -1,52 +1,75 @@
-/// The owner of an unmanaged (not encrypted) file, kept in an extended attribute of the stored file
-/// instead of a header, so the file stays byte-for-byte plain on the backing store.
+/// The owner of a stored file, kept in an extended attribute of the file, readable without opening
+/// it: on ext4 a small attribute sits in the inode, so checking it costs no extra disk read.
 ///
 /// Attribute `trusted.custody.owner` (only root can read or set `trusted.*`, so users cannot forge
-/// it from the backing store). Value: `version (1) = 1 ‖ canonical length (1) ‖ canonical ‖
-/// display length (1) ‖ display`, UTF-8, lengths 1…180.
-public enum OwnerRecord {
+/// it from the backing store). Value: `version (1) = 1 ‖ kind (1): 0 plain, 1 encrypted ‖
+/// protection class (1) ‖ canonical length (1) ‖ canonical ‖ display length (1) ‖ display`, UTF-8,
+/// lengths 1…180. Unmanaged owners' files stay byte-for-byte plain and this record is their only
+/// mark; for encrypted files the header is authoritative and the record is an index of it.
+public struct OwnerRecord: Equatable, Sendable {
     public static let attributeName = "trusted.custody.owner"
     public static let version: UInt8 = 1
 
-    public static func encode(_ owner: Owner) -> [UInt8] {
-        let canonical = Array(owner.canonical.utf8), display = Array(owner.display.utf8)
-        return [version, UInt8(canonical.count)] + canonical + [UInt8(display.count)] + display
+    public var owner: Owner
+    /// The class of an encrypted file; nil for a plain (unmanaged) one.
+    public var encryptedClass: ProtectionClass?
+
+    public init(owner: Owner, encryptedClass: ProtectionClass? = nil) {
+        self.owner = owner
+        self.encryptedClass = encryptedClass
     }
 
-    public static func decode(_ bytes: [UInt8]) throws(FormatError) -> Owner {
+    public func encoded() -> [UInt8] {
+        let canonical = Array(owner.canonical.utf8), display = Array(owner.display.utf8)
+        return [Self.version, encryptedClass == nil ? 0 : 1, encryptedClass?.rawValue ?? 0, UInt8(canonical.count)]
+            + canonical + [UInt8(display.count)] + display
+    }
+
+    public static func decode(_ bytes: [UInt8]) throws(FormatError) -> OwnerRecord {
         guard let first = bytes.first else { throw .corruptHeader("empty owner record") }
         guard first == version else { throw .unsupportedVersion(UInt16(first)) }
-        guard bytes.count >= 2 else { throw .corruptHeader("owner record too short") }
-        let canonicalLength = Int(bytes[1])
-        let displayAt = 2 + canonicalLength
+        guard bytes.count >= 4 else { throw .corruptHeader("owner record too short") }
+        let encryptedClass: ProtectionClass?
+        switch bytes[1] {
+        case 0:
+            guard bytes[2] == 0 else { throw .corruptHeader("a plain owner record with a class") }
+            encryptedClass = nil
+        case 1:
+            guard let value = ProtectionClass(rawValue: bytes[2]) else { throw .corruptHeader("unknown protection class \(bytes[2])") }
+            encryptedClass = value
+        default:
+            throw .corruptHeader("unknown owner record kind \(bytes[1])")
+        }
+        let canonicalLength = Int(bytes[3])
+        let displayAt = 4 + canonicalLength
         guard bytes.count > displayAt else { throw .corruptHeader("owner record too short") }
         let displayLength = Int(bytes[displayAt])
         guard bytes.count == displayAt + 1 + displayLength else { throw .corruptHeader("owner record length mismatch") }
-        guard let canonical = String(validating: bytes[2..<displayAt], as: UTF8.self),
+        guard let canonical = String(validating: bytes[4..<displayAt], as: UTF8.self),
               let display = String(validating: bytes[(displayAt + 1)...], as: UTF8.self) else {
             throw .corruptHeader("owner record is not valid UTF-8")
         }
-        do { return try Owner(canonical: canonical, display: display) } catch { throw .corruptHeader("\(error)") }
+        do { return OwnerRecord(owner: try Owner(canonical: canonical, display: display), encryptedClass: encryptedClass) } catch { throw .corruptHeader("\(error)") }
     }
 }
 
 import CustodySystem
 
 extension OwnerRecord {
-    /// Records `owner` on the stored file at `path` (needs root: `trusted.*`).
-    public static func store(_ owner: Owner, at path: String) throws(FormatError) {
-        let value = encode(owner)
+    /// Writes this record on the stored file at `path` (needs root: `trusted.*`).
+    public func store(at path: String) throws(FormatError) {
+        let value = encoded()
         do {
             try value.withBytes { (bytes) throws(Errno) in
-                try Syscall.setxattr(path, attributeName, bytes.baseAddress, bytes.count, 0)
+                try Syscall.setxattr(path, Self.attributeName, bytes.baseAddress, bytes.count, 0)
             }
         } catch {
             throw .io(error)
         }
     }
 
-    /// The owner recorded on the stored file at `path`, or nil when it has none.
-    public static func load(from path: String) throws(FormatError) -> Owner? {
+    /// The record on the stored file at `path`, or nil when it has none.
+    public static func load(from path: String) throws(FormatError) -> OwnerRecord? {
         var buffer = [UInt8](repeating: 0, count: 512)
         let count: Int
         do {

@@ -32,11 +32,17 @@ public final class ProtectedFile: @unchecked Sendable {
 
     // MARK: Opening and creating
 
-    /// A new, empty protected file: writes a fresh header (with a new random file key) over `storage`.
+    /// A new, empty protected file: writes a fresh header over `storage`, wrapping `fileKey` (a new
+    /// random key when nil; the engine passes one so that it can share it with later opens).
     public static func create(on storage: BlockStorage, owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey,
-                              blockSize: UInt32 = FileHeader.defaultBlockSize, parallelism: Int = defaultParallelism) throws(FormatError) -> ProtectedFile {
+                              fileKey suppliedKey: SecretBytes? = nil, blockSize: UInt32 = FileHeader.defaultBlockSize,
+                              parallelism: Int = defaultParallelism) throws(FormatError) -> ProtectedFile {
         let fileKey: SecretBytes
-        do { fileKey = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
+        if let suppliedKey {
+            fileKey = suppliedKey
+        } else {
+            do { fileKey = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
+        }
         let header = try FileHeader.encrypted(owner: owner, protectionClass: protectionClass, classKey: classKey,
                                               fileKey: fileKey, blockSize: blockSize)
         try storage.truncate(to: 0)

@@ -103,6 +103,7 @@ final class FormatVectorTests: XCTestCase {
             ], order: ["file-key", "file-id", "index", "final", "nonce", "plaintext-byte", "plaintext-length", "aad",
                        "stored-sha256", "stored-tag"]),
             Vector(name: "owner-record", fields: ["owner": "Bob@Personal.example"], order: ["owner", "record"]),
+            Vector(name: "owner-record-encrypted", fields: ["owner": "Alice@Contoso.com", "class": "3"], order: ["owner", "class", "record"]),
         ]
     }
 
@@ -164,7 +165,9 @@ final class FormatVectorTests: XCTestCase {
             }
             return ["aad": aadHex, "stored-sha256": hexString(stored.withUnsafeBytes { sha256($0) }), "stored-tag": hexString(Array(stored.suffix(16)))]
         case "owner-record":
-            return ["record": hexString(OwnerRecord.encode(try Owner(f("owner"))))]
+            return ["record": hexString(OwnerRecord(owner: try Owner(f("owner"))).encoded())]
+        case "owner-record-encrypted":
+            return ["record": hexString(OwnerRecord(owner: try Owner(f("owner")), encryptedClass: ProtectionClass(rawValue: UInt8(f("class"))!)).encoded())]
         default:
             throw FormatError.unsupported("unknown vector \(v.name)")
         }

@@ -112,14 +112,20 @@ final class HeaderTests: XCTestCase {
     }
 
     func testOwnerRecord() throws {
-        let owner = try Owner("Bob@Personal.example")
-        let record = OwnerRecord.encode(owner)
-        XCTAssertEqual(record.first, 1)
-        XCTAssertEqual(try OwnerRecord.decode(record), owner)
+        let plain = OwnerRecord(owner: try Owner("Bob@Personal.example"))
+        let record = plain.encoded()
+        XCTAssertEqual(Array(record.prefix(3)), [1, 0, 0])
+        XCTAssertEqual(try OwnerRecord.decode(record), plain)
+        let encrypted = OwnerRecord(owner: try Owner("alice@contoso.com"), encryptedClass: .completeUnlessOpen)
+        XCTAssertEqual(Array(encrypted.encoded().prefix(3)), [1, 1, 2])
+        XCTAssertEqual(try OwnerRecord.decode(encrypted.encoded()), encrypted)
         XCTAssertThrowsError(try OwnerRecord.decode([]))
         XCTAssertThrowsError(try OwnerRecord.decode([2] + record.dropFirst())) { XCTAssertEqual($0 as? FormatError, .unsupportedVersion(2)) }
         XCTAssertThrowsError(try OwnerRecord.decode(Array(record.dropLast())))
         XCTAssertThrowsError(try OwnerRecord.decode(record + [0]))
+        XCTAssertThrowsError(try OwnerRecord.decode([1, 2, 0] + record.dropFirst(3)), "unknown kind")
+        XCTAssertThrowsError(try OwnerRecord.decode([1, 1, 9] + record.dropFirst(3)), "unknown class")
+        XCTAssertThrowsError(try OwnerRecord.decode([1, 0, 3] + record.dropFirst(3)), "plain with a class")
     }
 
     /// Unmanaged files keep their bytes: the owner lives in a trusted.* attribute of the stored file.
@@ -130,15 +136,15 @@ final class HeaderTests: XCTestCase {
         _ = content.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         XCTAssertNil(try OwnerRecord.load(from: path))
         let owner = try Owner("Bob@Personal.example")
-        try OwnerRecord.store(owner, at: path)
-        XCTAssertEqual(try OwnerRecord.load(from: path), owner)
+        try OwnerRecord(owner: owner).store(at: path)
+        XCTAssertEqual(try OwnerRecord.load(from: path)?.owner, owner)
         var buffer = [UInt8](repeating: 0, count: 64)
         XCTAssertEqual(pread(fd, &buffer, 64, 0), content.count)
         XCTAssertEqual(Array(buffer[0..<content.count]), content, "the stored bytes are untouched")
         try OwnerRecord.remove(at: path)
         XCTAssertNil(try OwnerRecord.load(from: path))
         XCTAssertNoThrow(try OwnerRecord.remove(at: path), "removing twice is fine")
-        XCTAssertThrowsError(try OwnerRecord.store(owner, at: path + ".missing")) { XCTAssertEqual($0 as? FormatError, .io(.noSuchFile)) }
+        XCTAssertThrowsError(try OwnerRecord(owner: owner).store(at: path + ".missing")) { XCTAssertEqual($0 as? FormatError, .io(.noSuchFile)) }
     }
 
     func testProtectionClassNames() {
