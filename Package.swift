@@ -25,10 +25,10 @@ let package = Package(
         // The engine: accounts, policy, identity resolution, keybags, locks, events. No FUSE, no HTTP.
         .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
-        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodySystem"]),
+        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodySystem",
+            "CustodyFUSE", "CustodyCore", "CustodyFormat", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 
@@ -42,6 +42,6 @@ let package = Package(
         .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
-        .testTarget(name: "MountTests", dependencies: ["CustodySystem"]),
+        .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem"]),
     ]
 )

@@ -60,7 +60,7 @@ extension Engine {
             }
         }
         if let identity = settings.defaultIdentities[uid] {
-            return ResolvedIdentity(identity: identity, source: .uidDefault(uid))
+            return ResolvedIdentity(identity: registeredName(identity), source: .uidDefault(uid))
         }
         if !settings.multiIdentity, let primary = accounts().first(where: { $0.isEnrolled }) {
             return ResolvedIdentity(identity: primary.upn, source: .primaryAccount)
@@ -78,7 +78,12 @@ extension Engine {
         let trimmed = identity.trimmingWhitespace()
         guard !trimmed.isEmpty else { throw .invalidIdentity("empty identity") }
         guard trimmed.utf8.count <= 180 else { throw .invalidIdentity("identity longer than 180 bytes") }
-        // A registered account is named as registered (its UPN); any other string is an unmanaged identity.
-        return (try? account(trimmed))?.upn ?? trimmed
+        return registeredName(trimmed)
+    }
+
+    /// A registered account is named as registered (its UPN); any other string is an unmanaged
+    /// identity and keeps its spelling.
+    func registeredName(_ identity: String) -> String {
+        (try? account(identity))?.upn ?? identity.trimmingWhitespace()
     }
 }

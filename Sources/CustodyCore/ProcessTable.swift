@@ -81,4 +81,12 @@ public enum IdentitySource: Equatable, Sendable, CustomStringConvertible {
 public struct ResolvedIdentity: Equatable, Sendable {
     public var identity: String?
     public var source: IdentitySource
+
+    public init(identity: String?, source: IdentitySource) {
+        self.identity = identity
+        self.source = source
+    }
+
+    /// No identity at all.
+    public static let nobody = ResolvedIdentity(identity: nil, source: .none)
 }

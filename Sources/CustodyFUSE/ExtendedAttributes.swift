@@ -1,13 +1,61 @@
 import CFuse3
+import CustodyCore
 import CustodySystem
 import Glibc
 
 /// Extended attributes, passed through to the backing object by its /proc/self/fd path
 /// (the xattr calls do not accept O_PATH descriptors). Symlinks carry no user attributes.
+///
+/// The mount adds virtual attributes: `user.custody.owner` (the owner's identity),
+/// `user.custody.class` (the protection class of an encrypted file) and `user.custody.encrypted`
+/// (1 or 0). The backing store's own `trusted.custody.*` records are neither shown nor settable.
 extension PassthroughFilesystem {
+    static let virtualPrefix = "user.custody."
+    static let hiddenPrefix = "trusted.custody."
+
+    /// The value of a virtual attribute, or nil when the object has none.
+    func virtualAttribute(_ name: String, of inode: Inode) -> String? {
+        let protection = protection(of: inode)
+        switch name {
+        case "user.custody.owner":
+            return protection.owner?.display
+        case "user.custody.class":
+            if case .encrypted(_, let protectionClass) = protection { return protectionClass.description }
+            return nil
+        case "user.custody.encrypted":
+            return inode.isRegularFile ? (protection.isEncrypted ? "1" : "0") : nil
+        default:
+            return nil
+        }
+    }
+
+    /// The virtual attributes an object lists: the owned ones show theirs.
+    func virtualAttributeNames(of inode: Inode) -> [String] {
+        let protection = protection(of: inode)
+        guard protection != .untracked else { return [] }
+        var names = ["user.custody.owner"]
+        if inode.isRegularFile { names.append("user.custody.encrypted") }
+        if protection.isEncrypted { names.append("user.custody.class") }
+        return names
+    }
+
     func getxattr(_ req: fuse_req_t, _ id: fuse_ino_t, _ name: UnsafePointer<CChar>, _ size: Int) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
+            let attribute = String(cString: name)
+            if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.noData }
+            if attribute.hasPrefix(Self.virtualPrefix) {
+                guard let value = virtualAttribute(attribute, of: inode) else { throw Errno.noData }
+                let bytes = Array(value.utf8)
+                if size == 0 {
+                    fuse_reply_xattr(req, bytes.count)
+                } else if size < bytes.count {
+                    throw Errno.rangeError
+                } else {
+                    bytes.withUnsafeBytes { _ = fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count) }
+                }
+                return
+            }
             guard !inode.isSymlink else { throw Errno.noData }
             if size == 0 {
                 fuse_reply_xattr(req, try Syscall.getxattr(inode.procPath, name, nil, 0))
@@ -29,14 +77,27 @@ extension PassthroughFilesystem {
                 if size == 0 { fuse_reply_xattr(req, 0) } else { fuse_reply_buf(req, nil, 0) }
                 return
             }
-            if size == 0 {
-                fuse_reply_xattr(req, try Syscall.listxattr(inode.procPath, nil, 0))
-                return
+            // The real names without the hidden records, then the virtual ones.
+            let needed = try Syscall.listxattr(inode.procPath, nil, 0)
+            var names: [UInt8] = []
+            if needed > 0 {
+                var raw = [CChar](repeating: 0, count: needed)
+                let count = try raw.withMutableBytes { (buffer) throws(Errno) in
+                    try Syscall.listxattr(inode.procPath, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), needed)
+                }
+                for entry in raw[0..<count].split(separator: 0) {
+                    let name = String(decoding: entry.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                    if !name.hasPrefix(Self.hiddenPrefix) { names += Array(name.utf8) + [0] }
+                }
             }
-            let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
-            defer { buffer.deallocate() }
-            let count = try Syscall.listxattr(inode.procPath, buffer, size)
-            fuse_reply_buf(req, buffer, count)
+            for name in virtualAttributeNames(of: inode) { names += Array(name.utf8) + [0] }
+            if size == 0 {
+                fuse_reply_xattr(req, names.count)
+            } else if size < names.count {
+                throw Errno.rangeError
+            } else {
+                names.withUnsafeBytes { _ = fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), names.count) }
+            }
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
@@ -45,6 +106,17 @@ extension PassthroughFilesystem {
     func setxattr(_ req: fuse_req_t, _ id: fuse_ino_t, _ name: UnsafePointer<CChar>, _ value: UnsafePointer<CChar>?, _ size: Int, _ flags: Int32) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
+            let attribute = String(cString: name)
+            if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.notPermitted }
+            if attribute.hasPrefix(Self.virtualPrefix) {
+                // Setting the current value succeeds (cp -a between owned files); changing an owner
+                // (protect) is not served by the mount yet.
+                let given = value.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: size), as: UTF8.self) }
+                guard let current = virtualAttribute(attribute, of: inode), let given,
+                      Account.canonical(current) == Account.canonical(given) else { throw Errno.notSupported }
+                fuse_reply_err(req, 0)
+                return
+            }
             guard !inode.isSymlink else { throw Errno.notPermitted }
             try Syscall.setxattr(inode.procPath, name, value, size, flags)
             fuse_reply_err(req, 0)
@@ -56,6 +128,9 @@ extension PassthroughFilesystem {
     func removexattr(_ req: fuse_req_t, _ id: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
+            let attribute = String(cString: name)
+            if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.notPermitted }
+            if attribute.hasPrefix(Self.virtualPrefix) { throw Errno.notSupported }
             guard !inode.isSymlink else { throw Errno.notPermitted }
             try Syscall.removexattr(inode.procPath, name)
             fuse_reply_err(req, 0)

@@ -1,4 +1,5 @@
 import CFuse3
+import CustodyCore
 import CustodySystem
 import Glibc
 
@@ -7,9 +8,11 @@ public final class FUSEMount {
     public let backing: String
     public let mountPoint: String
     public let options: MountOptions
+    /// Decides owners and holds keys; nil mounts a plain passthrough.
+    public let engine: Engine?
 
     /// Checks both paths and `/dev/fuse`, so that problems are reported before anything is mounted.
-    public init(backing: String, mountPoint: String, options: MountOptions) throws(MountError) {
+    public init(backing: String, mountPoint: String, options: MountOptions, engine: Engine? = nil) throws(MountError) {
         guard let backingPath = resolvedPath(backing) else { throw .backingMissing(backing) }
         guard let backingAttributes = try? Syscall.lstat(backingPath), backingAttributes.st_mode & S_IFMT == S_IFDIR else {
             throw .backingNotDirectory(backing)
@@ -41,6 +44,7 @@ public final class FUSEMount {
         self.backing = backingPath
         self.mountPoint = mountPath
         self.options = options
+        self.engine = engine
     }
 
     /// Mounts, calls `mounted` once the mount is live, and serves requests until unmounted
@@ -57,7 +61,7 @@ public final class FUSEMount {
             throw .backingUnreadable(backing, error)
         }
         let root = Inode(fd: rootFD, device: UInt64(rootAttributes.st_dev), number: UInt64(rootAttributes.st_ino), fileType: S_IFDIR)
-        let filesystem = PassthroughFilesystem(root: root, options: options)
+        let filesystem = PassthroughFilesystem(root: root, options: options, engine: engine)
 
         var arguments = ["custodyd", "-o", mountOptionString()]
         if options.debug { arguments.append("-d") }

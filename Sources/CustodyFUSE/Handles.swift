@@ -2,11 +2,30 @@ import CustodySystem
 import Glibc
 import Synchronization
 
-/// An open regular file: the descriptor on the backing file. The kernel holds it as `fh`.
+/// An open regular file, held by the kernel as `fh`: a descriptor on the backing file (plain
+/// files), or the inode's shared decrypted content (encrypted files).
 final class OpenFile: @unchecked Sendable {
+    /// The backing descriptor of a plain file; -1 for an encrypted one.
     let fd: Int32
-    init(fd: Int32) { self.fd = fd }
-    deinit { Syscall.close(fd) }
+    let content: ProtectedContent?
+    let inode: Inode?
+
+    init(fd: Int32) {
+        self.fd = fd
+        self.content = nil
+        self.inode = nil
+    }
+
+    init(content: ProtectedContent, inode: Inode) {
+        self.fd = -1
+        self.content = content
+        self.inode = inode
+    }
+
+    deinit { if fd >= 0 { Syscall.close(fd) } }
+
+    /// The descriptor to sync, flush or stat: the content's for an encrypted file.
+    var backingFD: Int32 { content?.fd ?? fd }
 }
 
 /// An open directory being listed: a `DIR*` stream and the offset the kernel last asked for.

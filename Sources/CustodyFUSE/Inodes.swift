@@ -11,6 +11,8 @@ final class Inode: @unchecked Sendable {
     let number: UInt64
     /// File type bits (`S_IFMT`) of the backing object; they cannot change for a given inode.
     let fileType: mode_t
+    /// Owner and encryption, probed once; the shared decrypted content while handles are open.
+    let protectionState = Mutex(InodeProtection())
 
     init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
         self.fd = fd

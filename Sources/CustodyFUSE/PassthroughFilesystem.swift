@@ -1,4 +1,6 @@
 import CFuse3
+import CustodyCore
+import CustodyFormat
 import CustodySystem
 import Glibc
 
@@ -10,12 +12,15 @@ import Glibc
 final class PassthroughFilesystem: @unchecked Sendable {
     let inodes: InodeTable
     let options: MountOptions
+    /// The engine that decides owners and holds keys; nil serves a plain passthrough.
+    let engine: Engine?
     private let daemonUID = geteuid()
     private let daemonGID = getegid()
 
-    init(root: Inode, options: MountOptions) {
+    init(root: Inode, options: MountOptions, engine: Engine?) {
         self.inodes = InodeTable(root: root)
         self.options = options
+        self.engine = engine
     }
 
     // MARK: Session
@@ -62,8 +67,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
         return try rememberEntry(pathFD: fd)
     }
 
-    /// Registers one kernel lookup of the object an O_PATH descriptor refers to (taking the descriptor).
-    private func rememberEntry(pathFD fd: Int32) throws(Errno) -> fuse_entry_param {
+    /// Registers one kernel lookup of the object an O_PATH descriptor refers to (taking the
+    /// descriptor). `protection`, when known (a file just created), saves probing it.
+    private func rememberEntry(pathFD fd: Int32, protection known: Protection? = nil) throws(Errno) -> fuse_entry_param {
         let attributes: stat
         do {
             attributes = try Syscall.stat(of: fd)
@@ -72,7 +78,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
             throw error
         }
         let id = inodes.remember(fd: fd, attributes: attributes)
-        return entryParam(id: id, attributes: attributes)
+        guard let inode = try? inodes.inode(id) else { return entryParam(id: id, attributes: attributes) }
+        if let known { inode.protectionState.withLock { $0.protection = known } }
+        return entryParam(id: id, attributes: presented(attributes, of: inode))
     }
 
     func lookup(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
@@ -97,10 +105,11 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let inode = try inodes.inode(UInt64(id))
             var attributes: stat
             if let fi, fi.pointee.fh != 0, inode.isRegularFile, let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) {
-                attributes = try Syscall.fstat(file.fd)
+                attributes = try Syscall.fstat(file.backingFD)
             } else {
                 attributes = try Syscall.stat(of: inode.fd)
             }
+            attributes = presented(attributes, of: inode)
             fuse_reply_attr(req, &attributes, options.attributeTimeout)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -113,7 +122,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let file: OpenFile? = fi.flatMap { $0.pointee.fh != 0 && inode.isRegularFile ? HandleBox.borrow($0.pointee.fh, as: OpenFile.self) : nil }
             if toSet & custody_SET_ATTR_MODE != 0 {
                 if let file {
-                    try Syscall.fchmod(file.fd, new.pointee.st_mode)
+                    try Syscall.fchmod(file.backingFD, new.pointee.st_mode)
                 } else if inode.isSymlink {
                     throw Errno.notSupported
                 } else {
@@ -126,7 +135,15 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 try Syscall.fchownat(inode.fd, "", uid, gid, Linux.AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)
             }
             if toSet & custody_SET_ATTR_SIZE != 0 {
-                if let file {
+                let size = UInt64(max(0, new.pointee.st_size))
+                if let content = file?.content {
+                    guard !content.lease.isRevoked else { throw Errno.accessDenied }
+                    do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
+                } else if inode.isRegularFile, protection(of: inode).isEncrypted {
+                    try withContent(inode) { (content) throws(Errno) in
+                        do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
+                    }
+                } else if let file {
                     try Syscall.ftruncate(file.fd, Int64(new.pointee.st_size))
                 } else {
                     try Syscall.truncate(inode.procPath, Int64(new.pointee.st_size))
@@ -141,14 +158,15 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 if toSet & custody_SET_ATTR_MTIME_NOW != 0 { times[1] = now }
                 else if toSet & custody_SET_ATTR_MTIME != 0 { times[1] = new.pointee.st_mtim }
                 if let file {
-                    try Syscall.futimens(file.fd, times)
+                    try Syscall.futimens(file.backingFD, times)
                 } else if inode.isSymlink {
                     try Syscall.utimensat(inode.fd, "", times, Linux.AT_EMPTY_PATH)
                 } else {
                     try Syscall.utimensat(AT_FDCWD, inode.procPath, times, 0)
                 }
             }
-            var attributes = if let file { try Syscall.fstat(file.fd) } else { try Syscall.stat(of: inode.fd) }
+            var attributes = if let file { try Syscall.fstat(file.backingFD) } else { try Syscall.stat(of: inode.fd) }
+            attributes = presented(attributes, of: inode)
             fuse_reply_attr(req, &attributes, options.attributeTimeout)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -305,30 +323,84 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func open(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
-            let fd = try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags, fi))
-            fi.pointee.fh = HandleBox.store(OpenFile(fd: fd))
+            var current = inode.isRegularFile ? protection(of: inode) : .untracked
+            if inode.isRegularFile, engine != nil, fi.pointee.flags & O_TRUNC != 0 {
+                // Opened with truncate: the file gets the caller's effective identity as owner.
+                let (wanted, classKey) = try plan(for: callerIdentity(req).identity)
+                if wanted != current {
+                    let busy = inode.protectionState.withLock { $0.content != nil }
+                    if busy { throw Errno(EBUSY) }
+                    let fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
+                    defer { Syscall.close(fd) }
+                    if let content = try applyProtection(wanted, classKey: classKey, fd: fd, inode: inode) {
+                        releaseContentAfterCreate(content)
+                    }
+                    current = wanted
+                }
+            }
+            if current.isEncrypted {
+                let content = try acquireContent(inode)
+                if fi.pointee.flags & O_TRUNC != 0 {
+                    do throws(FormatError) { try content.file.truncate(to: 0) } catch {
+                        releaseContent(content, of: inode)
+                        throw error.errnoValue
+                    }
+                }
+                fi.pointee.fh = HandleBox.store(OpenFile(content: content, inode: inode))
+            } else {
+                let fd = try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags, fi))
+                fi.pointee.fh = HandleBox.store(OpenFile(fd: fd))
+            }
             // This daemon is the only writer of the backing tree: cached pages stay valid.
             fi.pointee.keep_cache = 1
             if fuse_reply_open(req, fi) != 0 {
-                HandleBox.release(fi.pointee.fh, as: OpenFile.self)
+                releaseHandle(fi.pointee.fh)
             }
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
     }
 
+    /// A content made for a truncate-reopen is not kept by itself: the handle acquires its own.
+    private func releaseContentAfterCreate(_ content: ProtectedContent) {
+        engine?.closeFileKey(content.lease)
+    }
+
     func create(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            let flags = backingFlags(fi.pointee.flags, fi) | O_CREAT | (fi.pointee.flags & O_EXCL)
+            var (wanted, classKey): (Protection, ClassKey?) = (.untracked, nil)
+            if let engine {
+                (wanted, classKey) = try plan(for: engine.ownerForNewFile(callerIdentity(req), directoryOwner: directoryOwner(parent)))
+            }
+            var flags = backingFlags(fi.pointee.flags, fi) | O_CREAT | (fi.pointee.flags & O_EXCL)
+            if wanted.isEncrypted { flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR }
             let fd = try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode)
-            let file = OpenFile(fd: fd)
-            try giveToCaller(req, parent: parent, name: nil, fd: fd, mode: mode)
-            var entry = try rememberEntry(pathFD: try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC))
-            fi.pointee.fh = HandleBox.store(file)
+            let handle: OpenFile
+            var content: ProtectedContent?
+            do throws(Errno) {
+                try giveToCaller(req, parent: parent, name: nil, fd: fd, mode: mode)
+                if wanted != .untracked {
+                    content = try applyProtection(wanted, classKey: classKey, fd: fd, inode: nil)
+                }
+            } catch {
+                Syscall.close(fd)
+                _ = unlinkat(parent.fd, name, 0)
+                throw error
+            }
+            var entry = try rememberEntry(pathFD: try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC), protection: wanted)
+            let inode = try inodes.inode(UInt64(entry.ino))
+            if let content {
+                Syscall.close(fd)
+                inode.protectionState.withLock { $0.content = content }
+                handle = OpenFile(content: content, inode: inode)
+            } else {
+                handle = OpenFile(fd: fd)
+            }
+            fi.pointee.fh = HandleBox.store(handle)
             fi.pointee.keep_cache = 1
             if fuse_reply_create(req, &entry, fi) != 0 {
-                HandleBox.release(fi.pointee.fh, as: OpenFile.self)
+                releaseHandle(fi.pointee.fh)
                 inodes.forget(UInt64(entry.ino), count: 1)
             }
         } catch {
@@ -336,12 +408,34 @@ final class PassthroughFilesystem: @unchecked Sendable {
         }
     }
 
+    /// Ends a handle: closes its descriptor, or releases its share of the encrypted content.
+    private func releaseHandle(_ fh: UInt64) {
+        guard let file = HandleBox.release(fh, as: OpenFile.self) else { return }
+        if let content = file.content, let inode = file.inode { releaseContent(content, of: inode) }
+    }
+
     func read(_ req: fuse_req_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
             fuse_reply_err(req, EBADF)
             return
         }
-        _ = custody_reply_fd_data(req, file.fd, offset, size)
+        guard let content = file.content else {
+            _ = custody_reply_fd_data(req, file.fd, offset, size)
+            return
+        }
+        guard !content.lease.isRevoked else {
+            fuse_reply_err(req, EACCES)
+            return
+        }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
+        defer { buffer.deallocate() }
+        do {
+            let count = try content.file.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), at: UInt64(offset))
+            fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
+        } catch {
+            log("read of an encrypted file failed: \(error)")
+            fuse_reply_err(req, error.errnoValue.rawValue)
+        }
     }
 
     func writeBuffers(_ req: fuse_req_t, _ buffers: UnsafeMutablePointer<fuse_bufvec>, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
@@ -349,11 +443,33 @@ final class PassthroughFilesystem: @unchecked Sendable {
             fuse_reply_err(req, EBADF)
             return
         }
-        let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
-        if written < 0 {
-            fuse_reply_err(req, Int32(-written))
-        } else {
-            fuse_reply_write(req, Int(written))
+        guard let content = file.content else {
+            let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
+            if written < 0 {
+                fuse_reply_err(req, Int32(-written))
+            } else {
+                fuse_reply_write(req, Int(written))
+            }
+            return
+        }
+        guard !content.lease.isRevoked else {
+            fuse_reply_err(req, EACCES)
+            return
+        }
+        let size = fuse_buf_size(buffers)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
+        defer { buffer.deallocate() }
+        let copied = custody_copy_bufvec_to_memory(buffers, buffer.baseAddress, size)
+        guard copied >= 0 else {
+            fuse_reply_err(req, Int32(-copied))
+            return
+        }
+        do {
+            try content.file.write(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), at: UInt64(offset))
+            fuse_reply_write(req, Int(copied))
+        } catch {
+            log("write to an encrypted file failed: \(error)")
+            fuse_reply_err(req, error.errnoValue.rawValue)
         }
     }
 
@@ -364,7 +480,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         do throws(Errno) {
-            let duplicate = try Syscall.dup(file.fd)
+            let duplicate = try Syscall.dup(file.backingFD)
             let result = Glibc.close(duplicate)
             fuse_reply_err(req, result == -1 ? errno : 0)
         } catch {
@@ -374,7 +490,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     func release(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         if fi.pointee.fh != 0 {
-            HandleBox.release(fi.pointee.fh, as: OpenFile.self)
+            releaseHandle(fi.pointee.fh)
         }
         fuse_reply_err(req, 0)
     }
@@ -385,7 +501,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         do throws(Errno) {
-            if dataOnly { try Syscall.fdatasync(file.fd) } else { try Syscall.fsync(file.fd) }
+            if dataOnly { try Syscall.fdatasync(file.backingFD) } else { try Syscall.fsync(file.backingFD) }
             fuse_reply_err(req, 0)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -398,7 +514,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         do throws(Errno) {
-            try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length))
+            if let content = file.content {
+                // Encrypted: allocation means the size; holes cannot be punched into ciphertext.
+                guard mode & ~Linux.FALLOC_FL_KEEP_SIZE == 0 else { throw Errno.notSupported }
+                let end = UInt64(offset) + UInt64(length)
+                if mode & Linux.FALLOC_FL_KEEP_SIZE == 0, end > content.file.size {
+                    do throws(FormatError) { try content.file.truncate(to: end) } catch { throw error.errnoValue }
+                }
+            } else {
+                try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length))
+            }
             fuse_reply_err(req, 0)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -411,6 +536,17 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         do throws(Errno) {
+            if let content = file.content {
+                // Encrypted files report all of their content as data (holes are not exposed).
+                let size = Int64(content.file.size)
+                guard offset >= 0, Int64(offset) < size || (whence != Linux.SEEK_DATA && whence != Linux.SEEK_HOLE) else { throw Errno(ENXIO) }
+                switch whence {
+                case Linux.SEEK_DATA: fuse_reply_lseek(req, offset)
+                case Linux.SEEK_HOLE: fuse_reply_lseek(req, off_t(size))
+                default: throw Errno.invalidArgument
+                }
+                return
+            }
             fuse_reply_lseek(req, off_t(try Syscall.lseek(file.fd, Int64(offset), whence)))
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -421,6 +557,11 @@ final class PassthroughFilesystem: @unchecked Sendable {
         guard let input = HandleBox.borrow(inFI.pointee.fh, as: OpenFile.self),
               let output = HandleBox.borrow(outFI.pointee.fh, as: OpenFile.self) else {
             fuse_reply_err(req, EBADF)
+            return
+        }
+        // Ciphertext cannot be copied as bytes: the kernel falls back to reading and writing.
+        guard input.content == nil, output.content == nil else {
+            fuse_reply_err(req, EOPNOTSUPP)
             return
         }
         do throws(Errno) {

@@ -1,4 +1,6 @@
 import ArgumentParser
+import CustodyCore
+import CustodyFormat
 import CustodyFUSE
 import CustodySystem
 import Glibc
@@ -41,6 +43,18 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Print every FUSE request.")
     var debug = false
 
+    @Flag(help: "Allow more than one managed (enrolled) account (MultiIdentity).")
+    var multiIdentity = false
+
+    @Option(help: ArgumentHelp("Seconds between a lock and class A keys being dropped.", valueName: "seconds"))
+    var lockGracePeriod: Double = 10
+
+    @Option(help: ArgumentHelp("Caps every policy's protection level (MaxFileProtectionLevel).", valueName: "level"))
+    var maxProtectionLevel: String = "complete"
+
+    @Option(help: ArgumentHelp("Default identity for callers of a uid with no binding (repeatable).", valueName: "uid=identity"))
+    var defaultIdentity: [String] = []
+
     func validate() throws {
         guard cacheTimeout >= 0, cacheTimeout.isFinite else {
             throw ValidationError("--cache-timeout must be a number of seconds, 0 or more")
@@ -48,6 +62,34 @@ struct Custodyd: ParsableCommand {
         guard (1...256).contains(threads) else {
             throw ValidationError("--threads must be between 1 and 256")
         }
+        guard ProtectionClass(name: maxProtectionLevel) != nil else {
+            throw ValidationError("--max-protection-level: unknown level \(maxProtectionLevel) (complete, completeUnlessOpen, untilFirstAuth, none)")
+        }
+        guard lockGracePeriod >= 0, lockGracePeriod.isFinite else {
+            throw ValidationError("--lock-grace-period must be a number of seconds, 0 or more")
+        }
+        _ = try parsedDefaultIdentities()
+    }
+
+    func parsedDefaultIdentities() throws -> [UInt32: String] {
+        var result: [UInt32: String] = [:]
+        for entry in defaultIdentity {
+            let parts = entry.split(separator: "=", maxSplits: 1)
+            guard parts.count == 2, let uid = UInt32(parts[0]), !parts[1].isEmpty else {
+                throw ValidationError("--default-identity takes uid=identity, not \(entry)")
+            }
+            result[uid] = String(parts[1])
+        }
+        return result
+    }
+
+    func settings() throws -> Settings {
+        var settings = Settings()
+        settings.multiIdentity = multiIdentity
+        settings.lockGracePeriod = lockGracePeriod
+        settings.maxFileProtectionLevel = ProtectionClass(name: maxProtectionLevel) ?? .complete
+        settings.defaultIdentities = try parsedDefaultIdentities()
+        return settings
     }
 
     func run() throws {
@@ -64,7 +106,10 @@ struct Custodyd: ParsableCommand {
         do {
             let stateDirectory = state ?? StateDirectory.defaultPath()
             try StateDirectory.prepare(stateDirectory)
-            let mount = try FUSEMount(backing: backing, mountPoint: mountPoint, options: options)
+            let engine = try Engine(stateDirectory: stateDirectory, settings: try settings())
+            engine.startDeadlineTimer()
+            defer { engine.stopDeadlineTimer() }
+            let mount = try FUSEMount(backing: backing, mountPoint: mountPoint, options: options, engine: engine)
             try mount.run {
                 Log.info("serving \(mount.backing) at \(mount.mountPoint) (pid \(getpid()), state \(stateDirectory))")
             }
@@ -73,6 +118,9 @@ struct Custodyd: ParsableCommand {
             Log.error(error.description)
             throw ExitCode(1)
         } catch let error as StateDirectoryError {
+            Log.error(error.description)
+            throw ExitCode(1)
+        } catch let error as EngineError {
             Log.error(error.description)
             throw ExitCode(1)
         }

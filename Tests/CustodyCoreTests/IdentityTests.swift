@@ -13,12 +13,14 @@ final class IdentityTests: EngineTestCase {
         table.add(200, parent: 100, start: 900)
         table.add(201, process: 200, parent: 100, start: 901)
         var settings = testSettings(multiIdentity: true)
-        settings.defaultIdentities = [1000: "personal@example.org"]
+        settings.defaultIdentities = [1000: "personal@example.org", 1001: "ALICE@contoso.COM"]
         let engine = try makeEngine(settings, processes: table)
         try engine.enroll(id: "alice-id", upn: "Alice@Contoso.com")
 
         XCTAssertEqual(engine.resolve(thread: 200, uid: 0), ResolvedIdentity(identity: nil, source: .none))
         XCTAssertEqual(engine.resolve(thread: 200, uid: 1000), ResolvedIdentity(identity: "personal@example.org", source: .uidDefault(1000)))
+        XCTAssertEqual(engine.resolve(thread: 200, uid: 1001), ResolvedIdentity(identity: "Alice@Contoso.com", source: .uidDefault(1001)),
+                       "a default naming a registered account answers with the account's spelling")
 
         try engine.bindProcess(100, to: "alice@contoso.com")
         XCTAssertEqual(engine.resolve(thread: 201, uid: 1000), ResolvedIdentity(identity: "Alice@Contoso.com", source: .ancestor(100)),

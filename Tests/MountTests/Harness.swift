@@ -34,7 +34,9 @@ final class MountedDaemon {
         throw XCTSkip("/dev/fuse is not usable here")
     }
 
-    init(extraArguments: [String] = [], file: StaticString = #filePath, line: UInt = #line) throws {
+    /// `prepare` runs before the daemon starts, with the state directory's path (to enroll
+    /// accounts and bind processes with an engine of the test's own).
+    init(extraArguments: [String] = [], prepare: ((String) throws -> Void)? = nil) throws {
         try Self.requireFUSE()
         root = try makeTemporaryDirectory("custody-test")
         backing = root + "/backing"
@@ -42,6 +44,13 @@ final class MountedDaemon {
         state = root + "/state"
         logPath = root + "/custodyd.log"
         for dir in [backing, mountPoint] { try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true) }
+        if let prepare {
+            try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            do { try prepare(state) } catch {
+                _ = try? runCommand(["rm", "-rf", root])
+                throw error
+            }
+        }
         try start(extraArguments: extraArguments)
     }
 

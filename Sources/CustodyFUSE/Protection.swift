@@ -1,0 +1,235 @@
+import CFuse3
+import CustodyCore
+import CustodyCrypto
+import CustodyFormat
+import CustodySystem
+import Glibc
+import Synchronization
+
+/// How a backing object is protected, as its owner record says.
+enum Protection: Equatable {
+    /// No owner: plain passthrough.
+    case untracked
+    /// An unmanaged owner (or a managed one whose policy does not encrypt): owner recorded, bytes plain.
+    case plain(Owner)
+    /// A managed owner's encrypted file of this class.
+    case encrypted(Owner, ProtectionClass)
+
+    var owner: Owner? {
+        switch self {
+        case .untracked: return nil
+        case .plain(let owner), .encrypted(let owner, _): return owner
+        }
+    }
+
+    var isEncrypted: Bool {
+        if case .encrypted = self { return true }
+        return false
+    }
+
+    init(record: OwnerRecord?) {
+        guard let record else { self = .untracked; return }
+        if let protectionClass = record.encryptedClass {
+            self = .encrypted(record.owner, protectionClass)
+        } else {
+            self = .plain(record.owner)
+        }
+    }
+
+    var record: OwnerRecord? {
+        switch self {
+        case .untracked: return nil
+        case .plain(let owner): return OwnerRecord(owner: owner)
+        case .encrypted(let owner, let protectionClass): return OwnerRecord(owner: owner, encryptedClass: protectionClass)
+        }
+    }
+}
+
+/// The decrypted view of one encrypted backing file, shared by all its open handles (the format
+/// wants one `ProtectedFile` per stored file). Its descriptor is read-write: the kernel reads pages
+/// to complete partial writes, and partial blocks are read-modify-written.
+final class ProtectedContent: @unchecked Sendable {
+    let fd: Int32
+    let file: ProtectedFile
+    let lease: FileKeyLease
+    /// Open handles; guarded by the inode's protection lock.
+    var opens = 1
+
+    init(fd: Int32, file: ProtectedFile, lease: FileKeyLease) {
+        self.fd = fd
+        self.file = file
+        self.lease = lease
+    }
+
+    deinit { Syscall.close(fd) }
+}
+
+/// Per-inode protection state: probed once, then kept.
+struct InodeProtection {
+    var protection: Protection?
+    var content: ProtectedContent?
+}
+
+extension EngineError {
+    var errnoValue: Errno { Errno(errno) }
+}
+
+extension FormatError {
+    var errnoValue: Errno {
+        if case .io(let error) = self { return error }
+        return .ioError
+    }
+}
+
+extension PassthroughFilesystem {
+    // MARK: Probing
+
+    /// The protection of `inode`, read from its owner record the first time.
+    func protection(of inode: Inode) -> Protection {
+        if let known = inode.protectionState.withLock({ $0.protection }) { return known }
+        var found = Protection.untracked
+        if inode.isRegularFile || inode.isDirectory {
+            found = Protection(record: try? OwnerRecord.load(from: inode.procPath))
+        }
+        inode.protectionState.withLock { if $0.protection == nil { $0.protection = found } }
+        return found
+    }
+
+    /// Attributes as the mount shows them: encrypted files show their plaintext size.
+    func presented(_ attributes: stat, of inode: Inode) -> stat {
+        guard inode.isRegularFile, protection(of: inode).isEncrypted else { return attributes }
+        var shown = attributes
+        shown.st_size = off_t((try? BlockLayout().plaintextSize(storedSize: UInt64(attributes.st_size))) ?? 0)
+        return shown
+    }
+
+    // MARK: Owners
+
+    /// What a new (or truncated) file of `ownerName` becomes: encrypted when the owner is managed
+    /// and its policy requires it, else plain with the owner recorded, or untracked without owner.
+    func plan(for ownerName: String?) throws(Errno) -> (Protection, ClassKey?) {
+        guard let ownerName else { return (.untracked, nil) }
+        let owner: Owner
+        do throws(FormatError) { owner = try Owner(ownerName) } catch { throw Errno.invalidArgument }
+        guard let engine, let protectionClass = engine.effectiveProtection(for: ownerName) else {
+            return (.plain(owner), nil)
+        }
+        do throws(EngineError) {
+            let classKey = try engine.classKey(for: ownerName, protectionClass, purpose: .create)
+            return (.encrypted(owner, protectionClass), classKey)
+        } catch {
+            log("create refused for \(ownerName): \(error)")
+            throw error.errnoValue
+        }
+    }
+
+    /// The caller's effective identity (FUSE gives the calling thread's ID).
+    func callerIdentity(_ req: fuse_req_t) -> ResolvedIdentity {
+        guard let engine, let context = fuse_req_ctx(req)?.pointee else { return .nobody }
+        return engine.resolve(thread: context.pid, uid: context.uid)
+    }
+
+    /// The owner a directory passes to files created in it by callers without identity.
+    func directoryOwner(_ directory: Inode) -> String? {
+        protection(of: directory).owner?.display
+    }
+
+    /// Writes a fresh protected form over the open backing file `fd` (emptied): a new header for
+    /// an encrypted file, and the owner record (or none). Returns the shared content when encrypted.
+    func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?) throws(Errno) -> ProtectedContent? {
+        let path = Syscall.procPath(fd)
+        do throws(Errno) {
+            try Syscall.ftruncate(fd, 0)
+            var content: ProtectedContent?
+            if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
+                let fileKey: SecretBytes
+                do throws(CryptoError) { fileKey = try SecretBytes.random(count: 32) } catch { throw Errno.ioError }
+                let duplicate = try Syscall.dup(fd)
+                let file: ProtectedFile
+                do throws(FormatError) {
+                    file = try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: owner, protectionClass: protectionClass,
+                                                    classKey: classKey, fileKey: fileKey)
+                } catch {
+                    Syscall.close(duplicate)
+                    throw error.errnoValue
+                }
+                let lease: FileKeyLease
+                do throws(EngineError) { lease = try engine.adoptFileKey(fileKey, header: file.header) } catch {
+                    Syscall.close(duplicate)
+                    throw error.errnoValue
+                }
+                content = ProtectedContent(fd: duplicate, file: file, lease: lease)
+            }
+            if let record = protection.record {
+                do throws(FormatError) { try record.store(at: path) } catch { throw error.errnoValue }
+            } else {
+                do throws(FormatError) { try OwnerRecord.remove(at: path) } catch { throw error.errnoValue }
+            }
+            if let inode {
+                inode.protectionState.withLock { $0.protection = protection }
+            }
+            return content
+        } catch {
+            throw error
+        }
+    }
+
+    // MARK: Content
+
+    /// The shared decrypted view of an encrypted inode, opened (key unwrapped) by the first handle.
+    func acquireContent(_ inode: Inode) throws(Errno) -> ProtectedContent {
+        try inode.protectionState.withLock { (state) throws(Errno) -> ProtectedContent in
+            if let content = state.content, !content.lease.isRevoked {
+                content.opens += 1
+                return content
+            }
+            let fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
+            do throws(Errno) {
+                let storage = DescriptorStorage(fd: fd)
+                let header: FileHeader
+                do throws(FormatError) { header = try ProtectedFile.readHeader(from: storage) } catch { throw error.errnoValue }
+                guard let engine else { throw Errno.notSupported }
+                let lease: FileKeyLease
+                do throws(EngineError) { lease = try engine.openFileKey(header) } catch {
+                    log("open refused for a file of \(header.owner.display): \(error)")
+                    throw error.errnoValue
+                }
+                let file: ProtectedFile
+                do throws(FormatError) { file = try ProtectedFile(storage: storage, header: header, fileKey: lease.fileKey) } catch {
+                    engine.closeFileKey(lease)
+                    throw error.errnoValue
+                }
+                let content = ProtectedContent(fd: fd, file: file, lease: lease)
+                state.content = content
+                return content
+            } catch {
+                if state.content?.fd != fd { Syscall.close(fd) }
+                throw error
+            }
+        }
+    }
+
+    /// One handle of `content` closed; the last one drops the file key.
+    func releaseContent(_ content: ProtectedContent, of inode: Inode) {
+        let last = inode.protectionState.withLock { state -> Bool in
+            content.opens -= 1
+            guard content.opens <= 0 else { return false }
+            if state.content === content { state.content = nil }
+            return true
+        }
+        if last { engine?.closeFileKey(content.lease) }
+    }
+
+    /// Runs `body` with the inode's content, opened just for it if no handle holds it.
+    func withContent<R>(_ inode: Inode, _ body: (ProtectedContent) throws(Errno) -> R) throws(Errno) -> R {
+        let content = try acquireContent(inode)
+        defer { releaseContent(content, of: inode) }
+        guard !content.lease.isRevoked else { throw Errno.accessDenied }
+        return try body(content)
+    }
+
+    func log(_ message: String) {
+        var line = "custodyd: " + message + "\n"
+        line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+    }
+}
