@@ -1,3 +1,5 @@
+import CustodyCore
+import CustodyFormat
 import CustodySystem
 import Foundation
 import Glibc
@@ -11,18 +13,42 @@ final class RandomizedOperationTests: XCTestCase {
     var daemon: MountedDaemon!
     var reference = ""
 
-    override func setUpWithError() throws {
-        daemon = try MountedDaemon()
-        reference = daemon.root + "/reference"
-        XCTAssertEqual(mkdir(reference, 0o755), 0)
-    }
-
     override func tearDown() {
         daemon?.destroy()
         daemon = nil
     }
 
     func testRandomOperationsMatchAPlainDirectory() throws {
+        daemon = try MountedDaemon()
+        try runRandomOperations()
+        try mustRun(["diff", "-r", "--no-dereference", reference, daemon.backing])
+    }
+
+    /// The same, with every operation made by a managed identity (this thread is bound to it),
+    /// so that every file goes through encryption.
+    func testRandomOperationsAsAManagedIdentity() throws {
+        let thread = Linux.currentThreadID()
+        daemon = try MountedDaemon { state in
+            let engine = try Engine(stateDirectory: state)
+            try engine.enroll(id: "alice-oid", upn: "alice@contoso.com", policy: Policy(protectionLevel: .untilFirstAuthentication))
+            try engine.bindThread(thread, to: "alice@contoso.com")
+        }
+        try runRandomOperations()
+        let stored = try mustRun(["find", daemon.backing, "-type", "f", "-newer", daemon.state + "/machine.key"]).split(separator: "\n")
+        var encrypted = 0
+        for path in stored {
+            if let handle = FileHandle(forReadingAtPath: String(path)) {
+                if Array(handle.readData(ofLength: 8)) == FileHeader.magic { encrypted += 1 }
+                try? handle.close()
+            }
+        }
+        XCTAssertGreaterThan(stored.count, 0, "the run left files to check")
+        XCTAssertEqual(encrypted, stored.count, "every file left on the backing store is encrypted")
+    }
+
+    func runRandomOperations() throws {
+        reference = daemon.root + "/reference"
+        XCTAssertEqual(mkdir(reference, 0o755), 0)
         let environment = ProcessInfo.processInfo.environment
         let seed = environment["FSX_SEED"].flatMap(UInt64.init) ?? UInt64(UInt32.random(in: 1...UInt32.max))
         let steps = environment["FSX_STEPS"].flatMap(Int.init) ?? 4000
@@ -35,8 +61,9 @@ final class RandomizedOperationTests: XCTestCase {
                 return
             }
         }
-        // Everything at the end, from the backing store too.
-        try mustRun(["diff", "-r", "--no-dereference", reference, daemon.backing])
+        // Everything at the end, through the mount after the kernel dropped its caches.
+        try mustRun(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+        try mustRun(["diff", "-r", "--no-dereference", reference, daemon.mountPoint])
         print("fsx: \(steps) steps with seed \(seed) matched")
     }
 }
