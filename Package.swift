@@ -24,11 +24,13 @@ let package = Package(
         .target(name: "CustodyFormat", dependencies: ["CustodyCrypto", "CustodySystem"]),
         // The engine: accounts, policy, identity resolution, keybags, locks, events. No FUSE, no HTTP.
         .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md).
+        .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodyCore", "CustodyFormat", "CustodySystem",
+            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 

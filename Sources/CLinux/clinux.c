@@ -8,6 +8,7 @@
 #include <sys/xattr.h>
 #include <linux/falloc.h>
 #include <unistd.h>
+#include <sys/socket.h>
 
 const int clinux_O_PATH = O_PATH;
 const int clinux_O_DIRECT = O_DIRECT;
@@ -57,4 +58,14 @@ ssize_t clinux_listxattr(const char *path, char *list, size_t size) {
 }
 int clinux_removexattr(const char *path, const char *name) {
     return removexattr(path, name);
+}
+
+int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
+    struct ucred credentials;
+    socklen_t length = sizeof credentials;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return -1;
+    *pid = credentials.pid;
+    *uid = credentials.uid;
+    *gid = credentials.gid;
+    return 0;
 }

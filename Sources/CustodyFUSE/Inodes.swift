@@ -107,6 +107,11 @@ final class InodeTable: @unchecked Sendable {
         _ = retired  // released outside the lock
     }
 
+    /// Every known inode with its node ID (for invalidation at lock time).
+    func snapshot() -> [(UInt64, Inode)] {
+        state.withLock { $0.byID.map { ($0.key, $0.value.inode) } }
+    }
+
     /// How many node IDs the kernel holds (for tests and status).
     var count: Int { state.withLock { $0.byID.count } }
 }

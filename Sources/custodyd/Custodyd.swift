@@ -1,4 +1,5 @@
 import ArgumentParser
+import CustodyControl
 import CustodyCore
 import CustodyFormat
 import CustodyFUSE
@@ -24,6 +25,9 @@ struct Custodyd: ParsableCommand {
 
     @Option(help: ArgumentHelp("Directory for keys and state.", valueName: "dir"))
     var state: String?
+
+    @Option(help: ArgumentHelp("Control socket path (default /run/custody/control.sock for root).", valueName: "path"))
+    var socket: String?
 
     @Flag(help: "Let other users use the mount (turns on kernel permission checks).")
     var allowOther = false
@@ -71,6 +75,15 @@ struct Custodyd: ParsableCommand {
         _ = try parsedDefaultIdentities()
     }
 
+    static func defaultSocketPath() -> String {
+        if geteuid() == 0 {
+            mkdir("/run/custody", 0o755)
+            return "/run/custody/control.sock"
+        }
+        let runtime = getenv("XDG_RUNTIME_DIR").map { String(cString: $0) } ?? "/tmp"
+        return runtime + "/custody.sock"
+    }
+
     func parsedDefaultIdentities() throws -> [UInt32: String] {
         var result: [UInt32: String] = [:]
         for entry in defaultIdentity {
@@ -109,6 +122,11 @@ struct Custodyd: ParsableCommand {
             let engine = try Engine(stateDirectory: stateDirectory, settings: try settings())
             engine.startDeadlineTimer()
             defer { engine.stopDeadlineTimer() }
+            let socketPath = socket ?? Self.defaultSocketPath()
+            let server = try ControlServer(path: socketPath, engine: engine)
+            server.start()
+            defer { server.stop() }
+            Log.info("control socket \(socketPath)")
             let mount = try FUSEMount(backing: backing, mountPoint: mountPoint, options: options, engine: engine)
             try mount.run {
                 Log.info("serving \(mount.backing) at \(mount.mountPoint) (pid \(getpid()), state \(stateDirectory))")
@@ -121,6 +139,9 @@ struct Custodyd: ParsableCommand {
             Log.error(error.description)
             throw ExitCode(1)
         } catch let error as EngineError {
+            Log.error(error.description)
+            throw ExitCode(1)
+        } catch let error as ControlError {
             Log.error(error.description)
             throw ExitCode(1)
         }

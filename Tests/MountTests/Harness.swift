@@ -11,6 +11,8 @@ final class MountedDaemon {
     let mountPoint: String
     let state: String
     let logPath: String
+    /// The daemon's control socket.
+    let socket: String
     private(set) var pid: pid_t = 0
 
     /// Where the daemon binary is: `CUSTODYD`, else next to the test bundle.
@@ -43,6 +45,7 @@ final class MountedDaemon {
         mountPoint = root + "/mnt"
         state = root + "/state"
         logPath = root + "/custodyd.log"
+        socket = root + "/control.sock"
         for dir in [backing, mountPoint] { try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true) }
         if let prepare {
             try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -55,7 +58,7 @@ final class MountedDaemon {
     }
 
     func start(extraArguments: [String] = []) throws {
-        let arguments = ["--state", state] + extraArguments + [backing, mountPoint]
+        let arguments = ["--state", state, "--socket", socket] + extraArguments + [backing, mountPoint]
         pid = try spawn(Self.binary, arguments, stdoutPath: logPath, stderrPath: logPath)
         let deadline = Date().addingTimeInterval(15)
         while Date() < deadline {
@@ -250,5 +253,19 @@ struct SeededGenerator: RandomNumberGenerator {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
+    }
+}
+
+extension MountedDaemon {
+    /// Calls the control API with curl; returns the HTTP status and the body.
+    @discardableResult
+    func api(_ method: String, _ path: String, _ body: String? = nil, asUser uid: UInt32? = nil) throws -> (status: Int, body: String) {
+        var arguments = ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", "--unix-socket", socket, "-X", method]
+        if let body { arguments += ["-H", "Content-Type: application/json", "--data-binary", body] }
+        arguments.append("http://localhost" + path)
+        if let uid { arguments = ["setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups"] + arguments }
+        let result = try runCommand(arguments)
+        let lines = result.output.split(separator: "\n", omittingEmptySubsequences: false)
+        return (Int(lines.last ?? "") ?? 0, lines.dropLast().joined(separator: "\n"))
     }
 }

@@ -39,4 +39,7 @@ int clinux_setxattr(const char *path, const char *name, const void *value, size_
 ssize_t clinux_listxattr(const char *path, char *list, size_t size);
 int clinux_removexattr(const char *path, const char *name);
 
+/// The peer of a connected Unix socket (SO_PEERCRED); 0 on success, -1 with errno.
+int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
+
 #endif

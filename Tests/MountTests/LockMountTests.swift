@@ -1,0 +1,153 @@
+import CustodyCore
+import CustodyFormat
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// Lock enforcement through a real mount, driven over the control socket.
+final class LockMountTests: XCTestCase {
+    var daemon: MountedDaemon!
+    var shells: [pid_t] = []
+
+    override func tearDown() {
+        for shell in shells { kill(shell, SIGKILL); waitForExit(shell, seconds: 5) }
+        daemon?.destroy()
+        daemon = nil
+    }
+
+    func start(grace: Double) throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "\(grace)"])
+    }
+
+    func enroll(_ id: String, _ upn: String, level: String, passphrase: String) throws {
+        let response = try daemon.api("POST", "/v1/accounts", #"{"id": "\#(id)", "upn": "\#(upn)", "policy": {"protectionLevel": "\#(level)"}, "passphrase": "\#(passphrase)"}"#)
+        XCTAssertEqual(response.status, 201, response.body)
+    }
+
+    /// Runs `script` in a shell bound to `identity`; stages are separated by waiting for the files
+    /// `<root>/go1`, `<root>/go2` …, and the shell writes `<root>/ready1` … when it reaches them.
+    func boundShell(_ identity: String, _ script: String) throws -> (pid_t, String) {
+        try boundShell(identity) { _ in script }
+    }
+
+    func boundShell(_ identity: String, _ makeScript: (String) -> String) throws -> (pid_t, String) {
+        let root = try makeTemporaryDirectory("custody-shell")
+        let wrapped = "cd '\(daemon.mountPoint)' && { \(makeScript(root)) ; } > '\(root)/out' 2>&1; echo $? > '\(root)/status'"
+        let shell = try spawn("/bin/sh", ["-c", "while [ ! -e '\(root)/go0' ]; do sleep 0.02; done; " + wrapped])
+        shells.append(shell)
+        let bound = try daemon.api("POST", "/v1/bindings", #"{"pid": \#(shell), "identity": "\#(identity)"}"#)
+        XCTAssertEqual(bound.status, 201, bound.body)
+        XCTAssertTrue(FileManager.default.createFile(atPath: root + "/go0", contents: Data()))
+        return (shell, root)
+    }
+
+    func waitForFile(_ path: String, seconds: Double = 30) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if FileManager.default.fileExists(atPath: path) { return true }
+            usleep(20_000)
+        }
+        return false
+    }
+
+    func testClassAHandlesFailAfterTheGracePeriodAndNoPlaintextStaysCached() throws {
+        try start(grace: 1)
+        try enroll("alice-oid", "alice@contoso.com", level: "complete", passphrase: "pw")
+        let (shell, root) = try boundShell("alice@contoso.com", "echo SECRET-A-4411 > secret.txt && head -c 200000 /dev/urandom > big.bin")
+        XCTAssertTrue(waitForExit(shell, seconds: 30))
+        XCTAssertEqual(try String(contentsOfFile: root + "/status", encoding: .utf8), "0\n", (try? String(contentsOfFile: root + "/out", encoding: .utf8)) ?? "")
+
+        // A reader holds the file open and has its pages cached.
+        let fd = try Syscall.open(daemon.mnt("secret.txt"), O_RDONLY)
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 64)
+        XCTAssertEqual(try Syscall.pread(fd, &buffer, 64, 0), 14)
+        let big = try Syscall.open(daemon.mnt("big.bin"), O_RDWR)
+        defer { close(big) }
+        XCTAssertEqual(try Syscall.pread(big, &buffer, 64, 100_000), 64)
+
+        let lock = try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock")
+        XCTAssertEqual(lock.status, 200, lock.body)
+        XCTAssertTrue(lock.body.contains("locking"))
+        XCTAssertEqual(try Syscall.pread(fd, &buffer, 64, 0), 14, "still readable during the grace period")
+
+        usleep(1_600_000)
+        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""lock":"locked""#))
+        // The same handle, the same (previously cached) pages: refused, not served from the cache.
+        XCTAssertEqual(errnoOf { _ = try Syscall.pread(fd, &buffer, 64, 0) }, EACCES)
+        XCTAssertEqual(errnoOf { _ = try Syscall.pread(big, &buffer, 64, 100_000) }, EACCES)
+        XCTAssertEqual(errnoOf { _ = try Syscall.open(self.daemon.mnt("secret.txt"), O_RDONLY) }, EACCES, "new opens are refused")
+        XCTAssertEqual(errnoOf { try writeFile(self.daemon.mnt("new.txt"), bytes("x")) }, nil, "a caller with no identity still creates plain files")
+        XCTAssertEqual(try Syscall.lstat(daemon.mnt("secret.txt")).st_size, 14, "metadata stays visible")
+        XCTAssertTrue(daemon.log.contains("locked"), daemon.log)
+
+        // Unlock: readable again, content intact.
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "wrong"}"#).status, 403)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "pw"}"#).status, 200)
+        XCTAssertEqual(try readFile(daemon.mnt("secret.txt")), bytes("SECRET-A-4411\n"))
+    }
+
+    func testClassBOpenFilesKeepWorkingAndNewFilesCanBeCreatedWhileLocked() throws {
+        try start(grace: 0.5)
+        try enroll("carol-oid", "carol@contoso.com", level: "completeUnlessOpen", passphrase: "pw")
+        let (shell, root) = try boundShell("carol@contoso.com") { root in
+            """
+            echo existing > existing.txt && echo first > open.txt && exec 3>>open.txt && exec 4<open.txt && \
+            touch '\(root)/ready1' && while [ ! -e '\(root)/go1' ]; do sleep 0.02; done && \
+            echo second >&3 && cat <&4 && echo made-while-locked > created.txt && echo CREATED && \
+            { cat existing.txt 2>/dev/null && echo READ-EXISTING || echo DENIED-EXISTING; } && \
+            { cat created.txt 2>/dev/null && echo REOPENED-CREATED || echo DENIED-CREATED; }
+            """
+        }
+        XCTAssertTrue(waitForFile(root + "/ready1"), "the shell opened its files")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/carol@contoso.com/lock").status, 200)
+        usleep(900_000)
+        XCTAssertTrue(try daemon.api("GET", "/v1/accounts/carol@contoso.com").status == 200)
+        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""lock":"locked""#))
+        XCTAssertTrue(FileManager.default.createFile(atPath: root + "/go1", contents: Data()))
+        XCTAssertTrue(waitForExit(shell, seconds: 30))
+        let output = try String(contentsOfFile: root + "/out", encoding: .utf8)
+        XCTAssertTrue(output.contains("first\nsecond"), "handles opened before the lock keep reading and writing: \(output)")
+        XCTAssertTrue(output.contains("CREATED"), "new class B files can be created while locked: \(output)")
+        XCTAssertTrue(output.contains("DENIED-EXISTING"), "existing files cannot be opened while locked: \(output)")
+        XCTAssertTrue(output.contains("DENIED-CREATED"), "nor can a file created while locked, once closed: \(output)")
+
+        XCTAssertEqual(errnoOf { _ = try readFile(self.daemon.mnt("open.txt")) }, EACCES)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/carol@contoso.com/unlock", #"{"passphrase": "pw"}"#).status, 200)
+        XCTAssertEqual(try readFile(daemon.mnt("created.txt")), bytes("made-while-locked\n"))
+        XCTAssertEqual(try readFile(daemon.mnt("open.txt")), bytes("first\nsecond\n"))
+        var value = [UInt8](repeating: 0, count: 64)
+        let count = try Syscall.getxattr(daemon.mnt("created.txt"), "user.custody.class", &value, 64)
+        XCTAssertEqual(String(decoding: value[0..<count], as: UTF8.self), "completeUnlessOpen")
+        XCTAssertEqual(try runCommand(["grep", "-rl", "made-while-locked", daemon.backing]).output, "")
+    }
+
+    func testAuthorizationFromPeerCredentials() throws {
+        try start(grace: 10)
+        try enroll("alice-oid", "alice@contoso.com", level: "complete", passphrase: "pw")
+        XCTAssertEqual(chmod(daemon.root, 0o755), 0)
+        XCTAssertEqual(chmod(daemon.socket, 0o666), 0)
+        let nobody: UInt32 = 65534
+        var response = try daemon.api("POST", "/v1/accounts", #"{"id": "x", "upn": "x@y"}"#, asUser: nobody)
+        XCTAssertEqual(response.status, 403, response.body)
+        XCTAssertTrue(response.body.contains("NotAuthorized"), response.body)
+        response = try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock", asUser: nobody)
+        XCTAssertEqual(response.status, 403, "alice is not mapped to uid 65534")
+        XCTAssertEqual(try daemon.api("POST", "/v1/lock", asUser: nobody).status, 403)
+        XCTAssertEqual(try daemon.api("GET", "/v1/status", asUser: nobody).status, 200, "status is public")
+        // An account mapped to uid 65534 may be locked by that user.
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "n-oid", "upn": "n@contoso.com", "uid": 65534}"#).status, 201)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/n@contoso.com/lock", asUser: nobody).status, 200)
+        // Bad requests get JSON errors and the daemon keeps serving.
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", "{broken").status, 400)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": 5}"#).status, 400)
+        XCTAssertEqual(try daemon.api("GET", "/v1/nowhere").status, 404)
+        XCTAssertEqual(try daemon.api("DELETE", "/v1/status").status, 405)
+        XCTAssertEqual(try daemon.api("GET", "/v1/accounts/nobody@nowhere").status, 404)
+        let huge = daemon.root + "/huge.json"
+        XCTAssertTrue(FileManager.default.createFile(atPath: huge, contents: Data(#"{"id": ""#.utf8 + [UInt8](repeating: 120, count: 2 << 20) + Array(#""}"#.utf8))))
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", "@" + huge).status, 413)
+        XCTAssertEqual(try daemon.api("GET", "/v1/status").status, 200)
+    }
+}
