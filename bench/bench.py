@@ -3,6 +3,7 @@
 
 Systems (each mounted once for the run, alternating round by round):
   raw                        the backing disk itself
+  custody-encrypted          custodyd, every file owned by a managed identity (class C, unlocked)
   custody-plain              custodyd with no identity: the plaintext passthrough
   gocryptfs                  gocryptfs (Debian), default settings
   gocryptfs-plaintextnames   gocryptfs -plaintextnames (Custody does not encrypt names either)
@@ -30,7 +31,7 @@ FIO_SECONDS = int(os.environ.get("FIO_SECONDS", "10"))
 ALL_WORKLOADS = ["dd_write", "dd_read_cold", "untar", "ls_lR_cold", "read_all_cold", "rm_rf",
                  "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", ",".join(ALL_WORKLOADS)).split(",") if w]
-ALL_SYSTEMS = ["raw", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames"]
+ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames"]
 SYSTEMS = [s for s in os.environ.get("SYSTEMS", ",".join(ALL_SYSTEMS)).split(",") if s]
 IOPS_WORKLOADS = {"fio_randread_4k", "fio_randwrite_4k"}
 
@@ -68,10 +69,15 @@ class System:
             self.dir = self.backing
             return
         log = open(os.path.join(self.base, "daemon.log"), "w")
-        if self.name == "custody-plain":
+        if self.name.startswith("custody"):
             state = os.path.join(self.base, "state")
             os.makedirs(state, mode=0o700)
-            cmd = [CUSTODYD, "--state", state, self.backing, self.mnt]
+            self.socket = os.path.join(self.base, "control.sock")
+            cmd = [CUSTODYD, "--state", state, "--socket", self.socket, "--multi-identity"]
+            if self.name == "custody-encrypted":
+                # Everything root (this benchmark) writes belongs to a managed identity.
+                cmd += ["--default-identity", "0=bench@custody.example"]
+            cmd += [self.backing, self.mnt]
         else:
             passfile = os.path.join(self.base, "pass")
             with open(passfile, "w") as f:
@@ -85,6 +91,12 @@ class System:
             if self.process.poll() is not None or time.time() > deadline:
                 raise SystemExit(f"{self.name} did not mount; see {self.base}/daemon.log")
             time.sleep(0.02)
+        if self.name == "custody-encrypted":
+            body = '{"id": "bench-oid", "upn": "bench@custody.example", "policy": {"protectionLevel": "untilFirstAuth"}}'
+            out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", "--unix-socket", self.socket, "-X", "POST",
+                                  "--data-binary", body, "http://localhost/v1/accounts"], capture_output=True, text=True)
+            if not out.stdout.endswith("201"):
+                raise SystemExit(f"cannot enroll the benchmark identity: {out.stdout}")
         self.dir = self.mnt
 
     def stop(self):
@@ -178,7 +190,7 @@ def run_round(system, round_index, tarball, results, peaks):
 def main():
     if os.geteuid() != 0:
         raise SystemExit("make bench needs root (to drop caches and mount)")
-    if "custody-plain" in SYSTEMS and not os.path.exists(CUSTODYD):
+    if any(s.startswith("custody") for s in SYSTEMS) and not os.path.exists(CUSTODYD):
         raise SystemExit(f"{CUSTODYD} is missing: run 'make release' first")
     os.makedirs(BENCH_DIR, exist_ok=True)
     tarball = os.path.join(BENCH_DIR, "include.tar")

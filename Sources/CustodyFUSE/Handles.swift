@@ -7,22 +7,35 @@ import Synchronization
 final class OpenFile: @unchecked Sendable {
     /// The backing descriptor of a plain file; -1 for an encrypted one.
     let fd: Int32
-    let content: ProtectedContent?
     let inode: Inode?
+    /// The shared content of an encrypted file. A lock revokes it; the handle then takes a fresh
+    /// one (after unlock), so that long-running programs carry on.
+    private let contentBox: Mutex<ProtectedContent?>
 
     init(fd: Int32) {
         self.fd = fd
-        self.content = nil
         self.inode = nil
+        self.contentBox = Mutex(nil)
     }
 
     init(content: ProtectedContent, inode: Inode) {
         self.fd = -1
-        self.content = content
         self.inode = inode
+        self.contentBox = Mutex(content)
     }
 
     deinit { if fd >= 0 { Syscall.close(fd) } }
+
+    var content: ProtectedContent? { contentBox.withLock { $0 } }
+
+    /// Puts `new` in place of `old`; false when another request replaced it first.
+    func replaceContent(_ old: ProtectedContent, with new: ProtectedContent) -> Bool {
+        contentBox.withLock { current in
+            guard current === old else { return false }
+            current = new
+            return true
+        }
+    }
 
     /// The descriptor to sync, flush or stat: the content's for an encrypted file.
     var backingFD: Int32 { content?.fd ?? fd }

@@ -136,8 +136,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             if toSet & custody_SET_ATTR_SIZE != 0 {
                 let size = UInt64(max(0, new.pointee.st_size))
-                if let content = file?.content {
-                    guard !content.lease.isRevoked else { throw Errno.accessDenied }
+                if let file, let content = try liveContent(file) {
                     do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
                 } else if inode.isRegularFile, protection(of: inode).isEncrypted {
                     try withContent(inode) { (content) throws(Errno) in
@@ -419,12 +418,15 @@ final class PassthroughFilesystem: @unchecked Sendable {
             fuse_reply_err(req, EBADF)
             return
         }
-        guard let content = file.content else {
-            _ = custody_reply_fd_data(req, file.fd, offset, size)
-            return
-        }
-        guard !content.lease.isRevoked else {
-            fuse_reply_err(req, EACCES)
+        let content: ProtectedContent
+        do throws(Errno) {
+            guard let live = try liveContent(file) else {
+                _ = custody_reply_fd_data(req, file.fd, offset, size)
+                return
+            }
+            content = live
+        } catch {
+            fuse_reply_err(req, error.rawValue)
             return
         }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
@@ -443,17 +445,20 @@ final class PassthroughFilesystem: @unchecked Sendable {
             fuse_reply_err(req, EBADF)
             return
         }
-        guard let content = file.content else {
-            let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
-            if written < 0 {
-                fuse_reply_err(req, Int32(-written))
-            } else {
-                fuse_reply_write(req, Int(written))
+        let content: ProtectedContent
+        do throws(Errno) {
+            guard let live = try liveContent(file) else {
+                let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
+                if written < 0 {
+                    fuse_reply_err(req, Int32(-written))
+                } else {
+                    fuse_reply_write(req, Int(written))
+                }
+                return
             }
-            return
-        }
-        guard !content.lease.isRevoked else {
-            fuse_reply_err(req, EACCES)
+            content = live
+        } catch {
+            fuse_reply_err(req, error.rawValue)
             return
         }
         let size = fuse_buf_size(buffers)
@@ -514,7 +519,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         do throws(Errno) {
-            if let content = file.content {
+            if let content = try liveContent(file) {
                 // Encrypted: allocation means the size; holes cannot be punched into ciphertext.
                 guard mode & ~Linux.FALLOC_FL_KEEP_SIZE == 0 else { throw Errno.notSupported }
                 let end = UInt64(offset) + UInt64(length)

@@ -220,6 +220,21 @@ extension PassthroughFilesystem {
         if last { engine?.closeFileKey(content.lease) }
     }
 
+    /// The handle's content, usable now: a revoked one (the identity locked) is replaced by a fresh
+    /// one once the identity is unlocked again; while it is locked, EACCES.
+    func liveContent(_ file: OpenFile) throws(Errno) -> ProtectedContent? {
+        guard let content = file.content else { return nil }
+        guard content.lease.isRevoked else { return content }
+        guard let inode = file.inode else { throw Errno.accessDenied }
+        let fresh = try acquireContent(inode)
+        if file.replaceContent(content, with: fresh) {
+            releaseContent(content, of: inode)
+            return fresh
+        }
+        releaseContent(fresh, of: inode)
+        return file.content
+    }
+
     /// Runs `body` with the inode's content, opened just for it if no handle holds it.
     func withContent<R>(_ inode: Inode, _ body: (ProtectedContent) throws(Errno) -> R) throws(Errno) -> R {
         let content = try acquireContent(inode)

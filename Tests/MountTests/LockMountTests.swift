@@ -86,6 +86,8 @@ final class LockMountTests: XCTestCase {
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "wrong"}"#).status, 403)
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "pw"}"#).status, 200)
         XCTAssertEqual(try readFile(daemon.mnt("secret.txt")), bytes("SECRET-A-4411\n"))
+        XCTAssertEqual(try Syscall.pread(fd, &buffer, 64, 0), 14, "the handle opened before the lock works again")
+        XCTAssertEqual(Array(buffer[0..<14]), bytes("SECRET-A-4411\n"))
     }
 
     func testClassBOpenFilesKeepWorkingAndNewFilesCanBeCreatedWhileLocked() throws {
@@ -149,5 +151,56 @@ final class LockMountTests: XCTestCase {
         XCTAssertTrue(FileManager.default.createFile(atPath: huge, contents: Data(#"{"id": ""#.utf8 + [UInt8](repeating: 120, count: 2 << 20) + Array(#""}"#.utf8))))
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts", "@" + huge).status, 413)
         XCTAssertEqual(try daemon.api("GET", "/v1/status").status, 200)
+    }
+
+    /// A long-running sqlite3 (bound to the identity) fed statements through a FIFO while its
+    /// identity locks: returns everything it printed, after a final integrity check by root.
+    func sqliteAcrossALock(level: String) throws -> (output: String, integrity: String, count: String) {
+        try start(grace: 0.5)
+        try enroll("dana-oid", "dana@contoso.com", level: level, passphrase: "pw")
+        let fifo = daemon.root + "/statements"
+        XCTAssertEqual(mkfifo(fifo, 0o600), 0)
+        let output = daemon.root + "/sqlite.out"
+        let database = daemon.mnt("app.db")
+        let shell = try spawn("/bin/sh", ["-c", "sqlite3 '\(database)' < '\(fifo)' > '\(output)' 2>&1"])
+        shells.append(shell)
+        XCTAssertEqual(try daemon.api("POST", "/v1/bindings", #"{"pid": \#(shell), "identity": "dana@contoso.com"}"#).status, 201)
+        let writer = open(fifo, O_WRONLY)
+        XCTAssertGreaterThanOrEqual(writer, 0)
+        func send(_ text: String) { _ = Array(text.utf8).withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
+        send("create table t(v text); insert into t values('before');\n")
+        usleep(500_000)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/dana@contoso.com/lock").status, 200)
+        usleep(1_000_000)
+        send("insert into t values('while locked');\nselect 'count', count(*) from t;\n")
+        usleep(500_000)
+        XCTAssertTrue(daemon.isMounted, "the daemon is still serving")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/dana@contoso.com/unlock", #"{"passphrase": "pw"}"#).status, 200)
+        send("select 'after', count(*) from t;\n")
+        close(writer)
+        XCTAssertTrue(waitForExit(shell, seconds: 30), "sqlite3 finished")
+        shells.removeAll { $0 == shell }
+        let printed = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        let integrity = try mustRun(["sqlite3", daemon.mnt("app.db"), "pragma integrity_check;"])
+        let count = try mustRun(["sqlite3", daemon.mnt("app.db"), "select count(*) from t;"])
+        XCTAssertEqual(try runCommand(["grep", "-rl", "while locked", daemon.backing]).output, "", "no plaintext on the backing store")
+        return (printed, integrity, count)
+    }
+
+    func testSQLiteWithClassAGetsClearErrorsWhileLockedAndStaysIntact() throws {
+        let result = try sqliteAcrossALock(level: "complete")
+        XCTAssertTrue(result.output.lowercased().contains("error"), "the connection sees errors while locked: \(result.output)")
+        XCTAssertEqual(result.integrity, "ok\n", "the database is intact after unlock")
+        XCTAssertTrue(["1\n", "2\n"].contains(result.count), "\(result.count)")
+        XCTAssertTrue(daemon.isMounted)
+        XCTAssertTrue(result.output.contains("after|"), "after unlock the same connection carries on: \(result.output)")
+    }
+
+    func testSQLiteWithClassBKeepsWorkingWhileLocked() throws {
+        let result = try sqliteAcrossALock(level: "completeUnlessOpen")
+        XCTAssertTrue(result.output.contains("count|2"), "the open connection keeps working: \(result.output)")
+        XCTAssertFalse(result.output.lowercased().contains("error"), result.output)
+        XCTAssertEqual(result.integrity, "ok\n")
+        XCTAssertEqual(result.count, "2\n")
     }
 }
