@@ -7,7 +7,7 @@ RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
 BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libssl-dev libsodium-dev
-TEST_PACKAGES := attr sqlite3 util-linux curl
+TEST_PACKAGES := attr sqlite3 util-linux curl rsync git
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)

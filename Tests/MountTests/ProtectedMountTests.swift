@@ -135,20 +135,20 @@ final class ProtectedMountTests: XCTestCase {
     }
 
     func testManagedIdentityToolsTarCpSqlite() throws {
-        let tarball = try makeTemporaryDirectory("custody-tar") + "/linux.tar"
-        try mustRun(["tar", "-C", "/usr/include", "-cf", tarball, "linux"])
+        let tarball = try makeTemporaryDirectory("custody-tar") + "/include.tar"
+        try mustRun(["tar", "-C", "/usr", "-cf", tarball, "include"])
         try startMount(aliceScript: """
-            tar -xf '\(tarball)' && cp -r linux copy && \
+            tar -xf '\(tarball)' && cp -r include/linux copy && \
             sqlite3 notes.db "create table t(v text); insert into t values('\(Self.markerA)'); insert into t select v||'x' from t;" && \
             sqlite3 notes.db "select count(*) from t; pragma integrity_check;"
             """)
         try runAlice()
         XCTAssertTrue(try String(contentsOfFile: aliceOutput, encoding: .utf8).contains("2\nok"))
-        try mustRun(["diff", "-r", "--no-dereference", "/usr/include/linux", daemon.mnt("linux")])
+        try mustRun(["diff", "-r", "--no-dereference", "/usr/include", daemon.mnt("include")])
         try mustRun(["diff", "-r", "--no-dereference", "/usr/include/linux", daemon.mnt("copy")])
         // Every regular file Alice made is stored encrypted.
-        let files = try mustRun(["find", daemon.back("linux"), daemon.back("copy"), daemon.back("notes.db"), "-type", "f"]).split(separator: "\n")
-        XCTAssertGreaterThan(files.count, 500)
+        let files = try mustRun(["find", daemon.back("include"), daemon.back("copy"), daemon.back("notes.db"), "-type", "f"]).split(separator: "\n")
+        XCTAssertGreaterThan(files.count, 5000)
         for path in files {
             let handle = try XCTUnwrap(FileHandle(forReadingAtPath: String(path)))
             let magic = handle.readData(ofLength: 8)
@@ -166,5 +166,38 @@ final class ProtectedMountTests: XCTestCase {
         XCTAssertEqual(xattr(daemon.mnt("root-wrote.txt"), "user.custody.owner"), "Alice@Contoso.com")
         XCTAssertEqual(xattr(daemon.mnt("root-wrote.txt"), "user.custody.encrypted"), "1")
         XCTAssertEqual(try runCommand(["grep", "-rl", Self.markerC, daemon.backing]).output, "")
+    }
+
+    func testGitRsyncReflinkCopyAndSharedMmapOnEncryptedFiles() throws {
+        try startMount(aliceScript: """
+            git init -q repo && cd repo && git config user.email a@contoso.com && git config user.name Alice && \
+            echo \(Self.markerA) > notes.md && git add notes.md && git commit -q -m first && \
+            echo more >> notes.md && git commit -q -am second && git log --oneline | wc -l && git fsck --full && cd .. && \
+            rsync -a /usr/include/linux/ synced/ && cp --reflink=auto repo/notes.md reflinked.md && \
+            head -c 65536 /dev/zero > mapped.bin
+            """)
+        try runAlice()
+        let output = try String(contentsOfFile: aliceOutput, encoding: .utf8)
+        XCTAssertTrue(output.hasPrefix("2\n"), "two commits: \(output)")
+        try mustRun(["diff", "-r", "/usr/include/linux", daemon.mnt("synced")])
+        XCTAssertEqual(try readFile(daemon.mnt("reflinked.md")), bytes(Self.markerA + "\nmore\n"))
+        XCTAssertEqual(try runCommand(["grep", "-rl", Self.markerA, daemon.backing]).output, "", "git objects are compressed, the work tree file is not: neither is stored in clear")
+
+        // A shared writable mapping of an encrypted file writes through the format.
+        let fd = try Syscall.open(daemon.mnt("mapped.bin"), O_RDWR)
+        let length = 65536
+        guard let map = mmap(nil, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), map != MAP_FAILED else {
+            close(fd)
+            return XCTFail("mmap: \(Errno.current)")
+        }
+        for offset in stride(from: 0, to: length, by: 4096) { map.storeBytes(of: 0xC3, toByteOffset: offset + 7, as: UInt8.self) }
+        XCTAssertEqual(msync(map, length, MS_SYNC), 0)
+        munmap(map, length)
+        close(fd)
+        try mustRun(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+        let stored = try readFile(daemon.mnt("mapped.bin"))
+        XCTAssertEqual(stored.count, length)
+        XCTAssertEqual(stored.enumerated().filter { $0.element != 0 }.map(\.offset), Array(stride(from: 7, to: length, by: 4096)))
+        XCTAssertEqual(xattr(daemon.mnt("mapped.bin"), "user.custody.encrypted"), "1")
     }
 }
