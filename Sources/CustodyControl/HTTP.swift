@@ -130,15 +130,6 @@ struct HTTPReader {
     }
 }
 
-extension Substring {
-    func trimmingCharacters(in set: String) -> String {
-        var slice = self[...]
-        while let first = slice.first, set.contains(first) { slice = slice.dropFirst() }
-        while let last = slice.last, set.contains(last) { slice = slice.dropLast() }
-        return String(slice)
-    }
-}
-
 extension String {
     /// Decodes %XX escapes (and leaves malformed ones as they are).
     var removingPercentEncoding: String {

@@ -1,4 +1,5 @@
 import CustodyFormat
+import CustodySystem
 
 /// What an enrolled account's files must get. Set at enrollment, pushed later over the socket.
 public struct Policy: Codable, Equatable, Sendable {
@@ -71,14 +72,5 @@ public struct Account: Codable, Equatable, Sendable {
     /// The case-folded, trimmed form identities are compared in.
     public static func canonical(_ identity: String) -> String {
         identity.trimmingWhitespace().lowercased()
-    }
-}
-
-extension String {
-    func trimmingWhitespace() -> String {
-        var scalars = Substring(self).unicodeScalars[...]
-        while let first = scalars.first, first.properties.isWhitespace { scalars = scalars.dropFirst() }
-        while let last = scalars.last, last.properties.isWhitespace { scalars = scalars.dropLast() }
-        return String(String.UnicodeScalarView(scalars))
     }
 }

@@ -22,6 +22,16 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     case crypto(CryptoError)
     case format(FormatError)
 
+    /// Any error from below, as an engine error (engine errors pass through; crypto errors wrap).
+    init(mixing error: any Error) {
+        switch error {
+        case let error as EngineError: self = error
+        case let error as CryptoError: self = .crypto(error)
+        case let error as FormatError: self = .format(error)
+        default: self = .crypto(.library("\(error)"))
+        }
+    }
+
     /// The SDK's enrollment status codes where they apply (2xx failures), else Custody's own 3xx.
     public var code: Int {
         switch self {

@@ -1,27 +1,33 @@
+import CustodySystem
+
 /// Identity resolution: who a calling thread is working as. See docs/identity.md.
 extension Engine {
     /// Binds a process (and, through inheritance, its descendants) to `identity`.
     public func bindProcess(_ pid: Int32, to identity: String) throws(EngineError) {
-        let identity = try checkedIdentity(identity)
-        guard let start = processes.startTime(of: pid) else { throw .noSuchProcess(pid) }
-        try state.withLock { (state) throws(EngineError) in
-            state.processBindings = state.processBindings.filter { $0.key.id != pid }
-            state.processBindings[TaskKey(id: pid, startTime: start)] = identity
-            try saveBindingsLocked(state)
-        }
-        events.emit(.identityBound, identity: identity, "process \(pid) bound to \(identity)", details: ["pid": "\(pid)"])
+        try bind(pid, to: identity, thread: false)
     }
 
     /// Binds one thread (a TID) to `identity`; it takes precedence over its process's binding.
     public func bindThread(_ tid: Int32, to identity: String) throws(EngineError) {
+        try bind(tid, to: identity, thread: true)
+    }
+
+    private func bind(_ task: Int32, to identity: String, thread: Bool) throws(EngineError) {
         let identity = try checkedIdentity(identity)
-        guard let start = processes.startTime(of: tid) else { throw .noSuchProcess(tid) }
+        guard let start = processes.startTime(of: task) else { throw .noSuchProcess(task) }
         try state.withLock { (state) throws(EngineError) in
-            state.threadBindings = state.threadBindings.filter { $0.key.id != tid }
-            state.threadBindings[TaskKey(id: tid, startTime: start)] = identity
+            let key = TaskKey(id: task, startTime: start)
+            if thread {
+                state.threadBindings = state.threadBindings.filter { $0.key.id != task }
+                state.threadBindings[key] = identity
+            } else {
+                state.processBindings = state.processBindings.filter { $0.key.id != task }
+                state.processBindings[key] = identity
+            }
             try saveBindingsLocked(state)
         }
-        events.emit(.identityBound, identity: identity, "thread \(tid) bound to \(identity)", details: ["tid": "\(tid)"])
+        let kind = thread ? "thread" : "process"
+        events.emit(.identityBound, identity: identity, "\(kind) \(task) bound to \(identity)", details: [thread ? "tid" : "pid": "\(task)"])
     }
 
     public func unbindProcess(_ pid: Int32) throws(EngineError) {

@@ -63,12 +63,8 @@ enum Keybags {
                 }
             }
             return try AESGCMKey(try HKDF.derive(.sha256, key: material, salt: Array(stored.salt), info: userInfo, count: 32))
-        } catch let error as EngineError {
-            throw error
-        } catch let error as CryptoError {
-            throw .crypto(error)
         } catch {
-            throw .crypto(.library("\(error)"))
+            throw EngineError(mixing: error)
         }
     }
 
@@ -135,12 +131,8 @@ enum Keybags {
             keys.completeUnlessOpenPrivate = bPrivate
             guard let classD else { throw EngineError.crypto(.library("class D key was not made")) }
             return (stored, keys, classD, (id: Array(bID), publicKey: bPublic))
-        } catch let error as EngineError {
-            throw error
-        } catch let error as CryptoError {
-            throw .crypto(error)
         } catch {
-            throw .crypto(.library("\(error)"))
+            throw EngineError(mixing: error)
         }
     }
 

@@ -40,15 +40,6 @@ public struct LinuxProcessTable: ProcessTable {
     }
 }
 
-extension Substring {
-    func trimmingCharacters(in set: String) -> String {
-        var slice = self[...]
-        while let first = slice.first, set.contains(first) { slice = slice.dropFirst() }
-        while let last = slice.last, set.contains(last) { slice = slice.dropLast() }
-        return String(slice)
-    }
-}
-
 /// A process or thread as bound: its ID and start time, so that a reused ID does not match.
 public struct TaskKey: Hashable, Codable, Sendable {
     public var id: Int32

@@ -323,6 +323,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
             var current = inode.isRegularFile ? protection(of: inode) : .untracked
+            var fresh: ProtectedContent?
             if inode.isRegularFile, engine != nil, fi.pointee.flags & O_TRUNC != 0 {
                 // Opened with truncate: the file gets the caller's effective identity as owner.
                 let (wanted, classKey) = try plan(for: callerIdentity(req).identity)
@@ -331,13 +332,15 @@ final class PassthroughFilesystem: @unchecked Sendable {
                     if busy { throw Errno(EBUSY) }
                     let fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
                     defer { Syscall.close(fd) }
-                    if let content = try applyProtection(wanted, classKey: classKey, fd: fd, inode: inode) {
-                        releaseContentAfterCreate(content)
-                    }
+                    fresh = try applyProtection(wanted, classKey: classKey, fd: fd, inode: inode)
+                    if let fresh { inode.protectionState.withLock { $0.content = fresh } }
                     current = wanted
                 }
             }
-            if current.isEncrypted {
+            if let fresh {
+                // Re-protected just now: the new, empty content is this handle's.
+                fi.pointee.fh = HandleBox.store(OpenFile(content: fresh, inode: inode))
+            } else if current.isEncrypted {
                 let content = try acquireContent(inode)
                 if fi.pointee.flags & O_TRUNC != 0 {
                     do throws(FormatError) { try content.file.truncate(to: 0) } catch {
@@ -358,11 +361,6 @@ final class PassthroughFilesystem: @unchecked Sendable {
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
-    }
-
-    /// A content made for a truncate-reopen is not kept by itself: the handle acquires its own.
-    private func releaseContentAfterCreate(_ content: ProtectedContent) {
-        engine?.closeFileKey(content.lease)
     }
 
     func create(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {

@@ -1,3 +1,5 @@
+import CustodySystem
+
 /// A file's owner identity: the canonical form used to match (case-folded) and the spelling to show.
 public struct Owner: Equatable, Hashable, Sendable, CustomStringConvertible {
     /// Longest UTF-8 encoding of either form that the header holds.
@@ -29,13 +31,4 @@ public struct Owner: Equatable, Hashable, Sendable, CustomStringConvertible {
 
     /// Case-insensitive identity: two owners match when their canonical forms do.
     public func matches(_ other: Owner) -> Bool { canonical == other.canonical }
-}
-
-extension String {
-    func trimmingWhitespace() -> String {
-        var scalars = Substring(self).unicodeScalars[...]
-        while let first = scalars.first, first.properties.isWhitespace { scalars = scalars.dropFirst() }
-        while let last = scalars.last, last.properties.isWhitespace { scalars = scalars.dropLast() }
-        return String(String.UnicodeScalarView(scalars))
-    }
 }

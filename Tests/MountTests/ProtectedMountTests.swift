@@ -65,13 +65,22 @@ final class ProtectedMountTests: XCTestCase {
 
     func testThreeIdentitiesOwnersEncryptionAndVirtualAttributes() throws {
         try startMount(aliceScript: """
+            echo taken-over > preexisting.txt && cat preexisting.txt && \
             echo \(Self.markerA) > alice.txt && mkdir work && echo second > work/nested.txt && \
             cat alice.txt && dd if=/dev/urandom of=big.bin bs=64k count=40 status=none && \
             sha256sum big.bin | cut -c1-64 > big.sum
             """)
+        // A plain file made by root before Alice starts; Alice then overwrites it (O_TRUNC).
+        try writeFile(daemon.mnt("preexisting.txt"), bytes("root's plain bytes\n"))
+        XCTAssertNil(xattr(daemon.mnt("preexisting.txt"), "user.custody.owner"))
         try runAlice()
         let aliceText = try String(contentsOfFile: aliceOutput, encoding: .utf8)
         XCTAssertTrue(aliceText.contains(Self.markerA), "Alice reads her own file back")
+        XCTAssertTrue(aliceText.hasPrefix("taken-over\n"), aliceText)
+        XCTAssertEqual(xattr(daemon.mnt("preexisting.txt"), "user.custody.owner"), "Alice@Contoso.com", "opened with truncate: now Alice's")
+        XCTAssertEqual(xattr(daemon.mnt("preexisting.txt"), "user.custody.encrypted"), "1")
+        XCTAssertEqual(try readFile(daemon.mnt("preexisting.txt")), bytes("taken-over\n"))
+        XCTAssertEqual(Array(try readFile(daemon.back("preexisting.txt")).prefix(8)), FileHeader.magic)
 
         // Bob: unmanaged, by the default identity of uid 65534.
         let bob = try runCommand(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", "echo \(Self.markerB) > '\(daemon.mnt("bob.txt"))'"])
