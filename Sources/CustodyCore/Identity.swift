@@ -89,7 +89,7 @@ extension Engine {
 
     /// A registered account is named as registered (its UPN); any other string is an unmanaged
     /// identity and keeps its spelling.
-    func registeredName(_ identity: String) -> String {
+    public func registeredName(_ identity: String) -> String {
         (try? account(identity))?.upn ?? identity.trimmingWhitespace()
     }
 }

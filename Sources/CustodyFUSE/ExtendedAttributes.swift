@@ -109,11 +109,18 @@ extension PassthroughFilesystem {
             let attribute = String(cString: name)
             if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.notPermitted }
             if attribute.hasPrefix(Self.virtualPrefix) {
-                // Setting the current value succeeds (cp -a between owned files); changing an owner
-                // (protect) is not served by the mount yet.
-                let given = value.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: size), as: UTF8.self) }
-                guard let current = virtualAttribute(attribute, of: inode), let given,
-                      Account.canonical(current) == Account.canonical(given) else { throw Errno.notSupported }
+                let given = value.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: size), as: UTF8.self) } ?? ""
+                if attribute == "user.custody.owner" {
+                    // Protect (or re-own): the file or directory becomes `given`'s; empty unprotects.
+                    guard engine != nil else { throw Errno.notSupported }
+                    let owner = given.trimmingWhitespace()
+                    try changeOwner(id: UInt64(id), inode, to: owner.isEmpty ? nil : owner)
+                    fuse_reply_err(req, 0)
+                    return
+                }
+                // The class and encryption flag follow from the owner's policy; setting the
+                // current value succeeds (cp -a between owned files), other values cannot be set.
+                guard let current = virtualAttribute(attribute, of: inode), current == given.trimmingWhitespace() else { throw Errno.notSupported }
                 fuse_reply_err(req, 0)
                 return
             }
@@ -130,6 +137,12 @@ extension PassthroughFilesystem {
             let inode = try inodes.inode(UInt64(id))
             let attribute = String(cString: name)
             if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.notPermitted }
+            if attribute == "user.custody.owner", engine != nil {
+                // Unprotect: plain and untracked again (recursively for a directory).
+                try changeOwner(id: UInt64(id), inode, to: nil)
+                fuse_reply_err(req, 0)
+                return
+            }
             if attribute.hasPrefix(Self.virtualPrefix) { throw Errno.notSupported }
             guard !inode.isSymlink else { throw Errno.notPermitted }
             try Syscall.removexattr(inode.procPath, name)

@@ -12,16 +12,20 @@ final class OpenFile: @unchecked Sendable {
     /// one (after unlock), so that long-running programs carry on.
     private let contentBox: Mutex<ProtectedContent?>
 
-    init(fd: Int32) {
+    /// A plain file's handle, counted on its inode.
+    init(fd: Int32, inode: Inode) {
         self.fd = fd
-        self.inode = nil
+        self.inode = inode
         self.contentBox = Mutex(nil)
+        inode.protectionState.withLock { $0.openHandles += 1 }
     }
 
+    /// An encrypted file's handle, counted on its inode.
     init(content: ProtectedContent, inode: Inode) {
         self.fd = -1
         self.inode = inode
         self.contentBox = Mutex(content)
+        inode.protectionState.withLock { $0.openHandles += 1 }
     }
 
     deinit { if fd >= 0 { Syscall.close(fd) } }

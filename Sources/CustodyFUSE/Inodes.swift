@@ -107,6 +107,24 @@ final class InodeTable: @unchecked Sendable {
         _ = retired  // released outside the lock
     }
 
+    /// Points node ID `id` at another backing object (a re-protected file replaced by rename):
+    /// requests already holding the old inode finish on it; later ones get `replacement`.
+    func replace(_ id: UInt64, with replacement: Inode) {
+        state.withLock { state in
+            guard var entry = state.byID[id] else { return }
+            let oldKey = Key(device: entry.inode.device, number: entry.inode.number)
+            if state.byKey[oldKey] == id { state.byKey[oldKey] = nil }
+            entry.inode = replacement
+            state.byID[id] = entry
+            state.byKey[Key(device: replacement.device, number: replacement.number)] = id
+        }
+    }
+
+    /// The node ID the kernel knows a backing object by, if any.
+    func id(device: UInt64, number: UInt64) -> UInt64? {
+        state.withLock { $0.byKey[Key(device: device, number: number)] }
+    }
+
     /// Every known inode with its node ID (for invalidation at lock time).
     func snapshot() -> [(UInt64, Inode)] {
         state.withLock { $0.byID.map { ($0.key, $0.value.inode) } }

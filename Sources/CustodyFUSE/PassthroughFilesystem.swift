@@ -351,7 +351,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 fi.pointee.fh = HandleBox.store(OpenFile(content: content, inode: inode))
             } else {
                 let fd = try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags, fi))
-                fi.pointee.fh = HandleBox.store(OpenFile(fd: fd))
+                fi.pointee.fh = HandleBox.store(OpenFile(fd: fd, inode: inode))
             }
             // This daemon is the only writer of the backing tree: cached pages stay valid.
             fi.pointee.keep_cache = 1
@@ -392,7 +392,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 inode.protectionState.withLock { $0.content = content }
                 handle = OpenFile(content: content, inode: inode)
             } else {
-                handle = OpenFile(fd: fd)
+                handle = OpenFile(fd: fd, inode: inode)
             }
             fi.pointee.fh = HandleBox.store(handle)
             fi.pointee.keep_cache = 1
@@ -408,7 +408,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// Ends a handle: closes its descriptor, or releases its share of the encrypted content.
     private func releaseHandle(_ fh: UInt64) {
         guard let file = HandleBox.release(fh, as: OpenFile.self) else { return }
-        if let content = file.content, let inode = file.inode { releaseContent(content, of: inode) }
+        if let inode = file.inode {
+            inode.protectionState.withLock { $0.openHandles -= 1 }
+            if let content = file.content { releaseContent(content, of: inode) }
+        }
     }
 
     func read(_ req: fuse_req_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {

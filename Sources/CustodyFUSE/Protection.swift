@@ -68,6 +68,8 @@ final class ProtectedContent: @unchecked Sendable {
 struct InodeProtection {
     var protection: Protection?
     var content: ProtectedContent?
+    /// Open handles of any kind (re-protection waits for none).
+    var openHandles = 0
 }
 
 extension EngineError {
@@ -108,7 +110,9 @@ extension PassthroughFilesystem {
     /// What a new (or truncated) file of `ownerName` becomes: encrypted when the owner is managed
     /// and its policy requires it, else plain with the owner recorded, or untracked without owner.
     func plan(for ownerName: String?) throws(Errno) -> (Protection, ClassKey?) {
-        guard let ownerName else { return (.untracked, nil) }
+        guard let given = ownerName else { return (.untracked, nil) }
+        // A registered account is recorded as registered; other identities as given.
+        let ownerName = engine?.registeredName(given) ?? given
         let owner: Owner
         do throws(FormatError) { owner = try Owner(ownerName) } catch { throw Errno.invalidArgument }
         guard let engine, let protectionClass = engine.effectiveProtection(for: ownerName) else {

@@ -203,4 +203,38 @@ final class LockMountTests: XCTestCase {
         XCTAssertEqual(result.integrity, "ok\n")
         XCTAssertEqual(result.count, "2\n")
     }
+
+    /// Class C: once unlocked, a lock does not affect it.
+    func testClassCIsUnaffectedByLockAfterTheFirstUnlock() throws {
+        try start(grace: 0)
+        try enroll("erin-oid", "erin@contoso.com", level: "untilFirstAuth", passphrase: "pw")
+        let (shell, _) = try boundShell("erin@contoso.com", "echo steady > c.txt")
+        XCTAssertTrue(waitForExit(shell, seconds: 30))
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/erin@contoso.com/lock").status, 200)
+        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""lock":"locked""#))
+        XCTAssertEqual(try readFile(daemon.mnt("c.txt")), bytes("steady\n"))
+        try writeFile(daemon.mnt("c.txt"), bytes("still writable\n"), flags: O_WRONLY | O_APPEND)
+        XCTAssertEqual(try readFile(daemon.mnt("c.txt")), bytes("steady\nstill writable\n"))
+    }
+
+    /// Writes through a class A handle after the grace period: a write that needs an existing page
+    /// fails at once, and fsync reports EACCES. (A write of whole new pages is taken by the
+    /// kernel's page cache and fails only at fsync; see the issue notes.)
+    func testClassAWritesAfterTheGracePeriodFail() throws {
+        try start(grace: 0.3)
+        try enroll("alice-oid", "alice@contoso.com", level: "complete", passphrase: "pw")
+        let (shell, _) = try boundShell("alice@contoso.com", "head -c 8192 /dev/zero | tr '\\0' x > w.txt")
+        XCTAssertTrue(waitForExit(shell, seconds: 30))
+        let fd = try Syscall.open(daemon.mnt("w.txt"), O_RDWR)
+        defer { close(fd) }
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock").status, 200)
+        usleep(800_000)
+        XCTAssertEqual(errnoOf { _ = try Syscall.pwrite(fd, "zz", 2, 100) }, EACCES, "a write that needs the old page fails at once")
+        let page = [UInt8](repeating: UInt8(ascii: "q"), count: 4096)
+        _ = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, 4096) }
+        XCTAssertEqual(fsync(fd), -1, "a whole-page write taken by the page cache fails at fsync")
+        XCTAssertEqual(errno, EACCES)
+        XCTAssertEqual(try runCommand(["grep", "-c", "zz", daemon.back("w.txt")]).output, "0\n")
+        XCTAssertEqual(try runCommand(["grep", "-c", "qqqq", daemon.back("w.txt")]).output, "0\n", "nothing reaches the disk in clear")
+    }
 }

@@ -1,0 +1,204 @@
+import CFuse3
+import CustodyCore
+import CustodyCrypto
+import CustodyFormat
+import CustodySystem
+import Glibc
+
+/// Changing the owner of existing files and directories (setting or removing
+/// `user.custody.owner`): protect, unprotect, re-own.
+///
+/// A file whose stored form changes (plain ↔ encrypted, or another owner's key) is rewritten
+/// crash-safely: the new form goes to an anonymous `O_TMPFILE` in the same directory (gone if the
+/// daemon dies), is synced, linked under a temporary name and renamed over the original; the
+/// directory is synced. The kernel's node ID is then pointed at the new backing inode, so names
+/// and caches stay valid. Between plain forms only the owner record changes.
+extension PassthroughFilesystem {
+    static let stagingPrefix = ".custody-reprotect-"
+
+    /// Gives `inode` (node `id`) the owner `ownerName` (nil: no owner). Directories pass it on to
+    /// everything below them, and keep it as the owner of files later created in them by callers
+    /// without identity.
+    func changeOwner(id: UInt64?, _ inode: Inode, to ownerName: String?) throws(Errno) {
+        if inode.isDirectory {
+            let owner = try ownerName.map { (name) throws(Errno) -> Owner in
+                do { return try Owner(name) } catch { throw Errno.invalidArgument }
+            }
+            let protection: Protection = owner.map { .plain($0) } ?? .untracked
+            do throws(FormatError) {
+                if let record = protection.record { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
+            } catch {
+                throw error.errnoValue
+            }
+            inode.protectionState.withLock { $0.protection = protection }
+            try forEachChild(of: inode) { (child, childID) throws(Errno) in
+                try changeOwner(id: childID, child, to: ownerName)
+            }
+        } else if inode.isRegularFile {
+            let (wanted, classKey) = try plan(for: ownerName)
+            try reprotect(id: id, inode, to: wanted, classKey: classKey)
+        } else {
+            throw Errno.notSupported
+        }
+    }
+
+    /// Calls `body` for every directory and regular file directly in `directory`, with the node
+    /// ID the kernel knows it by (nil when it has not looked it up).
+    private func forEachChild(of directory: Inode, _ body: (Inode, UInt64?) throws(Errno) -> Void) throws(Errno) {
+        let fd = try Syscall.openat(directory.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard let stream = fdopendir(fd) else {
+            Syscall.close(fd)
+            throw Errno.current
+        }
+        defer { closedir(stream) }
+        var names: [String] = []
+        while let entry = Glibc.readdir(stream) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+            }
+            if name != ".", name != "..", !name.hasPrefix(Self.stagingPrefix) { names.append(name) }
+        }
+        for name in names {
+            let childFD = try Syscall.openat(directory.fd, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+            let attributes: stat
+            do { attributes = try Syscall.stat(of: childFD) } catch {
+                Syscall.close(childFD)
+                throw error
+            }
+            let kind = attributes.st_mode & S_IFMT
+            guard kind == S_IFREG || kind == S_IFDIR else {
+                Syscall.close(childFD)
+                continue
+            }
+            let known = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
+            if let known, let inode = try? inodes.inode(known) {
+                Syscall.close(childFD)
+                try body(inode, known)
+            } else {
+                try body(Inode(fd: childFD, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: kind), nil)
+            }
+        }
+    }
+
+    /// Rewrites one regular file into the `wanted` form (see the type's comment).
+    func reprotect(id: UInt64?, _ inode: Inode, to wanted: Protection, classKey: ClassKey?) throws(Errno) {
+        let current = protection(of: inode)
+        guard wanted != current else { return }
+        try inode.protectionState.withLock { (state) throws(Errno) in
+            if state.openHandles > 0 || state.content != nil { throw Errno(EBUSY) }
+        }
+        if !current.isEncrypted, !wanted.isEncrypted {
+            // Between plain forms the bytes stay: only the record changes.
+            do throws(FormatError) {
+                if let record = wanted.record { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
+            } catch {
+                throw error.errnoValue
+            }
+            inode.protectionState.withLock { $0.protection = wanted }
+            return
+        }
+        let attributes = try Syscall.stat(of: inode.fd)
+        guard attributes.st_nlink <= 1 else { throw Errno.tooManyLinksToFile }
+        let (directoryPath, name) = try backingLocation(of: inode)
+        let directory = try Syscall.open(directoryPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        defer { Syscall.close(directory) }
+
+        // The new form, in an anonymous file in the same directory.
+        let staging = try Syscall.openat(directory, ".", Linux.O_TMPFILE | O_RDWR | O_CLOEXEC, attributes.st_mode & 0o7777)
+        defer { Syscall.close(staging) }
+        try Syscall.fchownat(staging, "", attributes.st_uid, attributes.st_gid, Linux.AT_EMPTY_PATH)
+        let target = try applyProtection(wanted, classKey: classKey, fd: staging, inode: nil)
+        defer { if let target { engine?.closeFileKey(target.lease) } }
+
+        // Copy the plaintext across.
+        let source = current.isEncrypted ? try acquireContent(inode) : nil
+        defer { if let source { releaseContent(source, of: inode) } }
+        let plainSource = source == nil ? try Syscall.open(inode.procPath, O_RDONLY | O_CLOEXEC) : -1
+        defer { if plainSource >= 0 { Syscall.close(plainSource) } }
+        let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer {
+            chunk.initializeMemory(as: UInt8.self, repeating: 0)
+            chunk.deallocate()
+        }
+        var offset: UInt64 = 0
+        while true {
+            let count: Int
+            if let source {
+                do throws(FormatError) { count = try source.file.read(into: chunk, at: offset) } catch { throw error.errnoValue }
+            } else {
+                count = try Syscall.pread(plainSource, chunk.baseAddress!, chunk.count, Int64(offset))
+            }
+            if count == 0 { break }
+            let piece = UnsafeRawBufferPointer(rebasing: chunk[0..<count])
+            if let target {
+                do throws(FormatError) { try target.file.write(piece, at: offset) } catch { throw error.errnoValue }
+            } else {
+                try Syscall.pwriteAll(staging, piece.baseAddress!, count, Int64(offset))
+            }
+            offset += UInt64(count)
+        }
+        try copyUserAttributes(from: inode.procPath, to: Syscall.procPath(staging))
+        try Syscall.futimens(staging, [attributes.st_atim, attributes.st_mtim])
+        try Syscall.fsync(staging)
+
+        // Swap it in: link under a temporary name, rename over the original, sync the directory.
+        let temporary = Self.stagingPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+        try Syscall.linkat(AT_FDCWD, Syscall.procPath(staging), directory, temporary, AT_SYMLINK_FOLLOW)
+        do {
+            try Syscall.renameat2(directory, temporary, directory, name, 0)
+        } catch {
+            _ = unlinkat(directory, temporary, 0)
+            throw error
+        }
+        try Syscall.fsync(directory)
+
+        // The kernel's node ID now names the new backing inode. Its descriptor is opened by name
+        // (one opened through the temporary file's /proc link would keep that file's anonymous
+        // path), and checked to be the inode just renamed into place.
+        let staged = try Syscall.fstat(staging)
+        var pathFD = try Syscall.openat(directory, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+        var replaced: stat
+        do { replaced = try Syscall.stat(of: pathFD) } catch {
+            Syscall.close(pathFD)
+            throw error
+        }
+        if replaced.st_ino != staged.st_ino || replaced.st_dev != staged.st_dev {
+            // Renamed again meanwhile: keep the inode itself.
+            Syscall.close(pathFD)
+            pathFD = try Syscall.open(Syscall.procPath(staging), Linux.O_PATH | O_CLOEXEC)
+            replaced = staged
+        }
+        let replacement = Inode(fd: pathFD, device: UInt64(replaced.st_dev), number: UInt64(replaced.st_ino), fileType: S_IFREG)
+        replacement.protectionState.withLock { $0.protection = wanted }
+        inode.protectionState.withLock { $0.protection = wanted }
+        if let id { inodes.replace(id, with: replacement) }
+    }
+
+    /// The backing directory and name of a file (from its /proc/self/fd link).
+    private func backingLocation(of inode: Inode) throws(Errno) -> (String, String) {
+        let target = String(cString: try Syscall.readlinkat(AT_FDCWD, inode.procPath))
+        guard target.hasPrefix("/"), !target.hasSuffix(" (deleted)"), let slash = target.lastIndex(of: "/") else { throw Errno.noSuchFile }
+        let directory = slash == target.startIndex ? "/" : String(target[..<slash])
+        return (directory, String(target[target.index(after: slash)...]))
+    }
+
+    /// Copies extended attributes, except Custody's own records, between two paths.
+    private func copyUserAttributes(from source: String, to destination: String) throws(Errno) {
+        let size = try Syscall.listxattr(source, nil, 0)
+        guard size > 0 else { return }
+        var names = [CChar](repeating: 0, count: size)
+        let count = try names.withMutableBytes { (b) throws(Errno) in try Syscall.listxattr(source, b.baseAddress?.assumingMemoryBound(to: CChar.self), size) }
+        for entry in names[0..<count].split(separator: 0) {
+            let name = String(decoding: entry.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            guard !name.hasPrefix(Self.hiddenPrefix) else { continue }
+            let length = try Syscall.getxattr(source, name, nil, 0)
+            var value = [UInt8](repeating: 0, count: max(length, 1))
+            let got = try value.withMutableBytes { (b) throws(Errno) in try Syscall.getxattr(source, name, b.baseAddress, length) }
+            try value.withBytes { (b) throws(Errno) in try Syscall.setxattr(destination, name, b.baseAddress, got, 0) }
+        }
+    }
+}
+
+extension Errno {
+    public static let tooManyLinksToFile = Errno(EMLINK)
+}
