@@ -20,6 +20,7 @@ extension PassthroughFilesystem {
     /// everything below them, and keep it as the owner of files later created in them by callers
     /// without identity.
     func changeOwner(id: UInt64?, _ inode: Inode, to ownerName: String?) throws(Errno) {
+        try checkSharing(protection(of: inode).owner, to: ownerName)
         if inode.isDirectory {
             let owner = try ownerName.map { (name) throws(Errno) -> Owner in
                 do { return try Owner(name) } catch { throw Errno.invalidArgument }
@@ -40,6 +41,16 @@ extension PassthroughFilesystem {
         } else {
             throw Errno.notSupported
         }
+    }
+
+    /// A managed owner's files go to another identity (or to none) only when its policy lets other
+    /// identities receive them (`canShareWithOtherIdentities`): otherwise EPERM, whoever asks.
+    private func checkSharing(_ current: Owner?, to ownerName: String?) throws(Errno) {
+        guard let current, let engine, let account = try? engine.account(current.canonical),
+              let policy = account.policy, !policy.canShareWithOtherIdentities else { return }
+        if let ownerName, account.matches(ownerName) { return }
+        log("refused: \(account.upn)'s policy does not let other identities receive its files")
+        throw Errno.notPermitted
     }
 
     /// Calls `body` for every directory and regular file directly in `directory`, with the node

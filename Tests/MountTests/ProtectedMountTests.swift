@@ -113,7 +113,9 @@ final class ProtectedMountTests: XCTestCase {
         XCTAssertTrue(listing.contains("user.custody.owner=\"Alice@Contoso.com\""), listing)
         XCTAssertFalse(listing.contains("trusted."), listing)
         XCTAssertNotEqual(try runCommand(["setfattr", "-n", "trusted.custody.owner", "-v", "x", daemon.mnt("none.txt")]).status, 0)
-        XCTAssertNotEqual(try runCommand(["setfattr", "-n", "user.custody.owner", "-v", "mallory@x", daemon.mnt("alice.txt")]).status, 0)
+        let steal = try runCommand(["setfattr", "-n", "user.custody.owner", "-v", "mallory@x", daemon.mnt("alice.txt")])
+        XCTAssertNotEqual(steal.status, 0, "Alice's policy does not let other identities receive her files")
+        XCTAssertTrue(steal.error.contains("not permitted"), steal.error)
         XCTAssertEqual(try OwnerRecord.load(from: daemon.back("bob.txt"))?.owner.display, "bob@personal.example")
 
         // A copy of the backing file is still a self-describing protected file.

@@ -13,8 +13,10 @@ final class ReprotectionTests: XCTestCase {
 
     override func setUpWithError() throws {
         daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "0"]) { state in
-            let engine = try Engine(stateDirectory: state)
-            try engine.enroll(id: "alice-oid", upn: "alice@contoso.com", policy: Policy(protectionLevel: .untilFirstAuthentication))
+            let engine = try Engine(stateDirectory: state, settings: { var s = Settings(); s.multiIdentity = true; return s }())
+            try engine.enroll(id: "alice-oid", upn: "alice@contoso.com",
+                              policy: Policy(protectionLevel: .untilFirstAuthentication, canShareWithOtherIdentities: true))
+            try engine.enroll(id: "frank-oid", upn: "frank@contoso.com", policy: Policy(protectionLevel: .untilFirstAuthentication))
             try engine.register(id: "bob-oid", upn: "bob@personal.example")
         }
     }
@@ -119,6 +121,15 @@ final class ReprotectionTests: XCTestCase {
         XCTAssertEqual(setOwner(daemon.mnt("c.txt"), "carol@contoso.com"), EACCES, "class A keys are locked away")
         XCTAssertNil(xattr(daemon.mnt("c.txt"), "user.custody.owner"), "nothing changed")
         XCTAssertEqual(try readFile(daemon.mnt("c.txt")), bytes("data"))
+
+        // Frank's policy does not let other identities receive his files: no re-owning, no unprotecting.
+        try writeFile(daemon.mnt("frank.txt"), bytes(Self.marker + "-frank"))
+        XCTAssertNil(setOwner(daemon.mnt("frank.txt"), "frank@contoso.com"))
+        XCTAssertEqual(setOwner(daemon.mnt("frank.txt"), "bob@personal.example"), EPERM)
+        XCTAssertEqual(errnoOf { try Syscall.removexattr(self.daemon.mnt("frank.txt"), "user.custody.owner") }, EPERM)
+        XCTAssertEqual(xattr(daemon.mnt("frank.txt"), "user.custody.owner"), "frank@contoso.com")
+        XCTAssertFalse(try storedInClear(Self.marker + "-frank"))
+        XCTAssertNil(setOwner(daemon.mnt("frank.txt"), "FRANK@contoso.com"), "the same owner in another spelling is fine")
 
         XCTAssertEqual(errnoOf { try Syscall.setxattr(path, "user.custody.class", "none", 4, 0) }, EOPNOTSUPP)
         XCTAssertEqual(errnoOf { try Syscall.setxattr(path, "user.custody.class", "untilFirstAuth", 14, 0) }, nil, "the current value is accepted")
