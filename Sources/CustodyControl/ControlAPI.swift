@@ -123,6 +123,16 @@ struct ControlAPI: Sendable {
                 try engine.unlock(rest[1], passphrase: passphrase)
                 return json(LockView(identity: rest[1], status: try engine.lockStatus(rest[1])))
             }
+        case ("POST", 3, "accounts") where rest[2] == "wipe":
+            guard caller.isAdmin else { throw Self.notAuthorized("wipe \(rest[1])") }
+            return try wipe(rest[1])
+        case ("DELETE", 2, "accounts"):
+            guard caller.isAdmin else { throw Self.notAuthorized("deregister \(rest[1])") }
+            if request.query["wipe"] == "true" { return try wipe(rest[1]) }
+            return try run { () throws(EngineError) in
+                try engine.deregister(rest[1], wipe: false)
+                return HTTPResponse(status: 204, body: [])
+            }
         case ("POST", 1, "lock"):
             guard caller.isAdmin else { throw Self.notAuthorized("lock every account") }
             engine.lockAll()
@@ -206,6 +216,20 @@ struct ControlAPI: Sendable {
         }
     }
 
+    /// Wipes an identity: keys destroyed first, then its files deleted, then it is deregistered.
+    func wipe(_ identity: String) throws(Failure) -> HTTPResponse {
+        let started = engine.events.events().last?.sequence ?? 0
+        return try run { () throws(EngineError) in
+            let account = try engine.account(identity)
+            try engine.deregister(identity, wipe: true)
+            let progress = engine.events.events(after: started).last { $0.kind == .wipeProgress && $0.identity == account.upn }
+            return json(WipeView(identity: account.upn, code: 104, result: "UnenrollmentSuccess",
+                                 scanned: Int(progress?.details["scanned"] ?? "0") ?? 0,
+                                 deleted: Int(progress?.details["deleted"] ?? "0") ?? 0,
+                                 bytesFreed: UInt64(progress?.details["bytesFreed"] ?? "0") ?? 0))
+        }
+    }
+
     func bind(_ body: BindRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         guard (body.pid == nil) != (body.tid == nil) else {
             throw Failure(status: 400, code: 400, name: "BadRequest", message: "give exactly one of pid and tid")
@@ -261,6 +285,15 @@ struct AccountView: Encodable {
         hasPassphrase = account.hasPassphrase
         reprotectPending = account.reprotectPending
     }
+}
+
+struct WipeView: Encodable {
+    var identity: String
+    var code: Int
+    var result: String
+    var scanned: Int
+    var deleted: Int
+    var bytesFreed: UInt64
 }
 
 struct StatusView: Encodable {

@@ -72,6 +72,8 @@ public final class Engine: @unchecked Sendable {
 
     struct State: @unchecked Sendable {
         var accounts: [Account] = []
+        /// Wipes journaled by a daemon that stopped before they finished: completed first thing.
+        var pendingWipes: [Account] = []
         /// Enrolled accounts' keys, by canonical object ID.
         var keys: [String: IdentityKeys] = [:]
         var processBindings: [TaskKey: String] = [:]
@@ -92,10 +94,23 @@ public final class Engine: @unchecked Sendable {
             throw .io(file: stateDirectory, error)
         }
         try files.makeDirectory("keybags")
+        try files.makeDirectory("wipes")
         files.removeStaleTemporaries()
         self.machineKey = try Self.loadMachineKey(files)
         var loaded = State()
         loaded.accounts = try files.read(AccountsFile.self, from: "accounts.json")?.accounts ?? []
+        // A wipe that was journaled is finished before anything of that account is served: its
+        // keys are destroyed (again: it is idempotent) and the account dropped now; its files go
+        // when the mount calls completePendingWipes.
+        for name in files.list("wipes") where name.hasSuffix(".json") {
+            guard let pending = try files.read(Account.self, from: "wipes/" + name) else { continue }
+            try files.destroy(Self.keybagName(pending.id))
+            loaded.accounts.removeAll { $0.matches(pending.id) }
+            loaded.pendingWipes.append(pending)
+        }
+        if !loaded.pendingWipes.isEmpty {
+            try files.write(AccountsFile(accounts: loaded.accounts), to: "accounts.json")
+        }
         for account in loaded.accounts where account.isEnrolled {
             let name = Self.keybagName(account.id)
             guard let stored = try files.read(StoredKeybag.self, from: name) else {
@@ -221,6 +236,9 @@ public final class Engine: @unchecked Sendable {
             guard allowed.contains(Account.canonical(id)) || allowed.contains(Account.canonical(upn)) else { throw .accountNotAllowed(upn) }
         }
         try state.withLock { (state) throws(EngineError) in
+            if let pending = state.pendingWipes.first(where: { $0.matches(id) || $0.matches(upn) }) {
+                throw .corruptState(file: files.path(Self.wipeJournalName(pending.id)), reason: "the wipe of \(pending.upn) has not finished yet")
+            }
             if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }), existing.isEnrolled {
                 throw .alreadyEnrolled(existing.upn)
             }
@@ -295,22 +313,14 @@ public final class Engine: @unchecked Sendable {
         let key = Account.canonical(account.id)
         if wipe {
             events.emit(.wipeStarted, identity: account.upn, code: 102, "wipe received for \(account.upn)")
+            // Journaled first: a daemon killed from here on finishes the wipe when it starts again.
+            try files.write(account, to: Self.wipeJournalName(account.id))
             state.withLock { state in
                 state.keys[key] = nil
                 _ = state.openKeys.revoke { $0.identity == key }
             }
             try files.destroy(Self.keybagName(account.id))
-            if let handler = wipeHandler {
-                do {
-                    try handler.wipeFiles(of: account) { scanned, deleted, bytes in
-                        events.emit(.wipeProgress, identity: account.upn, "wiping \(account.upn)",
-                                    details: ["scanned": "\(scanned)", "deleted": "\(deleted)", "bytesFreed": "\(bytes)"])
-                    }
-                } catch {
-                    events.emit(.wipeFailed, identity: account.upn, code: 215, "wipe of \(account.upn) failed: \(error)")
-                    throw .corruptState(file: files.directory, reason: "wipe of \(account.upn) failed: \(error)")
-                }
-            }
+            try deleteFiles(of: account)
         } else {
             state.withLock { state in
                 state.keys[key] = nil
@@ -324,9 +334,46 @@ public final class Engine: @unchecked Sendable {
             try saveAccounts(state)
             try saveBindings(state)
         }
-        if wipe { events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)") }
+        if wipe {
+            try files.destroy(Self.wipeJournalName(account.id))
+            events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
+        }
         events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)",
                     details: ["wipe": "\(wipe)"])
+    }
+
+    /// Deletes the files of a wiped account through the wipe handler (the mount), with progress events.
+    private func deleteFiles(of account: Account) throws(EngineError) {
+        guard let handler = wipeHandler else { return }
+        do {
+            try handler.wipeFiles(of: account) { scanned, deleted, bytes in
+                events.emit(.wipeProgress, identity: account.upn, "wiping \(account.upn)",
+                            details: ["scanned": "\(scanned)", "deleted": "\(deleted)", "bytesFreed": "\(bytes)"])
+            }
+        } catch {
+            events.emit(.wipeFailed, identity: account.upn, code: 215, "wipe of \(account.upn) failed: \(error)")
+            throw .corruptState(file: files.directory, reason: "wipe of \(account.upn) failed: \(error)")
+        }
+    }
+
+    /// Accounts whose journaled wipe has not finished yet.
+    public var pendingWipes: [Account] { state.withLock { $0.pendingWipes } }
+
+    /// Finishes wipes that a stopped daemon journaled: deletes the files (the keys are already
+    /// gone), then drops the journal. The mount calls it once its wipe handler is in place.
+    public func completePendingWipes() throws(EngineError) {
+        for account in pendingWipes {
+            events.emit(.wipeStarted, identity: account.upn, code: 102, "completing the interrupted wipe of \(account.upn)")
+            try deleteFiles(of: account)
+            try files.destroy(Self.wipeJournalName(account.id))
+            state.withLock { $0.pendingWipes.removeAll { $0.matches(account.id) } }
+            events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
+            events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)", details: ["wipe": "true"])
+        }
+    }
+
+    static func wipeJournalName(_ id: String) -> String {
+        "wipes/" + String(keybagName(id).dropFirst("keybags/".count))
     }
 
     private func saveAccounts(_ state: State) throws(EngineError) {

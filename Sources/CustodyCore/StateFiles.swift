@@ -104,7 +104,7 @@ struct StateFiles: Sendable {
     /// Removes temporary files a killed daemon left behind (the real files are intact: a temporary
     /// only replaces its target by rename once it is complete and synced).
     func removeStaleTemporaries() {
-        for subdirectory in ["", "/keybags"] {
+        for subdirectory in ["", "/keybags", "/wipes"] {
             guard let dir = opendir(directory + subdirectory) else { continue }
             var stale: [String] = []
             while let entry = readdir(dir) {
@@ -116,6 +116,20 @@ struct StateFiles: Sendable {
             closedir(dir)
             for path in stale { _ = unlink(path) }
         }
+    }
+
+    /// The names in a subdirectory (empty when it cannot be read).
+    func list(_ subdirectory: String) -> [String] {
+        guard let dir = opendir(path(subdirectory)) else { return [] }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+            }
+            if name != ".", name != ".." { names.append(name) }
+        }
+        return names
     }
 
     /// Creates a subdirectory (0700) if missing.

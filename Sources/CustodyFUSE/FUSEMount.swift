@@ -89,6 +89,10 @@ public final class FUSEMount {
 
         let enforcement = engine.map { LockEnforcement(filesystem: filesystem, session: session, engine: $0) }
         defer { enforcement?.stop() }
+        engine?.wipeHandler = MountWipe(filesystem: filesystem, session: session)
+        defer { engine?.wipeHandler = nil }
+        // A wipe a stopped daemon journaled is finished before requests are served.
+        do { try engine?.completePendingWipes() } catch { throw .sessionFailed("cannot complete an interrupted wipe: \(error)") }
 
         mounted()
 

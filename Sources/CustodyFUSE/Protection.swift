@@ -196,7 +196,11 @@ extension PassthroughFilesystem {
                 let lease: FileKeyLease
                 do throws(EngineError) { lease = try engine.openFileKey(header) } catch {
                     log("open refused for a file of \(header.owner.display): \(error)")
-                    throw error.errnoValue
+                    // A wiped or unknown owner's files are as inaccessible as locked ones.
+                    switch error {
+                    case .unknownAccount, .notEnrolled: throw Errno.accessDenied
+                    default: throw error.errnoValue
+                    }
                 }
                 let file: ProtectedFile
                 do throws(FormatError) { file = try ProtectedFile(storage: storage, header: header, fileKey: lease.fileKey) } catch {

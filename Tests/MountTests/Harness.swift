@@ -95,6 +95,15 @@ final class MountedDaemon {
         pid = 0
     }
 
+    /// Kills the daemon with SIGKILL (no cleanup at all) and clears its dead mount.
+    func killHard() {
+        guard pid > 0 else { return }
+        kill(pid, SIGKILL)
+        waitForExit(pid, seconds: 10)
+        pid = 0
+        _ = try? runCommand(["fusermount3", "-uz", mountPoint])
+    }
+
     /// Stops the daemon and removes every temporary file.
     func destroy() {
         stop()

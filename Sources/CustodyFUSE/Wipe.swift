@@ -1,0 +1,93 @@
+import CFuse3
+import CustodyCore
+import CustodyFormat
+import CustodySystem
+import Glibc
+
+/// Selective wipe in the mount: deletes every file an identity owns, anywhere under the backing
+/// root, and every directory it owns that is left empty. Files of other identities, unmanaged ones
+/// and no identity are untouched, also inside the identity's directories (which then stay).
+/// The engine has destroyed the identity's keys before this runs.
+final class MountWipe: WipeHandler, @unchecked Sendable {
+    private let filesystem: PassthroughFilesystem
+    private let session: OpaquePointer?
+
+    init(filesystem: PassthroughFilesystem, session: OpaquePointer?) {
+        self.filesystem = filesystem
+        self.session = session
+    }
+
+    struct Counts {
+        var scanned = 0
+        var deleted = 0
+        var bytesFreed: UInt64 = 0
+    }
+
+    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
+        var counts = Counts()
+        let root = try filesystem.inodes.inode(InodeTable.rootID)
+        try wipe(directory: root.fd, directoryID: InodeTable.rootID, account: account, counts: &counts, progress: progress)
+        progress(counts.scanned, counts.deleted, counts.bytesFreed)
+    }
+
+    /// Wipes below the directory `fd`; true when it is left empty.
+    @discardableResult
+    private func wipe(directory fd: Int32, directoryID: UInt64?, account: Account, counts: inout Counts,
+                      progress: (Int, Int, UInt64) -> Void) throws -> Bool {
+        let listing = try Syscall.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard let stream = fdopendir(listing) else {
+            Syscall.close(listing)
+            throw Errno.current
+        }
+        var names: [String] = []
+        while let entry = Glibc.readdir(stream) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+            }
+            if name != ".", name != ".." { names.append(name) }
+        }
+        closedir(stream)
+        var remaining = names.count
+        for name in names {
+            guard let attributes = try? Syscall.fstatat(fd, name, AT_SYMLINK_NOFOLLOW) else { continue }
+            let kind = attributes.st_mode & S_IFMT
+            counts.scanned += 1
+            if kind == S_IFDIR {
+                let child = try Syscall.openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                let childID = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
+                let empty = try wipe(directory: child, directoryID: childID, account: account, counts: &counts, progress: progress)
+                let owned = owns(account, Syscall.procPath(child))
+                Syscall.close(child)
+                if empty, owned, (try? Syscall.unlinkat(fd, name, AT_REMOVEDIR)) != nil {
+                    forget(name, in: directoryID, child: childID)
+                    remaining -= 1
+                }
+            } else if kind == S_IFREG {
+                let path = "/proc/self/fd/\(fd)/" + name
+                guard owns(account, path) else { continue }
+                try Syscall.unlinkat(fd, name, 0)
+                counts.deleted += 1
+                counts.bytesFreed += UInt64(attributes.st_blocks) * 512
+                forget(name, in: directoryID, child: filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)))
+                remaining -= 1
+                if counts.deleted % 500 == 0 { progress(counts.scanned, counts.deleted, counts.bytesFreed) }
+            }
+        }
+        return remaining == 0
+    }
+
+    private func owns(_ account: Account, _ path: String) -> Bool {
+        guard let record = try? OwnerRecord.load(from: path) else { return false }
+        return account.matches(record.owner.canonical) || account.matches(record.owner.display)
+    }
+
+    /// Tells the kernel that a name it may have cached is gone.
+    private func forget(_ name: String, in parent: UInt64?, child: UInt64?) {
+        guard let session, let parent else { return }
+        if let child {
+            _ = fuse_lowlevel_notify_delete(session, fuse_ino_t(parent), fuse_ino_t(child), name, name.utf8.count)
+        } else {
+            _ = fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(parent), name, name.utf8.count)
+        }
+    }
+}

@@ -1,0 +1,130 @@
+import CustodyCore
+import CustodyCrypto
+import CustodyFormat
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// Selective wipe over the control socket, through a real mount.
+final class WipeTests: XCTestCase {
+    var daemon: MountedDaemon!
+
+    override func tearDown() {
+        daemon?.destroy()
+        daemon = nil
+    }
+
+    func testWipeDeletesExactlyTheIdentitysFilesAndKeysGoFirst() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--allow-other", "--default-identity", "65534=bob@personal.example"]) { state in
+            let engine = try Engine(stateDirectory: state, settings: { var s = Settings(); s.multiIdentity = true; return s }())
+            try engine.enroll(id: "alice-oid", upn: "alice@contoso.com", policy: Policy(protectionLevel: .untilFirstAuthentication))
+            try engine.register(id: "bob-oid", upn: "bob@personal.example")
+        }
+        XCTAssertEqual(chmod(daemon.root, 0o755), 0)
+        XCTAssertEqual(chmod(daemon.backing, 0o1777), 0)
+        // Alice's tree (protected by setting the owner on the directory), with others' files inside.
+        for directory in ["work", "work/deep", "work/only-alice"] {
+            XCTAssertEqual(mkdir(daemon.mnt(directory), 0o777), 0)
+            XCTAssertEqual(chmod(daemon.mnt(directory), 0o777), 0)
+        }
+        for (index, name) in ["work/a1.txt", "work/deep/a2.txt", "work/only-alice/a3.txt", "work/deep/a4.bin"].enumerated() {
+            try writeFile(daemon.mnt(name), bytes("alice file \(index)\n"))
+        }
+        try mustRun(["setfattr", "-n", "user.custody.owner", "-v", "alice@contoso.com", daemon.mnt("work")])
+        // Others: Bob (unmanaged) inside and outside Alice's directories, root (no identity) outside.
+        // (Root's files inside them would inherit Alice as owner: the directory rule.)
+        try writeFile(daemon.mnt("top.txt"), bytes("top\n"))
+        let bob = try runCommand(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                                  "echo bob > '\(daemon.mnt("work/bob.txt"))' && echo bob2 > '\(daemon.mnt("bob-top.txt"))' && echo deep > '\(daemon.mnt("work/deep/bob-deep.txt"))'"])
+        XCTAssertEqual(bob.status, 0, bob.error)
+        // An exported copy, and an open handle with cached pages.
+        try mustRun(["cp", daemon.back("work/a1.txt"), daemon.root + "/exported.custody"])
+        let open = try Syscall.open(daemon.mnt("work/deep/a2.txt"), O_RDONLY)
+        var buffer = [UInt8](repeating: 0, count: 32)
+        XCTAssertGreaterThan(try Syscall.pread(open, &buffer, 32, 0), 0)
+
+        let response = try daemon.api("POST", "/v1/accounts/alice@contoso.com/wipe")
+        XCTAssertEqual(response.status, 200, response.body)
+        XCTAssertTrue(response.body.contains(#""deleted":4"#), response.body)
+        XCTAssertTrue(response.body.contains(#""code":104"#), response.body)
+
+        // Exactly Alice's files are gone; directories holding others' files stay.
+        let remaining = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && find . | sort"]).split(separator: "\n").map(String.init)
+        XCTAssertEqual(remaining, [".", "./bob-top.txt", "./top.txt", "./work", "./work/bob.txt", "./work/deep", "./work/deep/bob-deep.txt"])
+        XCTAssertEqual(try readFile(daemon.mnt("work/deep/bob-deep.txt")), bytes("deep\n"))
+        XCTAssertEqual(try readFile(daemon.mnt("work/bob.txt")), bytes("bob\n"))
+        XCTAssertEqual(try mustRun(["find", daemon.backing, "-type", "f"]).split(separator: "\n").count, 4, "the backing store agrees")
+        // The handle opened before the wipe fails; nothing is served from the cache.
+        XCTAssertEqual(errnoOf { _ = try Syscall.pread(open, &buffer, 32, 0) }, EACCES)
+        close(open)
+        // The account is gone, and so are its keys.
+        XCTAssertEqual(try daemon.api("GET", "/v1/accounts/alice@contoso.com").status, 404)
+        XCTAssertEqual(try runCommand(["sh", "-c", "ls '\(daemon.state)/keybags' | wc -l"]).output.trimmingCharacters(in: .whitespacesAndNewlines), "0")
+        let events = daemon.log
+        XCTAssertFalse(events.contains("alice file"), "no plaintext in the log")
+
+        // The exported copy stays unreadable, even if the same account enrolls again.
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        daemon.stop()
+        let engine = try Engine(stateDirectory: daemon.state)
+        let exported = Array(try Data(contentsOf: URL(fileURLWithPath: daemon.root + "/exported.custody")))
+        XCTAssertThrowsError(try ProtectedData.unprotect(exported) { (header) throws(FormatError) -> ClassKey in
+            do throws(EngineError) { return try engine.classKey(for: header.owner.canonical, header.protectionClass, purpose: .open) } catch { throw FormatError.unsupported("\(error)") }
+        }) { error in
+            XCTAssertEqual(error as? FormatError, .wrongKey(keyID: (try? exported.withUnsafeBytes { try FileHeader.decode($0) })?.classKeyID ?? []))
+        }
+    }
+
+    func testDeregisterWithoutWipeKeepsFilesAndReEnrollmentRestoresAccess() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        try writeFile(daemon.mnt("kept.txt"), bytes("kept sealed\n"))
+        XCTAssertEqual(try daemon.api("DELETE", "/v1/accounts/alice@contoso.com").status, 204)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: daemon.back("kept.txt")), "the file stays (encrypted)")
+        XCTAssertEqual(errnoOf { _ = try readFile(self.daemon.mnt("kept.txt")) }, EACCES, "but nobody can read it meanwhile")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        XCTAssertEqual(try readFile(daemon.mnt("kept.txt")), bytes("kept sealed\n"), "re-enrolling restores access")
+    }
+
+    /// SIGKILL right after the wipe is journaled (before keys and files are gone); the restarted
+    /// daemon finishes it before serving, with the exact result.
+    func testAWipeKilledMidwayFinishesWhenTheDaemonRestarts() throws {
+        let arguments = ["--multi-identity", "--allow-other", "--default-identity", "0=alice@contoso.com", "--default-identity", "65534=bob@personal.example"]
+        daemon = try MountedDaemon(extraArguments: arguments)
+        XCTAssertEqual(chmod(daemon.root, 0o755), 0)
+        XCTAssertEqual(chmod(daemon.backing, 0o1777), 0)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "none"}}"#).status, 201)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "bob-oid", "upn": "bob@personal.example", "enroll": false}"#).status, 201)
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && for d in 1 2 3 4 5 6 7 8; do mkdir -m 777 d$d; for i in $(seq 150); do echo alice $d $i > d$d/a$i; done; done"])
+        let bob = try runCommand(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                                  "cd '\(daemon.mountPoint)' && for d in 1 2 3 4 5 6 7 8; do for i in $(seq 10); do echo bob $d $i > d$d/b$i; done; done"])
+        XCTAssertEqual(bob.status, 0, bob.error)
+        XCTAssertEqual(try mustRun(["find", daemon.backing, "-type", "f"]).split(separator: "\n").count, 1280)
+
+        let journal = daemon.state + "/wipes"
+        let curl = try spawn("curl", ["-s", "--unix-socket", daemon.socket, "-X", "POST", "http://localhost/v1/accounts/alice@contoso.com/wipe"])
+        var sawJournal = false
+        for _ in 0..<20_000 {
+            if let entries = try? FileManager.default.contentsOfDirectory(atPath: journal), entries.contains(where: { $0.hasSuffix(".json") }) {
+                sawJournal = true
+                break
+            }
+            usleep(100)
+        }
+        daemon.killHard()
+        waitForExit(curl, seconds: 10)
+        XCTAssertTrue(sawJournal, "the wipe was journaled before the daemon died")
+        let left = try mustRun(["find", daemon.backing, "-type", "f"]).split(separator: "\n").count
+        print("files left when the daemon was killed: \(left)")
+
+        try daemon.start(extraArguments: arguments)
+        let files = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && find . -type f | sort"]).split(separator: "\n").map(String.init)
+        XCTAssertEqual(files.count, 80, "only Bob's 80 files remain")
+        XCTAssertTrue(files.allSatisfy { $0.split(separator: "/").last?.hasPrefix("b") == true }, "\(files.prefix(5))")
+        XCTAssertEqual(try readFile(daemon.mnt("d3/b7")), bytes("bob 3 7\n"))
+        XCTAssertEqual(try daemon.api("GET", "/v1/accounts/alice@contoso.com").status, 404)
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: journal).filter { $0.hasSuffix(".json") }, [], "the journal is done")
+        XCTAssertEqual(try runCommand(["sh", "-c", "ls '\(daemon.state)/keybags' | wc -l"]).output.trimmingCharacters(in: .whitespacesAndNewlines), "0")
+    }
+}
