@@ -222,8 +222,11 @@ struct ControlAPI: Sendable {
         return try run { () throws(EngineError) in
             let account = try engine.account(identity)
             try engine.deregister(identity, wipe: true)
-            let progress = engine.events.events(after: started).last { $0.kind == .wipeProgress && $0.identity == account.upn }
+            let events = engine.events.events(after: started).filter { $0.kind == .wipeProgress && $0.identity == account.upn }
+            let progress = events.last { $0.details["scanned"] != nil }
+            let keys = events.first { $0.details["keysDestroyedSeconds"] != nil }?.details["keysDestroyedSeconds"]
             return json(WipeView(identity: account.upn, code: 104, result: "UnenrollmentSuccess",
+                                 keysDestroyedSeconds: keys.flatMap(Double.init) ?? 0,
                                  scanned: Int(progress?.details["scanned"] ?? "0") ?? 0,
                                  deleted: Int(progress?.details["deleted"] ?? "0") ?? 0,
                                  bytesFreed: UInt64(progress?.details["bytesFreed"] ?? "0") ?? 0))
@@ -291,6 +294,8 @@ struct WipeView: Encodable {
     var identity: String
     var code: Int
     var result: String
+    /// From the start of the wipe until the identity's keys were gone (its data unreadable).
+    var keysDestroyedSeconds: Double
     var scanned: Int
     var deleted: Int
     var bytesFreed: UInt64

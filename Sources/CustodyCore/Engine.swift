@@ -314,12 +314,16 @@ public final class Engine: @unchecked Sendable {
         if wipe {
             events.emit(.wipeStarted, identity: account.upn, code: 102, "wipe received for \(account.upn)")
             // Journaled first: a daemon killed from here on finishes the wipe when it starts again.
+            let started = clock.now()
             try files.write(account, to: Self.wipeJournalName(account.id))
             state.withLock { state in
                 state.keys[key] = nil
                 _ = state.openKeys.revoke { $0.identity == key }
             }
             try files.destroy(Self.keybagName(account.id))
+            // From here every copy of its encrypted files is unreadable.
+            events.emit(.wipeProgress, identity: account.upn, "keys of \(account.upn) destroyed",
+                        details: ["keysDestroyedSeconds": String(clock.now() - started)])
             try deleteFiles(of: account)
         } else {
             state.withLock { state in
