@@ -116,8 +116,9 @@ final class AccountTests: EngineTestCase {
         XCTAssertThrowsError(try engine.account("alice"))
         XCTAssertThrowsError(try engine.classKey(for: "alice", .none, purpose: .open))
         let seen = events.withLock { $0.map { "\($0.kind.rawValue):\($0.code.map(String.init) ?? "-")" } }
-        XCTAssertEqual(seen, ["wipeStarted:102", "wipeProgress:-", "wipeFinished:102", "deregistered:104"])
-        XCTAssertEqual(events.withLock { $0[1].details["bytesFreed"] }, "4096")
+        XCTAssertEqual(seen, ["wipeStarted:102", "wipeProgress:-", "wipeProgress:-", "wipeFinished:102", "deregistered:104"])
+        XCTAssertNotNil(events.withLock { $0[1].details["keysDestroyedSeconds"] }, "the keys are reported gone before any file")
+        XCTAssertEqual(events.withLock { $0[2].details["bytesFreed"] }, "4096")
     }
 
     func testDeregisterWithoutWipeKeepsKeysSealedForReEnrollment() throws {
