@@ -42,6 +42,29 @@ final class LockMountTests: XCTestCase {
         return (shell, root)
     }
 
+    /// Waits until the status shows `identity` locked (the grace period is over).
+    func waitUntilLocked(_ identity: String, seconds: Double = 10) throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let account = try daemon.api("GET", "/v1/status").body
+            if account.contains(#""lock":"locked""#), account.contains(identity) { return }
+            usleep(20_000)
+        }
+        XCTFail("\(identity) did not lock within \(seconds) s")
+    }
+
+    /// Waits (briefly) until `body` yields `expected`: the mount invalidates cached pages right after
+    /// the lock completes, from a queue of its own.
+    func eventually(_ expected: Int32?, seconds: Double = 3, _ body: () -> Int32?) -> Int32? {
+        let deadline = Date().addingTimeInterval(seconds)
+        var last = body()
+        while last != expected, Date() < deadline {
+            usleep(10_000)
+            last = body()
+        }
+        return last
+    }
+
     func waitForFile(_ path: String, seconds: Double = 30) -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
@@ -72,11 +95,10 @@ final class LockMountTests: XCTestCase {
         XCTAssertTrue(lock.body.contains("locking"))
         XCTAssertEqual(try Syscall.pread(fd, &buffer, 64, 0), 14, "still readable during the grace period")
 
-        usleep(1_600_000)
-        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""lock":"locked""#))
+        try waitUntilLocked("alice@contoso.com")
         // The same handle, the same (previously cached) pages: refused, not served from the cache.
-        XCTAssertEqual(errnoOf { _ = try Syscall.pread(fd, &buffer, 64, 0) }, EACCES)
-        XCTAssertEqual(errnoOf { _ = try Syscall.pread(big, &buffer, 64, 100_000) }, EACCES)
+        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pread(fd, &buffer, 64, 0) } }, EACCES)
+        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pread(big, &buffer, 64, 100_000) } }, EACCES)
         XCTAssertEqual(errnoOf { _ = try Syscall.open(self.daemon.mnt("secret.txt"), O_RDONLY) }, EACCES, "new opens are refused")
         XCTAssertEqual(errnoOf { try writeFile(self.daemon.mnt("new.txt"), bytes("x")) }, nil, "a caller with no identity still creates plain files")
         XCTAssertEqual(try Syscall.lstat(daemon.mnt("secret.txt")).st_size, 14, "metadata stays visible")
@@ -104,9 +126,7 @@ final class LockMountTests: XCTestCase {
         }
         XCTAssertTrue(waitForFile(root + "/ready1"), "the shell opened its files")
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/carol@contoso.com/lock").status, 200)
-        usleep(900_000)
-        XCTAssertTrue(try daemon.api("GET", "/v1/accounts/carol@contoso.com").status == 200)
-        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""lock":"locked""#))
+        try waitUntilLocked("carol@contoso.com")
         XCTAssertTrue(FileManager.default.createFile(atPath: root + "/go1", contents: Data()))
         XCTAssertTrue(waitForExit(shell, seconds: 30))
         let output = try String(contentsOfFile: root + "/out", encoding: .utf8)
@@ -171,7 +191,8 @@ final class LockMountTests: XCTestCase {
         send("create table t(v text); insert into t values('before');\n")
         usleep(500_000)
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/dana@contoso.com/lock").status, 200)
-        usleep(1_000_000)
+        try waitUntilLocked("dana@contoso.com")
+        usleep(100_000)
         send("insert into t values('while locked');\nselect 'count', count(*) from t;\n")
         usleep(500_000)
         XCTAssertTrue(daemon.isMounted, "the daemon is still serving")
@@ -211,7 +232,7 @@ final class LockMountTests: XCTestCase {
         let (shell, _) = try boundShell("erin@contoso.com", "echo steady > c.txt")
         XCTAssertTrue(waitForExit(shell, seconds: 30))
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/erin@contoso.com/lock").status, 200)
-        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""lock":"locked""#))
+        try waitUntilLocked("erin@contoso.com")
         XCTAssertEqual(try readFile(daemon.mnt("c.txt")), bytes("steady\n"))
         try writeFile(daemon.mnt("c.txt"), bytes("still writable\n"), flags: O_WRONLY | O_APPEND)
         XCTAssertEqual(try readFile(daemon.mnt("c.txt")), bytes("steady\nstill writable\n"))
@@ -228,8 +249,8 @@ final class LockMountTests: XCTestCase {
         let fd = try Syscall.open(daemon.mnt("w.txt"), O_RDWR)
         defer { close(fd) }
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock").status, 200)
-        usleep(800_000)
-        XCTAssertEqual(errnoOf { _ = try Syscall.pwrite(fd, "zz", 2, 100) }, EACCES, "a write that needs the old page fails at once")
+        try waitUntilLocked("alice@contoso.com")
+        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pwrite(fd, "zz", 2, 100) } }, EACCES, "a write that needs the old page fails")
         let page = [UInt8](repeating: UInt8(ascii: "q"), count: 4096)
         _ = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, 4096) }
         XCTAssertEqual(fsync(fd), -1, "a whole-page write taken by the page cache fails at fsync")
