@@ -133,6 +133,16 @@ struct ControlAPI: Sendable {
                 try engine.deregister(rest[1], wipe: false)
                 return HTTPResponse(status: 204, body: [])
             }
+        case ("PUT", 3, "accounts") where rest[2] == "policy":
+            guard caller.isAdmin else { throw Self.notAuthorized("change the policy of \(rest[1])") }
+            let policy = try decode(Policy.self, request)
+            return try run { () throws(EngineError) in json(AccountView(try engine.setPolicy(rest[1], policy))) }
+        case ("GET", 3, "accounts") where rest[2] == "policy":
+            return try run { () throws(EngineError) in
+                let account = try engine.account(rest[1])
+                guard let policy = account.policy else { throw .notEnrolled(account.upn) }
+                return json(policy)
+            }
         case ("POST", 1, "lock"):
             guard caller.isAdmin else { throw Self.notAuthorized("lock every account") }
             engine.lockAll()

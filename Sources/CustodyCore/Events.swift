@@ -6,7 +6,7 @@ public struct EngineEvent: Codable, Equatable, Sendable {
         case registered, enrolled, enrollmentFailed, policyChanged, policyUnchanged, deregistered
         case passphraseChanged, lockRequested, locked, unlocked, unlockFailed
         case identityBound, identityUnbound
-        case wipeStarted, wipeProgress, wipeFinished, wipeFailed, reprotectRequired
+        case wipeStarted, wipeProgress, wipeFinished, wipeFailed, reprotectRequired, reprotectProgress, reprotectFinished
     }
 
     public var sequence: UInt64

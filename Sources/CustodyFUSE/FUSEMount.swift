@@ -89,6 +89,8 @@ public final class FUSEMount {
 
         let enforcement = engine.map { LockEnforcement(filesystem: filesystem, session: session, engine: $0) }
         defer { enforcement?.stop() }
+        let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }
+        defer { reprotection?.stop() }
         engine?.wipeHandler = MountWipe(filesystem: filesystem, session: session)
         defer { engine?.wipeHandler = nil }
         // A wipe a stopped daemon journaled is finished before requests are served.

@@ -389,7 +389,7 @@ final class BlockWorker {
 }
 
 extension BlockStorage {
-    func writeBytes(_ bytes: [UInt8], at offset: UInt64) throws(FormatError) {
+    public func writeBytes(_ bytes: [UInt8], at offset: UInt64) throws(FormatError) {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(bytes.count, 1), alignment: 8)
         defer { buffer.deallocate() }
         buffer.copyBytes(from: bytes)

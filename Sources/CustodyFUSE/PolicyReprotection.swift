@@ -1,0 +1,146 @@
+import CustodyCore
+import CustodyCrypto
+import CustodyFormat
+import CustodySystem
+import Dispatch
+import Glibc
+
+/// Re-protects an identity's existing files after its policy changes, in the background:
+/// encryption turned on (plain → encrypted), off (encrypted → plain), or another protection level
+/// (the file key is rewrapped in the header, in place; the content is not re-encrypted). Files that
+/// are open are left for later and retried once closed, so a write racing with re-protection is
+/// never lost; every rewrite is crash-safe (see `reprotect`).
+final class PolicyReprotection: @unchecked Sendable {
+    private let filesystem: PassthroughFilesystem
+    private weak var engine: Engine?
+    private let queue = DispatchQueue(label: "custody.reprotection")
+    private var subscription: Int?
+    static let retryInterval: useconds_t = 200_000
+    static let retryLimit = 3000
+
+    init(filesystem: PassthroughFilesystem, engine: Engine) {
+        self.filesystem = filesystem
+        self.engine = engine
+        subscription = engine.events.subscribe { [weak self] event in
+            guard let self, event.kind == .reprotectRequired, let identity = event.identity else { return }
+            self.queue.async { self.run(identity) }
+        }
+    }
+
+    func stop() {
+        if let subscription { engine?.events.unsubscribe(subscription) }
+        subscription = nil
+    }
+
+    /// Waits until queued re-protections are done (for shutdown and tests).
+    func drain() { queue.sync {} }
+
+    private func run(_ identity: String) {
+        guard let engine, let account = try? engine.account(identity) else { return }
+        var pending = files(of: account)
+        var done = 0
+        for _ in 0..<Self.retryLimit where !pending.isEmpty {
+            var busy: [String] = []
+            for path in pending {
+                switch reprotect(path, account: account) {
+                case .done: done += 1
+                case .busy: busy.append(path)
+                case .failed: continue
+                }
+            }
+            engine.events.emit(.reprotectProgress, identity: account.upn, "re-protecting \(account.upn)'s files",
+                               details: ["done": "\(done)", "waiting": "\(busy.count)"])
+            pending = busy
+            if !pending.isEmpty { usleep(Self.retryInterval) }
+        }
+        if pending.isEmpty { try? engine.reprotectFinished(account.id) }
+        engine.events.emit(.reprotectFinished, identity: account.upn,
+                           pending.isEmpty ? "re-protected \(account.upn)'s files" : "re-protection of \(account.upn) left \(pending.count) open files",
+                           details: ["done": "\(done)", "left": "\(pending.count)"])
+    }
+
+    enum Outcome { case done, busy, failed }
+
+    /// Backing paths (relative to the root) of the regular files `account` owns.
+    private func files(of account: Account) -> [String] {
+        guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return [] }
+        var found: [String] = []
+        func walk(_ fd: Int32, _ prefix: String) {
+            guard let listing = try? Syscall.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), let stream = fdopendir(listing) else { return }
+            defer { closedir(stream) }
+            while let entry = Glibc.readdir(stream) {
+                let name = withUnsafePointer(to: entry.pointee.d_name) {
+                    $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+                }
+                if name == "." || name == ".." || name.hasPrefix(PassthroughFilesystem.stagingPrefix) { continue }
+                guard let attributes = try? Syscall.fstatat(fd, name, AT_SYMLINK_NOFOLLOW) else { continue }
+                if attributes.st_mode & S_IFMT == S_IFDIR, let child = try? Syscall.openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) {
+                    walk(child, prefix + name + "/")
+                    Syscall.close(child)
+                } else if attributes.st_mode & S_IFMT == S_IFREG,
+                          let record = try? OwnerRecord.load(from: "/proc/self/fd/\(fd)/" + name),
+                          account.matches(record.owner.canonical) {
+                    found.append(prefix + name)
+                }
+            }
+        }
+        walk(root.fd, "")
+        return found
+    }
+
+    /// Brings one file to its owner's current policy.
+    private func reprotect(_ path: String, account: Account) -> Outcome {
+        guard let root = try? filesystem.inodes.inode(InodeTable.rootID),
+              let pathFD = try? Syscall.openat(root.fd, path, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC),
+              let attributes = try? Syscall.stat(of: pathFD) else { return .failed }
+        let known = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
+        let inode: Inode
+        if let known, let existing = try? filesystem.inodes.inode(known) {
+            Syscall.close(pathFD)
+            inode = existing
+        } else {
+            inode = Inode(fd: pathFD, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: S_IFREG)
+        }
+        do throws(Errno) {
+            let (wanted, classKey) = try filesystem.plan(for: account.upn)
+            let current = filesystem.protection(of: inode)
+            if case .encrypted(_, let from) = current, case .encrypted(_, let to) = wanted, from != to, let classKey {
+                try filesystem.rewrap(inode, to: to, classKey: classKey)
+            } else {
+                try filesystem.reprotect(id: known, inode, to: wanted, classKey: classKey)
+            }
+            return .done
+        } catch where error == Errno(EBUSY) {
+            return .busy
+        } catch {
+            filesystem.log("re-protection of \(path) failed: \(error)")
+            return .failed
+        }
+    }
+}
+
+extension PassthroughFilesystem {
+    /// A new protection level for an encrypted file: the same file key, wrapped for the new class,
+    /// written over the 512-byte header in place (one sector: it cannot tear). The content stays.
+    func rewrap(_ inode: Inode, to protectionClass: ProtectionClass, classKey: ClassKey) throws(Errno) {
+        guard let engine else { throw Errno.notSupported }
+        let fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
+        defer { Syscall.close(fd) }
+        let storage = DescriptorStorage(fd: fd)
+        do throws(FormatError) {
+            let header = try ProtectedFile.readHeader(from: storage)
+            let lease: FileKeyLease
+            do throws(EngineError) { lease = try engine.openFileKey(header) } catch { throw FormatError.unsupported("\(error)") }
+            defer { engine.closeFileKey(lease) }
+            let moved = try header.rewrapped(fileKey: lease.fileKey, to: protectionClass, classKey: classKey)
+            try storage.writeBytes(moved.encoded(), at: 0)
+            try storage.sync()
+            try OwnerRecord(owner: moved.owner, encryptedClass: protectionClass).store(at: inode.procPath)
+            inode.protectionState.withLock { $0.protection = .encrypted(moved.owner, protectionClass) }
+        } catch .unsupported {
+            throw Errno.accessDenied
+        } catch {
+            throw error.errnoValue
+        }
+    }
+}

@@ -1,0 +1,75 @@
+import CustodyCore
+import CustodyFormat
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// Re-protection of existing files when an identity's policy changes.
+final class PolicyReprotectionTests: XCTestCase {
+    var daemon: MountedDaemon!
+
+    override func tearDown() {
+        daemon?.destroy()
+        daemon = nil
+    }
+
+    func xattr(_ path: String, _ name: String) -> String? {
+        var buffer = [UInt8](repeating: 0, count: 256)
+        guard let count = try? Syscall.getxattr(path, name, &buffer, buffer.count) else { return nil }
+        return String(decoding: buffer[0..<count], as: UTF8.self)
+    }
+
+    func waitUntil(_ what: String, seconds: Double = 30, _ condition: () -> Bool) {
+        let deadline = Date().addingTimeInterval(seconds)
+        while !condition() {
+            if Date() > deadline { return XCTFail("timed out waiting until \(what)") }
+            usleep(50_000)
+        }
+    }
+
+    func putPolicy(_ json: String) throws {
+        let response = try daemon.api("PUT", "/v1/accounts/alice@contoso.com/policy", json)
+        XCTAssertEqual(response.status, 200, response.body)
+    }
+
+    func testEncryptionOnLevelChangeAndOffWithAConcurrentWriter() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"fileEncryptionRequired": false}}"#).status, 201)
+        let names = (0..<20).map { "doc\($0).txt" }
+        for name in names { try writeFile(daemon.mnt(name), bytes("MARKER-POLICY \(name)\n")) }
+        XCTAssertEqual(xattr(daemon.mnt("doc0.txt"), "user.custody.owner"), "alice@contoso.com")
+        XCTAssertEqual(xattr(daemon.mnt("doc0.txt"), "user.custody.encrypted"), "0")
+        // A writer keeps one file open across the policy change.
+        let writer = try Syscall.open(daemon.mnt("doc7.txt"), O_WRONLY | O_APPEND)
+        try Syscall.pwriteAll(writer, "before\n", 7, 0)
+
+        try putPolicy(#"{"fileEncryptionRequired": true, "protectionLevel": "untilFirstAuth"}"#)
+        let others = names.filter { $0 != "doc7.txt" }
+        waitUntil("the files not in use are encrypted") { others.allSatisfy { xattr(daemon.mnt($0), "user.custody.encrypted") == "1" } }
+        XCTAssertEqual(xattr(daemon.mnt("doc7.txt"), "user.custody.encrypted"), "0", "the open file waits")
+        try Syscall.pwriteAll(writer, "after\n", 6, 0)
+        close(writer)
+        waitUntil("the file in use is encrypted once closed") { xattr(daemon.mnt("doc7.txt"), "user.custody.encrypted") == "1" }
+        XCTAssertEqual(try readFile(daemon.mnt("doc7.txt")), bytes("MARKER-POLICY doc7.txt\nbefore\nafter\n"), "no write was lost")
+        XCTAssertEqual(try runCommand(["grep", "-rl", "MARKER-POLICY", daemon.backing]).output, "")
+        waitUntil("the account is no longer marked") { (try? self.daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":false"#)) == true }
+
+        // Another level: the key is rewrapped, the content is not re-encrypted.
+        let before = try readFile(daemon.back("doc3.txt"))
+        try putPolicy(#"{"fileEncryptionRequired": true, "protectionLevel": "none"}"#)
+        waitUntil("the class changed") { names.allSatisfy { xattr(daemon.mnt($0), "user.custody.class") == "none" } }
+        let after = try readFile(daemon.back("doc3.txt"))
+        XCTAssertTrue(Array(before[512...]) == Array(after[512...]), "the ciphertext after the header is unchanged")
+        XCTAssertFalse(Array(before[0..<512]) == Array(after[0..<512]), "the header is new")
+        XCTAssertEqual(try (after.withUnsafeBytes { try FileHeader.decode($0) }).protectionClass, ProtectionClass.none)
+        XCTAssertEqual(try readFile(daemon.mnt("doc3.txt")), bytes("MARKER-POLICY doc3.txt\n"))
+
+        // Encryption off: everything plain again, still Alice's.
+        try putPolicy(#"{"fileEncryptionRequired": false}"#)
+        waitUntil("the files are plain") { names.allSatisfy { xattr(daemon.mnt($0), "user.custody.encrypted") == "0" } }
+        XCTAssertEqual(try readFile(daemon.back("doc7.txt")), bytes("MARKER-POLICY doc7.txt\nbefore\nafter\n"))
+        XCTAssertEqual(xattr(daemon.mnt("doc7.txt"), "user.custody.owner"), "alice@contoso.com")
+        XCTAssertEqual(try runCommand(["find", daemon.backing, "-name", ".custody-reprotect-*"]).output, "")
+    }
+}
