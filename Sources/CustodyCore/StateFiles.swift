@@ -104,32 +104,15 @@ struct StateFiles: Sendable {
     /// Removes temporary files a killed daemon left behind (the real files are intact: a temporary
     /// only replaces its target by rename once it is complete and synced).
     func removeStaleTemporaries() {
-        for subdirectory in ["", "/keybags", "/wipes"] {
-            guard let dir = opendir(directory + subdirectory) else { continue }
-            var stale: [String] = []
-            while let entry = readdir(dir) {
-                let name = withUnsafePointer(to: entry.pointee.d_name) {
-                    $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
-                }
-                if name.contains(".tmp-") { stale.append(directory + subdirectory + "/" + name) }
-            }
-            closedir(dir)
-            for path in stale { _ = unlink(path) }
+        for subdirectory in ["", "keybags", "wipes"] {
+            let base = subdirectory.isEmpty ? directory : path(subdirectory)
+            for name in list(subdirectory) where name.contains(".tmp-") { _ = unlink(base + "/" + name) }
         }
     }
 
     /// The names in a subdirectory (empty when it cannot be read).
     func list(_ subdirectory: String) -> [String] {
-        guard let dir = opendir(path(subdirectory)) else { return [] }
-        defer { closedir(dir) }
-        var names: [String] = []
-        while let entry = readdir(dir) {
-            let name = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
-            }
-            if name != ".", name != ".." { names.append(name) }
-        }
-        return names
+        (try? Syscall.directoryNames(atPath: path(subdirectory))) ?? []
     }
 
     /// Creates a subdirectory (0700) if missing.

@@ -66,13 +66,8 @@ final class PolicyReprotection: @unchecked Sendable {
         guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return [] }
         var found: [String] = []
         func walk(_ fd: Int32, _ prefix: String) {
-            guard let listing = try? Syscall.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), let stream = fdopendir(listing) else { return }
-            defer { closedir(stream) }
-            while let entry = Glibc.readdir(stream) {
-                let name = withUnsafePointer(to: entry.pointee.d_name) {
-                    $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
-                }
-                if name == "." || name == ".." || name.hasPrefix(PassthroughFilesystem.stagingPrefix) { continue }
+            for name in (try? Syscall.directoryNames(in: fd)) ?? [] {
+                if name.hasPrefix(PassthroughFilesystem.stagingPrefix) { continue }
                 guard let attributes = try? Syscall.fstatat(fd, name, AT_SYMLINK_NOFOLLOW) else { continue }
                 if attributes.st_mode & S_IFMT == S_IFDIR, let child = try? Syscall.openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) {
                     walk(child, prefix + name + "/")

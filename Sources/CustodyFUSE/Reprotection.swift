@@ -56,19 +56,7 @@ extension PassthroughFilesystem {
     /// Calls `body` for every directory and regular file directly in `directory`, with the node
     /// ID the kernel knows it by (nil when it has not looked it up).
     private func forEachChild(of directory: Inode, _ body: (Inode, UInt64?) throws(Errno) -> Void) throws(Errno) {
-        let fd = try Syscall.openat(directory.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard let stream = fdopendir(fd) else {
-            Syscall.close(fd)
-            throw Errno.current
-        }
-        defer { closedir(stream) }
-        var names: [String] = []
-        while let entry = Glibc.readdir(stream) {
-            let name = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
-            }
-            if name != ".", name != "..", !name.hasPrefix(Self.stagingPrefix) { names.append(name) }
-        }
+        let names = try Syscall.directoryNames(in: directory.fd).filter { !$0.hasPrefix(Self.stagingPrefix) }
         for name in names {
             let childFD = try Syscall.openat(directory.fd, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
             let attributes: stat

@@ -34,19 +34,7 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
     @discardableResult
     private func wipe(directory fd: Int32, directoryID: UInt64?, account: Account, counts: inout Counts,
                       progress: (Int, Int, UInt64) -> Void) throws -> Bool {
-        let listing = try Syscall.openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard let stream = fdopendir(listing) else {
-            Syscall.close(listing)
-            throw Errno.current
-        }
-        var names: [String] = []
-        while let entry = Glibc.readdir(stream) {
-            let name = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
-            }
-            if name != ".", name != ".." { names.append(name) }
-        }
-        closedir(stream)
+        let names = try Syscall.directoryNames(in: fd)
         var remaining = names.count
         for name in names {
             guard let attributes = try? Syscall.fstatat(fd, name, AT_SYMLINK_NOFOLLOW) else { continue }

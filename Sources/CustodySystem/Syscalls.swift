@@ -222,3 +222,31 @@ public enum Syscall {
         _ = try valueOrErrno(clinux_removexattr(path, name))
     }
 }
+
+extension Syscall {
+    /// The names in the directory `directory` (a descriptor, O_PATH allowed), without `.` and `..`.
+    public static func directoryNames(in directory: Int32) throws(Errno) -> [String] {
+        let fd = try openat(directory, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard let stream = fdopendir(fd) else {
+            let error = Errno.current
+            close(fd)
+            throw error
+        }
+        defer { closedir(stream) }
+        var names: [String] = []
+        while let entry = readdir(stream) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) {
+                $0.withMemoryRebound(to: CChar.self, capacity: MemoryLayout.size(ofValue: entry.pointee.d_name)) { String(cString: $0) }
+            }
+            if name != ".", name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    /// The names in the directory at `path`, without `.` and `..`.
+    public static func directoryNames(atPath path: String) throws(Errno) -> [String] {
+        let fd = try open(path, Linux.O_PATH | O_DIRECTORY | O_CLOEXEC)
+        defer { close(fd) }
+        return try directoryNames(in: fd)
+    }
+}

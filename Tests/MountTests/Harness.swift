@@ -278,3 +278,10 @@ extension MountedDaemon {
         return (Int(lines.last ?? "") ?? 0, lines.dropLast().joined(separator: "\n"))
     }
 }
+
+/// The value of an extended attribute (the mount's virtual ones included), or nil.
+func xattr(_ path: String, _ name: String) -> String? {
+    var buffer = [UInt8](repeating: 0, count: 256)
+    guard let count = try? Syscall.getxattr(path, name, &buffer, buffer.count) else { return nil }
+    return String(decoding: buffer[0..<count], as: UTF8.self)
+}

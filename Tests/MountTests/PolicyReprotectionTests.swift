@@ -14,12 +14,6 @@ final class PolicyReprotectionTests: XCTestCase {
         daemon = nil
     }
 
-    func xattr(_ path: String, _ name: String) -> String? {
-        var buffer = [UInt8](repeating: 0, count: 256)
-        guard let count = try? Syscall.getxattr(path, name, &buffer, buffer.count) else { return nil }
-        return String(decoding: buffer[0..<count], as: UTF8.self)
-    }
-
     func waitUntil(_ what: String, seconds: Double = 30, _ condition: () -> Bool) {
         let deadline = Date().addingTimeInterval(seconds)
         while !condition() {

@@ -57,12 +57,6 @@ final class ProtectedMountTests: XCTestCase {
         XCTAssertEqual(code, "0", "Alice's commands failed: \(output)\ndaemon log: \(daemon.log)")
     }
 
-    func xattr(_ path: String, _ name: String) -> String? {
-        var buffer = [UInt8](repeating: 0, count: 256)
-        guard let count = try? Syscall.getxattr(path, name, &buffer, buffer.count) else { return nil }
-        return String(decoding: buffer[0..<count], as: UTF8.self)
-    }
-
     func testThreeIdentitiesOwnersEncryptionAndVirtualAttributes() throws {
         try startMount(aliceScript: """
             echo taken-over > preexisting.txt && cat preexisting.txt && \

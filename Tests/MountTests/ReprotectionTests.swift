@@ -26,12 +26,6 @@ final class ReprotectionTests: XCTestCase {
         daemon = nil
     }
 
-    func xattr(_ path: String, _ name: String) -> String? {
-        var buffer = [UInt8](repeating: 0, count: 256)
-        guard let count = try? Syscall.getxattr(path, name, &buffer, buffer.count) else { return nil }
-        return String(decoding: buffer[0..<count], as: UTF8.self)
-    }
-
     func setOwner(_ path: String, _ owner: String) -> Int32? {
         errnoOf { try Syscall.setxattr(path, "user.custody.owner", owner, owner.utf8.count, 0) }
     }
