@@ -15,15 +15,9 @@ struct ControlAPI: Sendable {
     func caller(pid: Int32, uid: UInt32, gid: UInt32) -> Caller {
         var admin = uid == 0
         if !admin, let adminGroup {
-            admin = gid == adminGroup || Self.supplementaryGroups(of: pid).contains(adminGroup)
+            admin = gid == adminGroup || LinuxProcessTable().groups(of: pid).contains(adminGroup)
         }
         return Caller(pid: pid, uid: uid, gid: gid, isAdmin: admin)
-    }
-
-    static func supplementaryGroups(of pid: Int32) -> [gid_t] {
-        guard let text = readTextFile("/proc/\(pid)/status") else { return [] }
-        let line = text.split(separator: "\n").first { $0.hasPrefix("Groups:") } ?? ""
-        return line.dropFirst("Groups:".count).split(separator: " ").compactMap { gid_t($0.trimmingCharacters(in: " \t")) }
     }
 
     // MARK: Requests and answers
@@ -163,9 +157,9 @@ struct ControlAPI: Sendable {
             }
         case ("GET", 3, "processes") where rest[2] == "identity":
             guard let pid = Int32(rest[1]) else { throw Failure(status: 400, code: 400, name: "BadRequest", message: "not a process ID: \(rest[1])") }
-            guard let start = LinuxProcessTable().startTime(of: pid) else { throw Self.failure(.noSuchProcess(pid)) }
-            _ = start
-            let resolved = engine.resolve(thread: pid, uid: Self.uid(of: pid) ?? 0)
+            let processes = LinuxProcessTable()
+            guard processes.startTime(of: pid) != nil else { throw Self.failure(.noSuchProcess(pid)) }
+            let resolved = engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
             return json(IdentityView(pid: pid, identity: resolved.identity, source: resolved.source.description))
         default:
             if ["status", "accounts", "lock", "unlock", "bindings", "processes"].contains(rest.first ?? "") {
@@ -187,12 +181,6 @@ struct ControlAPI: Sendable {
         do { return try Array(text.utf8).withBytes { (bytes) throws(CryptoError) in try SecretBytes(copying: bytes) } } catch { throw .crypto(error) }
     }
 
-    static func uid(of pid: Int32) -> UInt32? {
-        guard let text = readTextFile("/proc/\(pid)/status") else { return nil }
-        let line = text.split(separator: "\n").first { $0.hasPrefix("Uid:") } ?? ""
-        return line.dropFirst(4).split(separator: "\t").first.flatMap { UInt32($0.trimmingCharacters(in: " ")) }
-    }
-
     /// Admins may act on any account; a user only on accounts mapped to its uid.
     func authorize(_ caller: Caller, forAccount identity: String, _ what: String) throws(Failure) {
         if caller.isAdmin { return }
@@ -202,7 +190,7 @@ struct ControlAPI: Sendable {
     /// Admins may bind any process; a user only its own processes.
     func authorizeProcess(_ caller: Caller, _ pid: Int32, _ what: String) throws(Failure) {
         if caller.isAdmin { return }
-        guard Self.uid(of: pid) == caller.uid else { throw Self.notAuthorized(what) }
+        guard LinuxProcessTable().uid(of: pid) == caller.uid else { throw Self.notAuthorized(what) }
     }
 
     func status() -> StatusView {

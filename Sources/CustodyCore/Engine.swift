@@ -316,20 +316,14 @@ public final class Engine: @unchecked Sendable {
             // Journaled first: a daemon killed from here on finishes the wipe when it starts again.
             let started = clock.now()
             try files.write(account, to: Self.wipeJournalName(account.id))
-            state.withLock { state in
-                state.keys[key] = nil
-                _ = state.openKeys.revoke { $0.identity == key }
-            }
+            dropKeys(key)
             try files.destroy(Self.keybagName(account.id))
             // From here every copy of its encrypted files is unreadable.
             events.emit(.wipeProgress, identity: account.upn, "keys of \(account.upn) destroyed",
                         details: ["keysDestroyedSeconds": String(clock.now() - started)])
             try deleteFiles(of: account)
         } else {
-            state.withLock { state in
-                state.keys[key] = nil
-                _ = state.openKeys.revoke { $0.identity == key }
-            }
+            dropKeys(key)
         }
         try state.withLock { (state) throws(EngineError) in
             state.accounts.removeAll { $0.matches(account.id) }
@@ -344,6 +338,14 @@ public final class Engine: @unchecked Sendable {
         }
         events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)",
                     details: ["wipe": "\(wipe)"])
+    }
+
+    /// Forgets an identity's keys in memory and revokes its open file keys.
+    private func dropKeys(_ key: String) {
+        state.withLock { state in
+            state.keys[key] = nil
+            _ = state.openKeys.revoke { $0.identity == key }
+        }
     }
 
     /// Deletes the files of a wiped account through the wipe handler (the mount), with progress events.

@@ -118,17 +118,7 @@ public final class FUSEMount {
     }
 
     private static func isEmptyDirectory(_ path: String) -> Bool {
-        guard let dir = opendir(path) else { return false }
-        defer { closedir(dir) }
-        while let entry = Glibc.readdir(dir) {
-            let isDot = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: 3) { name in
-                    name[0] == 0x2E && (name[1] == 0 || (name[1] == 0x2E && name[2] == 0))
-                }
-            }
-            if !isDot { return false }
-        }
-        return true
+        (try? Syscall.directoryNames(atPath: path))?.isEmpty ?? false
     }
 }
 
