@@ -80,7 +80,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
         let id = inodes.remember(fd: fd, attributes: attributes)
         guard let inode = try? inodes.inode(id) else { return entryParam(id: id, attributes: attributes) }
         if let known { inode.protectionState.withLock { $0.protection = known } }
-        return entryParam(id: id, attributes: presented(attributes, of: inode))
+        var entry = entryParam(id: id, attributes: presented(attributes, of: inode))
+        entry.attr_timeout = attributeTimeout(of: inode)
+        return entry
     }
 
     func lookup(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
@@ -105,12 +107,17 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let inode = try inodes.inode(UInt64(id))
             var attributes: stat
             if let fi, fi.pointee.fh != 0, inode.isRegularFile, let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) {
+                // With the writeback cache the kernel asks for attributes through the handle before
+                // it takes a write into its page cache (when they are not cached): a handle whose
+                // keys are revoked fails here, so the write fails with EACCES instead of waiting
+                // in the page cache for an unlock.
+                _ = try liveContent(file)
                 attributes = try Syscall.fstat(file.backingFD)
             } else {
                 attributes = try Syscall.stat(of: inode.fd)
             }
             attributes = presented(attributes, of: inode)
-            fuse_reply_attr(req, &attributes, options.attributeTimeout)
+            fuse_reply_attr(req, &attributes, attributeTimeout(of: inode))
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
@@ -166,7 +173,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             var attributes = if let file { try Syscall.fstat(file.backingFD) } else { try Syscall.stat(of: inode.fd) }
             attributes = presented(attributes, of: inode)
-            fuse_reply_attr(req, &attributes, options.attributeTimeout)
+            fuse_reply_attr(req, &attributes, attributeTimeout(of: inode))
         } catch {
             fuse_reply_err(req, error.rawValue)
         }

@@ -105,6 +105,14 @@ extension PassthroughFilesystem {
         return shown
     }
 
+    /// How long the kernel may keep the attributes it is given: not at all while the inode's keys
+    /// are revoked (its identity locked), so that every write through an open handle first asks
+    /// `getattr`, which refuses it.
+    func attributeTimeout(of inode: Inode) -> Double {
+        let revoked = inode.protectionState.withLock { $0.content?.lease.isRevoked ?? false }
+        return revoked ? 0 : options.attributeTimeout
+    }
+
     // MARK: Owners
 
     /// What a new (or truncated) file of `ownerName` becomes: encrypted when the owner is managed

@@ -238,9 +238,9 @@ final class LockMountTests: XCTestCase {
         XCTAssertEqual(try readFile(daemon.mnt("c.txt")), bytes("steady\nstill writable\n"))
     }
 
-    /// Writes through a class A handle after the grace period: a write that needs an existing page
-    /// fails at once, and fsync reports EACCES. (A write of whole new pages is taken by the
-    /// kernel's page cache and fails only at fsync; see the issue notes.)
+    /// Writes through a class A handle after the grace period fail at once with EACCES, whether
+    /// they need an existing page or are whole new pages the writeback cache could take, and
+    /// nothing reaches the disk in clear. After unlock the same handle writes again.
     func testClassAWritesAfterTheGracePeriodFail() throws {
         try start(grace: 0.3)
         try enroll("alice-oid", "alice@contoso.com", level: "complete", passphrase: "pw")
@@ -252,10 +252,24 @@ final class LockMountTests: XCTestCase {
         try waitUntilLocked("alice@contoso.com")
         XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pwrite(fd, "zz", 2, 100) } }, EACCES, "a write that needs the old page fails")
         let page = [UInt8](repeating: UInt8(ascii: "q"), count: 4096)
-        _ = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, 4096) }
-        XCTAssertEqual(fsync(fd), -1, "a whole-page write taken by the page cache fails at fsync")
-        XCTAssertEqual(errno, EACCES)
+        for offset in [4096, 8192, 65536] {
+            let written = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, off_t(offset)) }
+            XCTAssertEqual(written, -1, "a whole-page write at \(offset) is refused, not cached")
+            XCTAssertEqual(errno, EACCES)
+        }
+        var info = stat()
+        XCTAssertEqual(stat(daemon.mnt("w.txt"), &info), 0, "stat by path still works while locked")
+        XCTAssertEqual(info.st_size, 8192)
+        let again = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, 4096) }
+        XCTAssertEqual(again, -1, "a path stat does not let the next write into the cache")
         XCTAssertEqual(try runCommand(["grep", "-c", "zz", daemon.back("w.txt")]).output, "0\n")
         XCTAssertEqual(try runCommand(["grep", "-c", "qqqq", daemon.back("w.txt")]).output, "0\n", "nothing reaches the disk in clear")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "pw"}"#).status, 200)
+        let after = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, 4096) }
+        XCTAssertEqual(after, 4096, "the handle writes again after unlock")
+        XCTAssertEqual(fsync(fd), 0)
+        var content = [UInt8](repeating: UInt8(ascii: "x"), count: 8192)
+        content.replaceSubrange(4096..<8192, with: page)
+        XCTAssertEqual(try readFile(daemon.mnt("w.txt")) == content, true)
     }
 }
