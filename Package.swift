@@ -5,6 +5,8 @@ let package = Package(
     name: "Custody",
     products: [
         .executable(name: "custodyd", targets: ["custodyd"]),
+        .executable(name: "custodyctl", targets: ["custodyctl"]),
+        .library(name: "CustodyClient", targets: ["CustodyClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -29,6 +31,13 @@ let package = Package(
         // The low-level FUSE front end: inodes, handles, the passthrough.
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 
+        // The client library: the SDK's managers over the control socket (no crypto, no FUSE).
+        .target(name: "CustodyClient"),
+
+        .executableTarget(name: "custodyctl", dependencies: [
+            "CustodyClient",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
         .executableTarget(name: "custodyd", dependencies: [
             "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -44,6 +53,7 @@ let package = Package(
         .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
-        .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem"]),
+        .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
+        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient"]),
     ]
 )

@@ -10,6 +10,7 @@ import Glibc
 struct ControlAPI: Sendable {
     let engine: Engine
     let adminGroup: gid_t?
+    let jobs = JobRegistry()
     static let version = "0.2.0"
 
     func caller(pid: Int32, uid: UInt32, gid: UInt32) -> Caller {
@@ -32,7 +33,7 @@ struct ControlAPI: Sendable {
     struct ErrorBody: Encodable { var code: Int; var name: String; var message: String }
 
     static func failure(_ status: Int, _ code: Int, _ name: String, _ message: String) -> HTTPResponse {
-        let body = (try? JSONEncoder().encode(ErrorBody(code: code, name: name, message: message))).map { Array($0) } ?? []
+        let body = (try? encoder().encode(ErrorBody(code: code, name: name, message: message))).map { Array($0) } ?? []
         return HTTPResponse(status: status, body: body)
     }
 
@@ -41,11 +42,15 @@ struct ControlAPI: Sendable {
         switch error {
         case .unknownAccount, .noSuchProcess: status = 404
         case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode: status = 409
-        case .accountNotAllowed, .wrongPassphrase: status = 403
+        case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed: status = 403
         case .invalidIdentity, .invalidPolicy, .passphraseRequired: status = 400
         case .rateLimited: status = 429
         case .locked: status = 423
+        case .io(_, let errno) where errno.rawValue == EACCES || errno.rawValue == EPERM: status = 403
         case .corruptState, .io, .crypto, .format: status = 500
+        case .invalidPath, .identityNotManaged: status = 400
+        case .fileNotEncrypted, .fileAlreadyEncrypted, .fileBusy: status = 409
+        case .failedToEncryptFile, .failedToDecryptFile, .failedToProtectData, .failedToUnprotectData: status = 422
         }
         return Failure(status: status, code: error.code, name: error.name, message: error.description)
     }
@@ -72,10 +77,14 @@ struct ControlAPI: Sendable {
         }
     }
 
-    func json<T: Encodable>(_ value: T, status: Int = 200) -> HTTPResponse {
+    static func encoder() -> JSONEncoder {
         let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        let body = (try? encoder.encode(value)).map { Array($0) } ?? []
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }
+
+    func json<T: Encodable>(_ value: T, status: Int = 200) -> HTTPResponse {
+        let body = (try? Self.encoder().encode(value)).map { Array($0) } ?? []
         return HTTPResponse(status: status, body: body)
     }
 
@@ -89,84 +98,157 @@ struct ControlAPI: Sendable {
 
     // MARK: Routes
 
+    /// Every route served: the dispatch below and the OpenAPI test both read this table.
+    public static let routes: [RouteSpec] = [
+        RouteSpec("GET", "/v1/status"),
+        RouteSpec("GET", "/v1/accounts"),
+        RouteSpec("POST", "/v1/accounts"),
+        RouteSpec("GET", "/v1/accounts/{identity}"),
+        RouteSpec("DELETE", "/v1/accounts/{identity}"),
+        RouteSpec("GET", "/v1/accounts/{identity}/policy"),
+        RouteSpec("PUT", "/v1/accounts/{identity}/policy"),
+        RouteSpec("POST", "/v1/accounts/{identity}/lock"),
+        RouteSpec("POST", "/v1/accounts/{identity}/unlock"),
+        RouteSpec("POST", "/v1/accounts/{identity}/wipe"),
+        RouteSpec("POST", "/v1/lock"),
+        RouteSpec("POST", "/v1/unlock"),
+        RouteSpec("POST", "/v1/bindings"),
+        RouteSpec("DELETE", "/v1/bindings/{pid}"),
+        RouteSpec("GET", "/v1/processes/{pid}/identity"),
+        RouteSpec("POST", "/v1/files/info"),
+        RouteSpec("POST", "/v1/files/is-encrypted"),
+        RouteSpec("POST", "/v1/files/protect"),
+        RouteSpec("POST", "/v1/files/encrypt"),
+        RouteSpec("POST", "/v1/files/decrypt"),
+        RouteSpec("POST", "/v1/files/can-receive"),
+        RouteSpec("POST", "/v1/data/protect"),
+        RouteSpec("POST", "/v1/data/unprotect"),
+        RouteSpec("POST", "/v1/data/info"),
+        RouteSpec("GET", "/v1/jobs"),
+        RouteSpec("GET", "/v1/jobs/{id}"),
+        RouteSpec("GET", "/v1/events"),
+    ]
+
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        let parts = request.path.split(separator: "/").map(String.init)
-        guard parts.first == "v1" else { throw unknownRoute(request) }
-        let rest = Array(parts.dropFirst())
-        switch (request.method, rest.count, rest.first) {
-        case ("GET", 1, "status"):
+        var pathMatched = false
+        for spec in Self.routes {
+            guard let parameters = spec.match(request.path) else { continue }
+            pathMatched = true
+            guard spec.method == request.method else { continue }
+            return try dispatch(spec, parameters, request, caller)
+        }
+        if pathMatched {
+            throw Failure(status: 405, code: 405, name: "MethodNotAllowed", message: "\(request.method) is not served on \(request.path)")
+        }
+        throw unknownRoute(request)
+    }
+
+    func dispatch(_ spec: RouteSpec, _ p: [String: String], _ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        let identity = p["identity"] ?? ""
+        switch (spec.method, spec.pattern) {
+        case ("GET", "/v1/status"):
             return json(status())
-        case ("GET", 1, "accounts"):
+        case ("GET", "/v1/accounts"):
             return json(engine.accounts().map(AccountView.init))
-        case ("POST", 1, "accounts"):
+        case ("POST", "/v1/accounts"):
             guard caller.isAdmin else { throw Self.notAuthorized("enroll accounts") }
             return try enroll(try decode(EnrollRequest.self, request))
-        case ("GET", 2, "accounts"):
-            return try run { () throws(EngineError) in json(AccountView(try engine.account(rest[1]))) }
-        case ("POST", 3, "accounts") where rest[2] == "lock":
-            try authorize(caller, forAccount: rest[1], "lock \(rest[1])")
+        case ("GET", "/v1/accounts/{identity}"):
+            return try run { () throws(EngineError) in json(AccountView(try engine.account(identity))) }
+        case ("POST", "/v1/accounts/{identity}/lock"):
+            try authorize(caller, forAccount: identity, "lock \(identity)")
             return try run { () throws(EngineError) in
-                try engine.lock(rest[1])
-                return json(LockView(identity: rest[1], status: try engine.lockStatus(rest[1])))
+                try engine.lock(identity)
+                return json(LockView(identity: identity, status: try engine.lockStatus(identity)))
             }
-        case ("POST", 3, "accounts") where rest[2] == "unlock":
-            try authorize(caller, forAccount: rest[1], "unlock \(rest[1])")
+        case ("POST", "/v1/accounts/{identity}/unlock"):
+            try authorize(caller, forAccount: identity, "unlock \(identity)")
             let body = try decode(UnlockRequest.self, request)
             return try run { () throws(EngineError) in
                 let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
-                try engine.unlock(rest[1], passphrase: passphrase)
-                return json(LockView(identity: rest[1], status: try engine.lockStatus(rest[1])))
+                try engine.unlock(identity, passphrase: passphrase)
+                return json(LockView(identity: identity, status: try engine.lockStatus(identity)))
             }
-        case ("POST", 3, "accounts") where rest[2] == "wipe":
-            guard caller.isAdmin else { throw Self.notAuthorized("wipe \(rest[1])") }
-            return try wipe(rest[1])
-        case ("DELETE", 2, "accounts"):
-            guard caller.isAdmin else { throw Self.notAuthorized("deregister \(rest[1])") }
-            if request.query["wipe"] == "true" { return try wipe(rest[1]) }
+        case ("POST", "/v1/accounts/{identity}/wipe"):
+            guard caller.isAdmin else { throw Self.notAuthorized("wipe \(identity)") }
+            return try wipe(identity, wait: request.query["wait"] != "false")
+        case ("DELETE", "/v1/accounts/{identity}"):
+            guard caller.isAdmin else { throw Self.notAuthorized("deregister \(identity)") }
+            if request.query["wipe"] == "true" { return try wipe(identity, wait: request.query["wait"] != "false") }
             return try run { () throws(EngineError) in
-                try engine.deregister(rest[1], wipe: false)
+                try engine.deregister(identity, wipe: false)
                 return HTTPResponse(status: 204, body: [])
             }
-        case ("PUT", 3, "accounts") where rest[2] == "policy":
-            guard caller.isAdmin else { throw Self.notAuthorized("change the policy of \(rest[1])") }
+        case ("PUT", "/v1/accounts/{identity}/policy"):
+            guard caller.isAdmin else { throw Self.notAuthorized("change the policy of \(identity)") }
             let policy = try decode(Policy.self, request)
-            return try run { () throws(EngineError) in json(AccountView(try engine.setPolicy(rest[1], policy))) }
-        case ("GET", 3, "accounts") where rest[2] == "policy":
+            return try run { () throws(EngineError) in json(AccountView(try engine.setPolicy(identity, policy))) }
+        case ("GET", "/v1/accounts/{identity}/policy"):
             return try run { () throws(EngineError) in
-                let account = try engine.account(rest[1])
+                let account = try engine.account(identity)
                 guard let policy = account.policy else { throw .notEnrolled(account.upn) }
                 return json(policy)
             }
-        case ("POST", 1, "lock"):
+        case ("POST", "/v1/lock"):
             guard caller.isAdmin else { throw Self.notAuthorized("lock every account") }
             engine.lockAll()
             return json(status())
-        case ("POST", 1, "unlock"):
+        case ("POST", "/v1/unlock"):
             guard caller.isAdmin else { throw Self.notAuthorized("unlock every account") }
             let needPassphrase = engine.unlockAll()
             return json(["stillLocked": needPassphrase])
-        case ("POST", 1, "bindings"):
-            let body = try decode(BindRequest.self, request)
-            return try bind(body, caller)
-        case ("DELETE", 2, "bindings"):
-            guard let pid = Int32(rest[1]) else { throw Failure(status: 400, code: 400, name: "BadRequest", message: "not a process ID: \(rest[1])") }
+        case ("POST", "/v1/bindings"):
+            return try bind(try decode(BindRequest.self, request), caller)
+        case ("DELETE", "/v1/bindings/{pid}"):
+            let pid = try processID(p["pid"] ?? "")
             try authorizeProcess(caller, pid, "unbind process \(pid)")
             return try run { () throws(EngineError) in
                 try engine.unbindProcess(pid)
                 return HTTPResponse(status: 204, body: [])
             }
-        case ("GET", 3, "processes") where rest[2] == "identity":
-            guard let pid = Int32(rest[1]) else { throw Failure(status: 400, code: 400, name: "BadRequest", message: "not a process ID: \(rest[1])") }
+        case ("GET", "/v1/processes/{pid}/identity"):
+            let pid = try processID(p["pid"] ?? "")
             let processes = LinuxProcessTable()
             guard processes.startTime(of: pid) != nil else { throw Self.failure(.noSuchProcess(pid)) }
             let resolved = engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
             return json(IdentityView(pid: pid, identity: resolved.identity, source: resolved.source.description))
-        default:
-            if ["status", "accounts", "lock", "unlock", "bindings", "processes"].contains(rest.first ?? "") {
-                throw Failure(status: 405, code: 405, name: "MethodNotAllowed", message: "\(request.method) is not served on \(request.path)")
+        case ("POST", "/v1/files/info"):
+            return try fileInfo(try decode(PathRequest.self, request), caller)
+        case ("POST", "/v1/files/is-encrypted"):
+            let info = try fileInfo(try decode(PathRequest.self, request), caller, view: false)
+            return json(["path": JSONValue.string(info.path), "encrypted": .bool(info.encrypted)])
+        case ("POST", "/v1/files/protect"):
+            return try protect(try decode(ProtectRequest.self, request), caller)
+        case ("POST", "/v1/files/encrypt"):
+            return try encryptFile(try decode(EncryptRequest.self, request), caller)
+        case ("POST", "/v1/files/decrypt"):
+            return try decryptFile(try decode(DecryptRequest.self, request), caller)
+        case ("POST", "/v1/files/can-receive"):
+            return try canReceive(try decode(EncryptRequest.self, request), caller)
+        case ("POST", "/v1/data/protect"):
+            return try protectData(try decode(DataRequest.self, request), caller)
+        case ("POST", "/v1/data/unprotect"):
+            return try unprotectData(try decode(DataRequest.self, request), caller)
+        case ("POST", "/v1/data/info"):
+            let bytes = try decodeData(try decode(DataRequest.self, request))
+            return try run { () throws(EngineError) in json(try engine.dataProtectionInfo(bytes)) }
+        case ("GET", "/v1/jobs"):
+            return json(jobs.all.map(\.snapshot))
+        case ("GET", "/v1/jobs/{id}"):
+            guard let id = Int(p["id"] ?? ""), let job = jobs.job(id) else {
+                throw Failure(status: 404, code: 404, name: "UnknownJob", message: "no job \(p["id"] ?? "")")
             }
+            return json(job.snapshot)
+        case ("GET", "/v1/events"):
+            return events(request, caller)
+        default:
             throw unknownRoute(request)
         }
+    }
+
+    func processID(_ text: String) throws(Failure) -> Int32 {
+        guard let pid = Int32(text), pid > 0 else { throw Failure(status: 400, code: 400, name: "BadRequest", message: "not a process ID: \(text)") }
+        return pid
     }
 
     func unknownRoute(_ request: HTTPRequest) -> Failure {
@@ -194,11 +276,13 @@ struct ControlAPI: Sendable {
     }
 
     func status() -> StatusView {
-        StatusView(version: Self.version, accounts: engine.accounts().map { account in
-            var view = AccountView(account)
-            if account.isEnrolled { view.lock = (try? engine.lockStatus(account.id))?.name }
-            return view
-        })
+        StatusView(version: Self.version,
+                   mounts: engine.volumes.map { MountView(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },
+                   accounts: engine.accounts().map { account in
+                       var view = AccountView(account)
+                       if account.isEnrolled { view.lock = (try? engine.lockStatus(account.id))?.name }
+                       return view
+                   })
     }
 
     func enroll(_ body: EnrollRequest) throws(Failure) -> HTTPResponse {
@@ -214,21 +298,40 @@ struct ControlAPI: Sendable {
         }
     }
 
-    /// Wipes an identity: keys destroyed first, then its files deleted, then it is deregistered.
-    func wipe(_ identity: String) throws(Failure) -> HTTPResponse {
-        let started = engine.events.events().last?.sequence ?? 0
-        return try run { () throws(EngineError) in
-            let account = try engine.account(identity)
-            try engine.deregister(identity, wipe: true)
-            let events = engine.events.events(after: started).filter { $0.kind == .wipeProgress && $0.identity == account.upn }
-            let progress = events.last { $0.details["scanned"] != nil }
-            let keys = events.first { $0.details["keysDestroyedSeconds"] != nil }?.details["keysDestroyedSeconds"]
-            return json(WipeView(identity: account.upn, code: 104, result: "UnenrollmentSuccess",
-                                 keysDestroyedSeconds: keys.flatMap(Double.init) ?? 0,
-                                 scanned: Int(progress?.details["scanned"] ?? "0") ?? 0,
-                                 deleted: Int(progress?.details["deleted"] ?? "0") ?? 0,
-                                 bytesFreed: UInt64(progress?.details["bytesFreed"] ?? "0") ?? 0))
+    /// Wipes an identity as a job: keys destroyed first, then its files deleted in every mount,
+    /// then it is deregistered. Waits for the result unless `wait` is false (then 202 and the job).
+    func wipe(_ identity: String, wait: Bool) throws(Failure) -> HTTPResponse {
+        let account = try engineCall { () throws(EngineError) in try self.engine.account(identity) }
+        let engine = self.engine
+        let job = jobs.start(kind: "wipe", target: account.upn) { (job) throws(Failure) -> JSONValue in
+            let token = engine.events.subscribe { event in
+                guard event.kind == .wipeProgress, event.identity == account.upn else { return }
+                var counters: [String: UInt64] = [:]
+                for key in ["scanned", "deleted", "bytesFreed"] { if let value = event.details[key].flatMap(UInt64.init) { counters[key] = value } }
+                if let seconds = event.details["keysDestroyedSeconds"].flatMap(Double.init) { counters["keysDestroyedMicroseconds"] = UInt64(seconds * 1e6) }
+                job.update(counters)
+            }
+            defer { engine.events.unsubscribe(token) }
+            do throws(EngineError) {
+                try engine.deregister(account.upn, wipe: true)
+            } catch {
+                throw Self.failure(error)
+            }
+            let progress = job.snapshot.progress
+            return JSONValue.of(WipeView(identity: account.upn, code: 104, result: "UnenrollmentSuccess",
+                                         keysDestroyedSeconds: Double(progress["keysDestroyedMicroseconds"] ?? 0) / 1e6,
+                                         scanned: Int(progress["scanned"] ?? 0), deleted: Int(progress["deleted"] ?? 0),
+                                         bytesFreed: progress["bytesFreed"] ?? 0))
         }
+        return respond(to: job, wait: wait)
+    }
+
+    /// The job's result when waiting (or its error), else 202 with the job as it stands.
+    func respond(to job: Job, wait: Bool) -> HTTPResponse {
+        guard wait else { return json(job.snapshot, status: 202) }
+        job.wait()
+        if let failure = job.failure { return Self.failure(failure.status, failure.code, failure.name, failure.message) }
+        return json(job.snapshot.result ?? .null)
     }
 
     func bind(_ body: BindRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
@@ -301,7 +404,13 @@ struct WipeView: Encodable {
 
 struct StatusView: Encodable {
     var version: String
+    var mounts: [MountView]
     var accounts: [AccountView]
+}
+
+struct MountView: Encodable {
+    var mountPoint: String
+    var backing: String
 }
 
 struct LockView: Encodable {

@@ -125,6 +125,11 @@ public final class ControlServer: @unchecked Sendable {
             }
         }
         send(connection, response)
+        if let stream = response.stream {
+            let writer = StreamWriter(fd: connection)
+            stream(writer)
+            writer.finish()
+        }
     }
 
     private func send(_ connection: Int32, _ response: HTTPResponse) {

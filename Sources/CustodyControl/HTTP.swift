@@ -14,6 +14,9 @@ public struct HTTPResponse: Sendable {
     public var status: Int
     public var body: [UInt8]
     public var contentType = "application/json"
+    /// A streamed body (chunked): the server calls it with a writer after the headers, on the
+    /// connection's thread, and closes the connection when it returns.
+    var stream: (@Sendable (StreamWriter) -> Void)?
 
     public init(status: Int, body: [UInt8], contentType: String = "application/json") {
         self.status = status
@@ -25,6 +28,7 @@ public struct HTTPResponse: Sendable {
         switch status {
         case 200: return "OK"
         case 201: return "Created"
+        case 202: return "Accepted"
         case 204: return "No Content"
         case 400: return "Bad Request"
         case 403: return "Forbidden"
@@ -33,6 +37,7 @@ public struct HTTPResponse: Sendable {
         case 408: return "Request Timeout"
         case 409: return "Conflict"
         case 413: return "Content Too Large"
+        case 422: return "Unprocessable Content"
         case 423: return "Locked"
         case 429: return "Too Many Requests"
         case 431: return "Request Header Fields Too Large"
@@ -43,8 +48,56 @@ public struct HTTPResponse: Sendable {
     }
 
     func serialized() -> [UInt8] {
+        if stream != nil {
+            return Array("HTTP/1.1 \(status) \(Self.reason(status))\r\nContent-Type: \(contentType)\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n".utf8)
+        }
         let head = "HTTP/1.1 \(status) \(Self.reason(status))\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n"
         return Array(head.utf8) + body
+    }
+}
+
+/// Writes the chunks of a streamed response, and tells whether the client is still there.
+final class StreamWriter: @unchecked Sendable {
+    let fd: Int32
+    private(set) var failed = false
+
+    init(fd: Int32) { self.fd = fd }
+
+    /// Sends one chunk; false once the client is gone.
+    @discardableResult
+    func send(_ bytes: [UInt8]) -> Bool {
+        guard !bytes.isEmpty else { return !failed }
+        let chunk = Array((String(bytes.count, radix: 16) + "\r\n").utf8) + bytes + [13, 10]
+        return write(chunk)
+    }
+
+    /// Ends the stream (the zero-length chunk).
+    func finish() { _ = write(Array("0\r\n\r\n".utf8)) }
+
+    /// True when the client has closed its end (checked without waiting).
+    var clientClosed: Bool {
+        if failed { return true }
+        var poller = pollfd(fd: fd, events: Int16(POLLIN) | Int16(0x2000), revents: 0)
+        guard poll(&poller, 1, 0) > 0 else { return false }
+        if poller.revents & (Int16(0x2000) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { return true }
+        // Data after the request: read and ignore it; end of file means closed.
+        var scratch = [UInt8](repeating: 0, count: 512)
+        return scratch.withUnsafeMutableBytes { Glibc.recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } == 0
+    }
+
+    private func write(_ bytes: [UInt8]) -> Bool {
+        guard !failed else { return false }
+        var offset = 0
+        while offset < bytes.count {
+            let sent = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+            if sent < 0, errno == EINTR { continue }
+            if sent <= 0 {
+                failed = true
+                return false
+            }
+            offset += sent
+        }
+        return true
     }
 }
 

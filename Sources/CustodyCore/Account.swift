@@ -11,17 +11,22 @@ public struct Policy: Codable, Equatable, Sendable {
     public var fileProviderEncryptionRequired: Bool = false
     /// canReceiveSharedFile: whether other identities may receive its files.
     public var canShareWithOtherIdentities: Bool = false
+    /// "Receive data from other apps": whether this identity may receive files of unmanaged
+    /// identities and of no identity (`canReceiveSharedFile` for such files).
+    public var canReceiveFromUnmanaged: Bool = true
 
     public init(fileEncryptionRequired: Bool = true, protectionLevel: ProtectionClass = .complete,
-                fileProviderEncryptionRequired: Bool = false, canShareWithOtherIdentities: Bool = false) {
+                fileProviderEncryptionRequired: Bool = false, canShareWithOtherIdentities: Bool = false,
+                canReceiveFromUnmanaged: Bool = true) {
         self.fileEncryptionRequired = fileEncryptionRequired
         self.protectionLevel = protectionLevel
         self.fileProviderEncryptionRequired = fileProviderEncryptionRequired
         self.canShareWithOtherIdentities = canShareWithOtherIdentities
+        self.canReceiveFromUnmanaged = canReceiveFromUnmanaged
     }
 
     enum CodingKeys: String, CodingKey {
-        case fileEncryptionRequired, protectionLevel, fileProviderEncryptionRequired, canShareWithOtherIdentities
+        case fileEncryptionRequired, protectionLevel, fileProviderEncryptionRequired, canShareWithOtherIdentities, canReceiveFromUnmanaged
     }
 
     /// Accepts the level by any of its names (Apple's constants, short forms, the admin console's words).
@@ -37,6 +42,7 @@ public struct Policy: Codable, Equatable, Sendable {
         }
         fileProviderEncryptionRequired = try container.decodeIfPresent(Bool.self, forKey: .fileProviderEncryptionRequired) ?? defaults.fileProviderEncryptionRequired
         canShareWithOtherIdentities = try container.decodeIfPresent(Bool.self, forKey: .canShareWithOtherIdentities) ?? defaults.canShareWithOtherIdentities
+        canReceiveFromUnmanaged = try container.decodeIfPresent(Bool.self, forKey: .canReceiveFromUnmanaged) ?? defaults.canReceiveFromUnmanaged
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -45,6 +51,7 @@ public struct Policy: Codable, Equatable, Sendable {
         try container.encode(protectionLevel.description, forKey: .protectionLevel)
         try container.encode(fileProviderEncryptionRequired, forKey: .fileProviderEncryptionRequired)
         try container.encode(canShareWithOtherIdentities, forKey: .canShareWithOtherIdentities)
+        try container.encode(canReceiveFromUnmanaged, forKey: .canReceiveFromUnmanaged)
     }
 }
 

@@ -40,6 +40,7 @@ public final class Engine: @unchecked Sendable {
     let machineKey: SecretBytes
     let state: Mutex<State>
     private let wipeHandlerBox = Mutex<WipeHandler?>(nil)
+    let volumeRegistry = VolumeRegistry()
     private let timer = Mutex<DeadlineTimer?>(nil)
 
     enum Lock: Equatable { case locked, unlocked, locking(until: Double) }

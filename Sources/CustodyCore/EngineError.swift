@@ -21,6 +21,19 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     case io(file: String, Errno)
     case crypto(CryptoError)
     case format(FormatError)
+    // File protection (the SDK's file protection domain, 100–107).
+    case invalidPath(String, reason: String)
+    case failedToEncryptFile(String, reason: String)
+    case failedToDecryptFile(String, reason: String)
+    case fileNotEncrypted(String)
+    case fileAlreadyEncrypted(String)
+    case identityNotManaged(String)
+    case fileBusy(String, reason: String)
+    /// The owner's policy keeps its files to itself (`canShareWithOtherIdentities` is off).
+    case sharingNotAllowed(owner: String)
+    // Data protection (the SDK's data protection domain, 100–105).
+    case failedToProtectData(String)
+    case failedToUnprotectData(String)
 
     /// Any error from below, as an engine error (engine errors pass through; crypto errors wrap).
     init(mixing error: any Error) {
@@ -50,6 +63,16 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .corruptState: return 310
         case .io: return 311
         case .crypto, .format: return 201                  // InternalError
+        case .invalidPath: return 101
+        case .failedToEncryptFile: return 102
+        case .failedToDecryptFile: return 103
+        case .fileNotEncrypted: return 104
+        case .fileAlreadyEncrypted: return 105
+        case .identityNotManaged: return 106
+        case .fileBusy: return 107
+        case .sharingNotAllowed: return 312
+        case .failedToProtectData: return 102
+        case .failedToUnprotectData: return 103
         }
     }
 
@@ -71,15 +94,29 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .corruptState: return "CorruptState"
         case .io: return "IOError"
         case .crypto, .format: return "InternalError"
+        case .invalidPath: return "InvalidPath"
+        case .failedToEncryptFile: return "FailedToEncryptFile"
+        case .failedToDecryptFile: return "FailedToDecryptFile"
+        case .fileNotEncrypted: return "FileNotEncrypted"
+        case .fileAlreadyEncrypted: return "FileAlreadyEncrypted"
+        case .identityNotManaged: return "IdentityNotManaged"
+        case .fileBusy: return "FileBusy"
+        case .sharingNotAllowed: return "SharingNotAllowed"
+        case .failedToProtectData: return "FailedToProtectData"
+        case .failedToUnprotectData: return "FailedToUnprotectData"
         }
     }
 
     /// The errno a file system caller sees.
     public var errno: Int32 {
         switch self {
+        case .sharingNotAllowed: return 1  // EPERM
         case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed: return 13  // EACCES
         case .io(_, let error): return error.rawValue
         case .noSuchProcess: return 3  // ESRCH
+        case .invalidPath: return 2  // ENOENT
+        case .fileBusy: return 16  // EBUSY
+        case .identityNotManaged, .fileNotEncrypted, .fileAlreadyEncrypted: return 22  // EINVAL
         default: return 5  // EIO
         }
     }
@@ -102,6 +139,16 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .io(let file, let error): return "\(file): \(error)"
         case .crypto(let error): return "crypto error: \(error)"
         case .format(let error): return "\(error)"
+        case .invalidPath(let path, let reason): return "\(path): \(reason)"
+        case .failedToEncryptFile(let path, let reason): return "cannot encrypt \(path): \(reason)"
+        case .failedToDecryptFile(let path, let reason): return "cannot decrypt \(path): \(reason)"
+        case .fileNotEncrypted(let path): return "\(path) is not an encrypted file"
+        case .fileAlreadyEncrypted(let path): return "\(path) is already encrypted"
+        case .identityNotManaged(let id): return "\(id) is not a managed (enrolled) account"
+        case .fileBusy(let path, let reason): return "\(path) is busy: \(reason)"
+        case .sharingNotAllowed(let owner): return "\(owner)'s policy does not let other identities receive its files"
+        case .failedToProtectData(let reason): return "cannot protect the data: \(reason)"
+        case .failedToUnprotectData(let reason): return "cannot unprotect the data: \(reason)"
         }
     }
 }

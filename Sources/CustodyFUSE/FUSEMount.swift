@@ -93,6 +93,9 @@ public final class FUSEMount {
         defer { reprotection?.stop() }
         engine?.wipeHandler = MountWipe(filesystem: filesystem, session: session)
         defer { engine?.wipeHandler = nil }
+        let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther, filesystem: filesystem)
+        engine?.attach(volume)
+        defer { engine?.detach(volume) }
         // A wipe a stopped daemon journaled is finished before requests are served.
         do { try engine?.completePendingWipes() } catch { throw .sessionFailed("cannot complete an interrupted wipe: \(error)") }
 

@@ -19,7 +19,38 @@ extension PassthroughFilesystem {
     /// Gives `inode` (node `id`) the owner `ownerName` (nil: no owner). Directories pass it on to
     /// everything below them, and keep it as the owner of files later created in them by callers
     /// without identity.
-    func changeOwner(id: UInt64?, _ inode: Inode, to ownerName: String?) throws(Errno) {
+    func changeOwner(id: UInt64?, _ inode: Inode, to ownerName: String?, done: () -> Void = {}) throws(Errno) {
+        if inode.isDirectory, let refused = try sharingRefusal(below: inode, to: ownerName) {
+            // Nothing changes when any file below may not go to the new owner.
+            log("refused: \(refused.display)'s policy does not let other identities receive its files")
+            throw Errno.notPermitted
+        }
+        try changeOwnerChecked(id: id, inode, to: ownerName, done: done)
+    }
+
+    /// The first owner below `directory` (itself included) whose policy keeps its files from `ownerName`.
+    func sharingRefusal(below directory: Inode, to ownerName: String?) throws(Errno) -> Owner? {
+        if let owner = protection(of: directory).owner, refusesSharing(owner, to: ownerName) { return owner }
+        var refused: Owner?
+        try forEachChild(of: directory) { (child, _) throws(Errno) in
+            guard refused == nil else { return }
+            if child.isDirectory {
+                refused = try sharingRefusal(below: child, to: ownerName)
+            } else if let owner = protection(of: child).owner, refusesSharing(owner, to: ownerName) {
+                refused = owner
+            }
+        }
+        return refused
+    }
+
+    private func refusesSharing(_ current: Owner, to ownerName: String?) -> Bool {
+        guard let engine, let account = try? engine.account(current.canonical), let policy = account.policy,
+              !policy.canShareWithOtherIdentities else { return false }
+        if let ownerName, account.matches(ownerName) { return false }
+        return true
+    }
+
+    private func changeOwnerChecked(id: UInt64?, _ inode: Inode, to ownerName: String?, done: () -> Void) throws(Errno) {
         try checkSharing(protection(of: inode).owner, to: ownerName)
         if inode.isDirectory {
             let owner = try ownerName.map { (name) throws(Errno) -> Owner in
@@ -33,7 +64,7 @@ extension PassthroughFilesystem {
             }
             inode.protectionState.withLock { $0.protection = protection }
             try forEachChild(of: inode) { (child, childID) throws(Errno) in
-                try changeOwner(id: childID, child, to: ownerName)
+                try changeOwnerChecked(id: childID, child, to: ownerName, done: done)
             }
         } else if inode.isRegularFile {
             let (wanted, classKey) = try plan(for: ownerName)
@@ -41,15 +72,14 @@ extension PassthroughFilesystem {
         } else {
             throw Errno.notSupported
         }
+        done()
     }
 
     /// A managed owner's files go to another identity (or to none) only when its policy lets other
     /// identities receive them (`canShareWithOtherIdentities`): otherwise EPERM, whoever asks.
     private func checkSharing(_ current: Owner?, to ownerName: String?) throws(Errno) {
-        guard let current, let engine, let account = try? engine.account(current.canonical),
-              let policy = account.policy, !policy.canShareWithOtherIdentities else { return }
-        if let ownerName, account.matches(ownerName) { return }
-        log("refused: \(account.upn)'s policy does not let other identities receive its files")
+        guard let current, refusesSharing(current, to: ownerName) else { return }
+        log("refused: \(current.display)'s policy does not let other identities receive its files")
         throw Errno.notPermitted
     }
 
@@ -141,15 +171,7 @@ extension PassthroughFilesystem {
         try Syscall.fsync(staging)
 
         // Swap it in: link under a temporary name, rename over the original, sync the directory.
-        let temporary = Self.stagingPrefix + String(UInt64.random(in: 0...UInt64.max), radix: 36)
-        try Syscall.linkat(AT_FDCWD, Syscall.procPath(staging), directory, temporary, AT_SYMLINK_FOLLOW)
-        do {
-            try Syscall.renameat2(directory, temporary, directory, name, 0)
-        } catch {
-            _ = unlinkat(directory, temporary, 0)
-            throw error
-        }
-        try Syscall.fsync(directory)
+        try Syscall.publishTemporary(staging, in: directory, as: name, prefix: Self.stagingPrefix)
 
         // The kernel's node ID now names the new backing inode. Its descriptor is opened by name
         // (one opened through the temporary file's /proc link would keep that file's anonymous

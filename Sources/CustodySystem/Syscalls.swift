@@ -250,3 +250,27 @@ extension Syscall {
         return try directoryNames(in: fd)
     }
 }
+
+extension Syscall {
+    /// Puts the anonymous (`O_TMPFILE`) file `staging` in place of `name` in `directory`,
+    /// crash-safely: it is linked under a temporary name (`prefix` and random letters), renamed
+    /// over `name`, and the directory is synced. The caller has synced `staging` itself.
+    public static func publishTemporary(_ staging: Int32, in directory: Int32, as name: String, prefix: String) throws(Errno) {
+        let temporary = prefix + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+        try linkat(AT_FDCWD, procPath(staging), directory, temporary, AT_SYMLINK_FOLLOW)
+        do {
+            try renameat2(directory, temporary, directory, name, 0)
+        } catch {
+            _ = Glibc.unlinkat(directory, temporary, 0)
+            throw error
+        }
+        try fsync(directory)
+    }
+
+    /// Splits a path into its directory (`.` when it has none) and last name.
+    public static func split(_ path: String) -> (directory: String, name: String) {
+        guard let slash = path.lastIndex(of: "/") else { return (".", path) }
+        let directory = slash == path.startIndex ? "/" : String(path[..<slash])
+        return (directory, String(path[path.index(after: slash)...]))
+    }
+}

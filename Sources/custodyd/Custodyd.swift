@@ -29,6 +29,15 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("Control socket path (default /run/custody/control.sock for root).", valueName: "path"))
     var socket: String?
 
+    @Option(help: ArgumentHelp("Permissions of the control socket (octal).", valueName: "mode"))
+    var socketMode: String = "0660"
+
+    @Option(help: ArgumentHelp("Group of the control socket (default custody-admin when it exists).", valueName: "group"))
+    var socketGroup: String?
+
+    @Option(help: ArgumentHelp("Members of this group are administrators (default custody-admin when it exists).", valueName: "group"))
+    var adminGroup: String?
+
     @Flag(help: "Let other users use the mount (turns on kernel permission checks).")
     var allowOther = false
 
@@ -73,6 +82,21 @@ struct Custodyd: ParsableCommand {
             throw ValidationError("--lock-grace-period must be a number of seconds, 0 or more")
         }
         _ = try parsedDefaultIdentities()
+        guard let mode = mode_t(socketMode, radix: 8), mode <= 0o777 else {
+            throw ValidationError("--socket-mode must be octal permissions such as 0660, not \(socketMode)")
+        }
+        _ = mode
+        for (option, name) in [("--socket-group", socketGroup), ("--admin-group", adminGroup)] {
+            if let name, Self.groupID(name) == nil { throw ValidationError("\(option): no group named \(name)") }
+        }
+    }
+
+    static let defaultAdminGroup = "custody-admin"
+
+    static func groupID(_ name: String) -> gid_t? {
+        if let number = gid_t(name) { return number }
+        guard let entry = getgrnam(name) else { return nil }
+        return entry.pointee.gr_gid
     }
 
     static func defaultSocketPath() -> String {
@@ -123,7 +147,10 @@ struct Custodyd: ParsableCommand {
             engine.startDeadlineTimer()
             defer { engine.stopDeadlineTimer() }
             let socketPath = socket ?? Self.defaultSocketPath()
-            let server = try ControlServer(path: socketPath, engine: engine)
+            let fallbackGroup = Self.groupID(Self.defaultAdminGroup)
+            let server = try ControlServer(path: socketPath, engine: engine, mode: mode_t(socketMode, radix: 8) ?? 0o660,
+                                           group: socketGroup.flatMap(Self.groupID) ?? fallbackGroup,
+                                           adminGroup: adminGroup.flatMap(Self.groupID) ?? fallbackGroup)
             server.start()
             defer { server.stop() }
             Log.info("control socket \(socketPath)")

@@ -1,0 +1,200 @@
+import Dispatch
+import FoundationEssentials
+
+// The SDK's managers, by name and shape (IntuneMAMFileProtectionManager,
+// IntuneMAMDataProtectionManager, IntuneMAMEnrollmentManager), over the control socket, so a
+// file-provider test on Linux reads like the iOS code.
+
+/// Runs a blocking client call off the caller's task.
+func offload<T: Sendable>(_ body: @escaping @Sendable () throws(CustodyClientError) -> T) async throws(CustodyClientError) -> T {
+    let result: Result<T, CustodyClientError> = await withCheckedContinuation { continuation in
+        DispatchQueue.global().async {
+            do throws(CustodyClientError) {
+                continuation.resume(returning: .success(try body()))
+            } catch {
+                continuation.resume(returning: .failure(error))
+            }
+        }
+    }
+    return try result.get()
+}
+
+struct PathBody: Encodable { var path: String }
+struct ProtectBody: Encodable {
+    var path: String
+    var identity: String?
+    var wait: Bool?
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(path, forKey: .path)
+        try container.encode(identity, forKey: .identity)  // null removes the owner
+        try container.encodeIfPresent(wait, forKey: .wait)
+    }
+    enum CodingKeys: String, CodingKey { case path, identity, wait }
+}
+struct PathIdentityBody: Encodable { var path: String; var identity: String }
+struct DecryptBody: Encodable { var path: String; var copyPath: String? }
+struct DataBody: Encodable { var identity: String?; var data: String }
+struct EnrollBody: Encodable {
+    var id: String
+    var upn: String
+    var enroll: Bool
+    var policy: CustodyPolicy?
+    var passphrase: String?
+    var uid: UInt32?
+}
+
+/// File protection: owners of files in mounts, encrypted copies anywhere.
+public struct FileProtectionManager: Sendable {
+    public let client: ControlClient
+
+    public init(client: ControlClient = ControlClient()) { self.client = client }
+
+    /// Sets the owner of a file, or of a directory and everything in it (nil removes it). Files
+    /// of a managed identity whose policy encrypts are encrypted.
+    @discardableResult
+    public func protect(_ path: String, identity: String?) async throws(CustodyClientError) -> FileProtectionInfo {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/files/protect", json: ProtectBody(path: path, identity: identity), as: FileProtectionInfo.self)
+        }
+    }
+
+    public func protectionInfo(_ path: String) async throws(CustodyClientError) -> FileProtectionInfo {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/files/info", json: PathBody(path: path), as: FileProtectionInfo.self)
+        }
+    }
+
+    public func isFileEncrypted(_ path: String) async throws(CustodyClientError) -> Bool {
+        struct Answer: Decodable { var encrypted: Bool }
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/files/is-encrypted", json: PathBody(path: path), as: Answer.self).encrypted
+        }
+    }
+
+    /// Encrypts the file in place for an enrolled account (`encryptFile:forAccountId:`).
+    @discardableResult
+    public func encryptFile(_ path: String, forAccountId account: String) async throws(CustodyClientError) -> FileProtectionInfo {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/files/encrypt", json: PathIdentityBody(path: path, identity: account), as: FileProtectionInfo.self)
+        }
+    }
+
+    /// Writes the decrypted content to `copyPath` (`decryptFile:toCopyPath:`); the file stays encrypted.
+    @discardableResult
+    public func decryptFile(_ path: String, toCopyPath copyPath: String) async throws(CustodyClientError) -> FileProtectionInfo {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/files/decrypt", json: DecryptBody(path: path, copyPath: copyPath), as: FileProtectionInfo.self)
+        }
+    }
+
+    /// Decrypts the file in place (`decryptFile:`).
+    @discardableResult
+    public func decryptFile(_ path: String) async throws(CustodyClientError) -> FileProtectionInfo {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/files/decrypt", json: DecryptBody(path: path, copyPath: nil), as: FileProtectionInfo.self)
+        }
+    }
+
+    /// May `identity` receive the file (`canReceiveSharedFile`)?
+    public func canReceiveSharedFile(_ path: String, identity: String) async throws(CustodyClientError) -> SharingDecision {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/files/can-receive", json: PathIdentityBody(path: path, identity: identity), as: SharingDecision.self)
+        }
+    }
+}
+
+/// Data protection: byte buffers protected for an identity.
+public struct DataProtectionManager: Sendable {
+    public let client: ControlClient
+
+    public init(client: ControlClient = ControlClient()) { self.client = client }
+
+    struct DataAnswer: Decodable { var data: String; var string: String? }
+
+    /// Managed identity: encrypted; unmanaged: tagged with the identity, bytes plain.
+    public func protect(_ data: [UInt8], identity: String) async throws(CustodyClientError) -> [UInt8] {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            let answer = try client.call("POST", "/v1/data/protect", json: DataBody(identity: identity, data: Data(data).base64EncodedString()), as: DataAnswer.self)
+            guard let bytes = Data(base64Encoded: answer.data) else { throw .badResponse("data is not base64") }
+            return Array(bytes)
+        }
+    }
+
+    /// The plaintext; bytes that were never protected come back unchanged.
+    public func unprotect(_ data: [UInt8]) async throws(CustodyClientError) -> [UInt8] {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            let answer = try client.call("POST", "/v1/data/unprotect", json: DataBody(identity: nil, data: Data(data).base64EncodedString()), as: DataAnswer.self)
+            guard let bytes = Data(base64Encoded: answer.data) else { throw .badResponse("data is not base64") }
+            return Array(bytes)
+        }
+    }
+
+    public func protect(_ string: String, identity: String) async throws(CustodyClientError) -> [UInt8] {
+        try await protect(Array(string.utf8), identity: identity)
+    }
+
+    public func unprotectString(_ data: [UInt8]) async throws(CustodyClientError) -> String {
+        String(decoding: try await unprotect(data), as: UTF8.self)
+    }
+
+    public func protectionInfo(_ data: [UInt8]) async throws(CustodyClientError) -> DataProtectionInfo {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/data/info", json: DataBody(identity: nil, data: Data(data).base64EncodedString()), as: DataProtectionInfo.self)
+        }
+    }
+}
+
+/// Enrollment: register, enroll, deregister (with or without wipe).
+public struct EnrollmentManager: Sendable {
+    public let client: ControlClient
+
+    public init(client: ControlClient = ControlClient()) { self.client = client }
+
+    @discardableResult
+    public func registerAndEnrollAccount(id: String, upn: String, policy: CustodyPolicy? = nil, passphrase: String? = nil,
+                                         uid: UInt32? = nil) async throws(CustodyClientError) -> CustodyAccount {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/accounts", json: EnrollBody(id: id, upn: upn, enroll: true, policy: policy, passphrase: passphrase, uid: uid),
+                            as: CustodyAccount.self)
+        }
+    }
+
+    /// Registers without enrolling: the account is known, its files unmanaged.
+    @discardableResult
+    public func registerAccount(id: String, upn: String, uid: UInt32? = nil) async throws(CustodyClientError) -> CustodyAccount {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/accounts", json: EnrollBody(id: id, upn: upn, enroll: false, uid: uid), as: CustodyAccount.self)
+        }
+    }
+
+    /// Deregisters; with `wipe` its keys are destroyed and its files deleted first. Returns the
+    /// wipe's result (nil without wipe).
+    @discardableResult
+    public func deRegisterAndUnenrollAccount(_ identity: String, withWipe wipe: Bool) async throws(CustodyClientError) -> WipeResult? {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            let path = "/v1/accounts/\(identity)" + (wipe ? "?wipe=true" : "")
+            if wipe { return try client.call("DELETE", path, as: WipeResult.self) }
+            _ = try client.call("DELETE", path, as: ControlClient.Empty.self)
+            return nil
+        }
+    }
+
+    public func registeredAccounts() async throws(CustodyClientError) -> [CustodyAccount] {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in try client.call("GET", "/v1/accounts", as: [CustodyAccount].self) }
+    }
+}

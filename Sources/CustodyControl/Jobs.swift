@@ -1,0 +1,146 @@
+import Dispatch
+import FoundationEssentials
+import Glibc
+import Synchronization
+
+/// A long operation (a wipe, a recursive protect) run on a thread of its own, with progress that
+/// any client can read (`GET /v1/jobs/{id}`) while it runs and its result after.
+final class Job: @unchecked Sendable {
+    enum State: String, Encodable { case running, succeeded, failed }
+
+    struct View: Encodable {
+        var id: Int
+        var kind: String
+        var target: String
+        var state: State
+        var startedAt: Double
+        var finishedAt: Double?
+        /// Counters (files scanned, deleted, bytes freed, objects done …), as they stand.
+        var progress: [String: UInt64]
+        /// The operation's answer once it succeeded (the same body a waiting request gets).
+        var result: JSONValue?
+        var error: ControlAPI.ErrorBody?
+    }
+
+    let id: Int
+    private let view: Mutex<View>
+    private let failureBox = Mutex<ControlAPI.Failure?>(nil)
+    /// How it failed, with the HTTP status a waiting request answers with.
+    var failure: ControlAPI.Failure? { failureBox.withLock { $0 } }
+    private let done = DispatchSemaphore(value: 0)
+
+    init(id: Int, kind: String, target: String) {
+        self.id = id
+        view = Mutex(View(id: id, kind: kind, target: target, state: .running, startedAt: wallClockSeconds(),
+                          progress: [:], result: nil, error: nil))
+    }
+
+    var snapshot: View { view.withLock { $0 } }
+
+    func update(_ counters: [String: UInt64]) {
+        view.withLock { view in for (key, value) in counters { view.progress[key] = value } }
+    }
+
+    fileprivate func finish(_ outcome: Result<JSONValue, ControlAPI.Failure>) {
+        view.withLock { view in
+            view.finishedAt = wallClockSeconds()
+            switch outcome {
+            case .success(let result):
+                view.state = .succeeded
+                view.result = result
+            case .failure(let failure):
+                failureBox.withLock { $0 = failure }
+                view.state = .failed
+                view.error = ControlAPI.ErrorBody(code: failure.code, name: failure.name, message: failure.message)
+            }
+        }
+        done.signal()
+    }
+
+    /// Waits until the job has finished (each waiter passes the signal on to the next).
+    func wait() {
+        done.wait()
+        done.signal()
+    }
+}
+
+/// The jobs of this daemon run; finished ones are kept (the last `capacity`).
+final class JobRegistry: Sendable {
+    private struct State {
+        var next = 1
+        var jobs: [Job] = []
+    }
+    private let state = Mutex(State())
+    let capacity = 100
+
+    /// Starts `body` on a new thread as a job.
+    func start(kind: String, target: String, _ body: @escaping @Sendable (Job) throws(ControlAPI.Failure) -> JSONValue) -> Job {
+        let job = state.withLock { state in
+            let job = Job(id: state.next, kind: kind, target: target)
+            state.next += 1
+            state.jobs.append(job)
+            let finished = state.jobs.filter { $0.snapshot.state != .running }
+            if finished.count > capacity, let oldest = finished.first { state.jobs.removeAll { $0 === oldest } }
+            return job
+        }
+        let started = startThread(detached: true) {
+            do throws(ControlAPI.Failure) {
+                job.finish(.success(try body(job)))
+            } catch {
+                job.finish(.failure(error))
+            }
+        }
+        if started == nil {
+            job.finish(.failure(ControlAPI.Failure(status: 503, code: 503, name: "ServiceBusy", message: "cannot start a thread for the job")))
+        }
+        return job
+    }
+
+    func job(_ id: Int) -> Job? { state.withLock { $0.jobs.first { $0.id == id } } }
+    var all: [Job] { state.withLock { $0.jobs } }
+}
+
+func wallClockSeconds() -> Double {
+    var now = timespec()
+    clock_gettime(CLOCK_REALTIME, &now)
+    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+}
+
+/// Any JSON value: how a job keeps the answer of the operation it ran.
+indirect enum JSONValue: Codable, Sendable, Equatable {
+    case null
+    case bool(Bool)
+    case number(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([String: JSONValue])
+
+    init(from decoder: Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() { self = .null }
+        else if let value = try? container.decode(Bool.self) { self = .bool(value) }
+        else if let value = try? container.decode(Double.self) { self = .number(value) }
+        else if let value = try? container.decode(String.self) { self = .string(value) }
+        else if let value = try? container.decode([JSONValue].self) { self = .array(value) }
+        else { self = .object(try container.decode([String: JSONValue].self)) }
+    }
+
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .null: try container.encodeNil()
+        case .bool(let value): try container.encode(value)
+        case .number(let value):
+            if value == value.rounded(), abs(value) < 9e15 { try container.encode(Int64(value)) } else { try container.encode(value) }
+        case .string(let value): try container.encode(value)
+        case .array(let value): try container.encode(value)
+        case .object(let value): try container.encode(value)
+        }
+    }
+
+    /// Any encodable value as JSON.
+    static func of<T: Encodable>(_ value: T) -> JSONValue {
+        guard let data = try? JSONEncoder().encode(value), let decoded = try? JSONDecoder().decode(JSONValue.self, from: data) else { return .null }
+        return decoded
+    }
+}

@@ -1,0 +1,31 @@
+/// One route of the control API: a method and a path pattern whose `{name}` segments match any
+/// one segment.
+public struct RouteSpec: Sendable, Hashable, CustomStringConvertible {
+    public let method: String
+    public let pattern: String
+
+    init(_ method: String, _ pattern: String) {
+        self.method = method
+        self.pattern = pattern
+    }
+
+    public var description: String { "\(method) \(pattern)" }
+
+    /// The values of the pattern's parameters when `path` matches it, else nil.
+    func match(_ path: String) -> [String: String]? {
+        let want = pattern.split(separator: "/")
+        let have = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().filter { _ in true }
+        let segments = have.last == "" ? Array(have.dropLast()) : Array(have)
+        guard path.hasPrefix("/"), want.count == segments.count else { return nil }
+        var parameters: [String: String] = [:]
+        for (pattern, value) in zip(want, segments) {
+            if pattern.hasPrefix("{") {
+                guard !value.isEmpty else { return nil }
+                parameters[String(pattern.dropFirst().dropLast())] = String(value)
+            } else if pattern != value {
+                return nil
+            }
+        }
+        return parameters
+    }
+}

@@ -1,0 +1,53 @@
+import Synchronization
+
+/// A mounted protected directory, as the engine sees it: where it is, and how to change the owner
+/// of something in it. The FUSE front end implements it (the engine knows nothing of FUSE), so
+/// that owner changes made through the control API keep the mount's inodes and caches coherent.
+public protocol ProtectedVolume: AnyObject, Sendable {
+    /// Where the protected view is mounted (absolute, no trailing slash).
+    var mountPoint: String { get }
+    /// The backing directory that holds the stored files (absolute).
+    var backingDirectory: String { get }
+    /// Whether users other than the daemon's may use the mount (`allow_other`); when not, only
+    /// administrators may name its paths over the control API.
+    var allowsOtherUsers: Bool { get }
+    /// Gives `relativePath` ("" for the root) the owner `owner` (nil: no owner), and for a
+    /// directory everything below it; calls `progress` with the number of objects done so far.
+    func changeOwner(_ relativePath: String, to owner: String?, progress: (Int) -> Void) throws(EngineError)
+}
+
+/// A path located in a mount: the volume and the path below its mount point.
+public struct VolumePath: Sendable {
+    public let volume: ProtectedVolume
+    /// Relative to the mount point; "" for the mount point itself.
+    public let relativePath: String
+
+    public var mountPath: String { relativePath.isEmpty ? volume.mountPoint : volume.mountPoint + "/" + relativePath }
+    public var backingPath: String { relativePath.isEmpty ? volume.backingDirectory : volume.backingDirectory + "/" + relativePath }
+}
+
+/// The mounted volumes; the mounts add and remove themselves.
+final class VolumeRegistry: Sendable {
+    private let volumes = Mutex<[ProtectedVolume]>([])
+
+    func add(_ volume: ProtectedVolume) { volumes.withLock { $0.append(volume) } }
+    func remove(_ volume: ProtectedVolume) { volumes.withLock { $0.removeAll { $0 === volume } } }
+    var all: [ProtectedVolume] { volumes.withLock { $0 } }
+}
+
+extension Engine {
+    public func attach(_ volume: ProtectedVolume) { volumeRegistry.add(volume) }
+    public func detach(_ volume: ProtectedVolume) { volumeRegistry.remove(volume) }
+    public var volumes: [ProtectedVolume] { volumeRegistry.all }
+
+    /// The volume whose mount holds `path` (absolute and normalized: no `.`, `..` or `//`).
+    public func volume(containing path: String) -> VolumePath? {
+        for volume in volumes {
+            let root = volume.mountPoint
+            if path == root { return VolumePath(volume: volume, relativePath: "") }
+            let prefix = root == "/" ? "/" : root + "/"
+            if path.hasPrefix(prefix) { return VolumePath(volume: volume, relativePath: String(path.dropFirst(prefix.count))) }
+        }
+        return nil
+    }
+}

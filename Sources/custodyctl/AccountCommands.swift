@@ -1,0 +1,271 @@
+import ArgumentParser
+import CustodyClient
+import FoundationEssentials
+import Glibc
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the daemon's version, mounts and each account's lock state.")
+    @OptionGroup var global: Global
+
+    func run() throws {
+        let response = try request(global, "GET", "/v1/status")
+        let status = try decode(CustodyStatus.self, response)
+        show(response, global) {
+            var lines = ["custodyd \(status.version)"]
+            lines.append(status.mounts.isEmpty ? "mounts: none" : "mounts:")
+            lines += status.mounts.map { "  \($0.mountPoint)  (backing \($0.backing))" }
+            lines.append(status.accounts.isEmpty ? "accounts: none" : "accounts:")
+            lines += status.accounts.map(describe)
+            return lines.joined(separator: "\n")
+        }
+    }
+}
+
+func describe(_ account: CustodyAccount) -> String {
+    var parts = ["  \(account.upn)", "id \(account.id)"]
+    if let policy = account.policy {
+        parts.append("managed, \(policy.protectionLevel ?? "complete")" + (policy.fileEncryptionRequired == false ? ", not encrypted" : ""))
+    } else {
+        parts.append("registered (unmanaged)")
+    }
+    if let lock = account.lock { parts.append(lock) }
+    if let uid = account.uid { parts.append("uid \(uid)") }
+    if account.reprotectPending == true { parts.append("re-protection pending") }
+    return parts.joined(separator: "  ")
+}
+
+/// Reads a passphrase: from a file, from standard input, or prompted on the terminal without echo.
+struct PassphraseOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Read the passphrase from this file (first line).", valueName: "file"))
+    var passphraseFile: String?
+
+    @Flag(help: "Read the passphrase from standard input (first line).")
+    var passphraseStdin = false
+
+    func read(prompt: String, required: Bool) throws -> String? {
+        if let passphraseFile {
+            guard let file = fopen(passphraseFile, "r") else {
+                printError("cannot read \(passphraseFile): \(String(cString: strerror(errno)))")
+                throw ExitCode(Exit.failed)
+            }
+            defer { fclose(file) }
+            return readLine(from: file)
+        }
+        if passphraseStdin, let input = fdopen(dup(0), "r") { defer { fclose(input) }; return readLine(from: input) }
+        guard required else { return nil }
+        return try promptWithoutEcho(prompt)
+    }
+
+    private func readLine(from file: UnsafeMutablePointer<FILE>) -> String {
+        var line: UnsafeMutablePointer<CChar>?
+        var capacity = 0
+        defer { free(line) }
+        let count = getline(&line, &capacity, file)
+        guard count > 0, let line else { return "" }
+        var text = String(cString: line)
+        while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+        return text
+    }
+
+    private func promptWithoutEcho(_ prompt: String) throws -> String {
+        let tty = open("/dev/tty", O_RDWR | O_CLOEXEC)
+        guard tty >= 0 else {
+            printError("no terminal to ask for the passphrase; use --passphrase-file or --passphrase-stdin")
+            throw ExitCode(Exit.failed)
+        }
+        defer { close(tty) }
+        _ = prompt.withCString { write(tty, $0, strlen($0)) }
+        var saved = termios()
+        tcgetattr(tty, &saved)
+        var quiet = saved
+        quiet.c_lflag &= ~tcflag_t(ECHO)
+        tcsetattr(tty, TCSAFLUSH, &quiet)
+        defer {
+            tcsetattr(tty, TCSAFLUSH, &saved)
+            _ = write(tty, "\n", 1)
+        }
+        var bytes: [UInt8] = []
+        var byte: UInt8 = 0
+        while Glibc.read(tty, &byte, 1) == 1, byte != 10, byte != 13 { bytes.append(byte) }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+struct Enroll: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Register an account and enroll it with a policy (admin).")
+    @OptionGroup var global: Global
+    @Argument(help: "The account's object ID.") var id: String
+    @Argument(help: "The account's UPN (user@domain).") var upn: String
+    @Option(help: ArgumentHelp("complete, completeUnlessOpen, untilFirstAuth or none (or NSFileProtection* names).", valueName: "level"))
+    var level: String?
+    @Flag(help: "Files of this account are stored plain (isFileEncryptionRequired off).") var noEncryption = false
+    @Flag(help: "Other identities may receive its files (canShareWithOtherIdentities).") var share = false
+    @Flag(help: "Refuse files of unmanaged identities (canReceiveSharedFile for them).") var refuseUnmanaged = false
+    @Flag(help: "Exports must be encrypted copies (shouldFileProviderEncryptFiles).") var fileProviderEncryption = false
+    @Option(help: ArgumentHelp("The local user whose processes act as this account.", valueName: "uid")) var uid: UInt32?
+    @Flag(help: "Register only (unmanaged: no policy, no keys).") var registerOnly = false
+    @Flag(help: "Protect the account's keys with a passphrase (asked for, or see --passphrase-file).") var passphrase = false
+    @OptionGroup var passphraseOptions: PassphraseOptions
+
+    func run() throws {
+        var body: [String: JSONBody] = ["id": .string(id), "upn": .string(upn), "enroll": .bool(!registerOnly)]
+        if !registerOnly {
+            var policy: [String: JSONBody] = ["fileEncryptionRequired": .bool(!noEncryption), "canShareWithOtherIdentities": .bool(share),
+                                              "canReceiveFromUnmanaged": .bool(!refuseUnmanaged),
+                                              "fileProviderEncryptionRequired": .bool(fileProviderEncryption)]
+            if let level { policy["protectionLevel"] = .string(level) }
+            body["policy"] = .object(policy)
+            let wanted = passphrase || passphraseOptions.passphraseFile != nil || passphraseOptions.passphraseStdin
+            if wanted, let secret = try passphraseOptions.read(prompt: "Passphrase for \(upn): ", required: true) {
+                body["passphrase"] = .string(secret)
+            }
+        }
+        if let uid { body["uid"] = .int(Int(uid)) }
+        let response = try request(global, "POST", "/v1/accounts", body)
+        let account = try decode(CustodyAccount.self, response)
+        show(response, global) { (account.enrolled ? "enrolled" : "registered") + describe(account).dropFirst(1) }
+    }
+}
+
+struct Accounts: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List registered accounts, or show one.")
+    @OptionGroup var global: Global
+    @Argument(help: "One account (ID or UPN).") var identity: String?
+
+    func run() throws {
+        if let identity {
+            let response = try request(global, "GET", "/v1/accounts/\(segment(identity))")
+            let account = try decode(CustodyAccount.self, response)
+            show(response, global) { describe(account).trimmingPrefix("  ") }
+        } else {
+            let response = try request(global, "GET", "/v1/accounts")
+            let accounts = try decode([CustodyAccount].self, response)
+            show(response, global) { accounts.isEmpty ? "no accounts" : accounts.map(describe).joined(separator: "\n") }
+        }
+    }
+}
+
+extension String {
+    func trimmingPrefix(_ prefix: String) -> String { hasPrefix(prefix) ? String(dropFirst(prefix.count)) : self }
+}
+
+struct Deregister: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Deregister an account (admin).",
+        discussion: "Without --wipe its keys stay sealed and its files encrypted: enrolling the same account again restores access (docs/wipe.md).")
+    @OptionGroup var global: Global
+    @Argument(help: "The account (ID or UPN).") var identity: String
+    @Flag(help: "Wipe it: destroy its keys and delete its files first (same as `custodyctl wipe`).") var wipe = false
+
+    func run() throws {
+        if wipe {
+            try runWipe(global: global, identity: identity, noWait: false, deregisterRoute: true)
+            return
+        }
+        let response = try request(global, "DELETE", "/v1/accounts/\(segment(identity))")
+        show(response, global) { "deregistered \(identity) (keys kept sealed)" }
+    }
+}
+
+struct PolicyCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "policy",
+        abstract: "Show an account's policy, or change it (admin; existing files are re-protected in the background).")
+    @OptionGroup var global: Global
+    @Argument(help: "The account (ID or UPN).") var identity: String
+    @Option(help: ArgumentHelp("New protection level.", valueName: "level")) var level: String?
+    @Option(help: ArgumentHelp("Encrypt its files (true/false).", valueName: "bool")) var encryption: Bool?
+    @Option(help: ArgumentHelp("Let other identities receive its files (true/false).", valueName: "bool")) var share: Bool?
+    @Option(help: ArgumentHelp("Accept files of unmanaged identities (true/false).", valueName: "bool")) var receiveUnmanaged: Bool?
+    @Option(help: ArgumentHelp("Exports must be encrypted copies (true/false).", valueName: "bool")) var fileProviderEncryption: Bool?
+
+    func run() throws {
+        let path = "/v1/accounts/\(segment(identity))/policy"
+        let current = try request(global, "GET", path)
+        var policy = try decode(CustodyPolicy.self, current)
+        let changing = level != nil || encryption != nil || share != nil || receiveUnmanaged != nil || fileProviderEncryption != nil
+        guard changing else {
+            show(current, global) { describePolicy(policy) }
+            return
+        }
+        if let level { policy.protectionLevel = level }
+        if let encryption { policy.fileEncryptionRequired = encryption }
+        if let share { policy.canShareWithOtherIdentities = share }
+        if let receiveUnmanaged { policy.canReceiveFromUnmanaged = receiveUnmanaged }
+        if let fileProviderEncryption { policy.fileProviderEncryptionRequired = fileProviderEncryption }
+        let body: [String: JSONBody] = [
+            "protectionLevel": .string(policy.protectionLevel ?? "complete"),
+            "fileEncryptionRequired": .bool(policy.fileEncryptionRequired ?? true),
+            "canShareWithOtherIdentities": .bool(policy.canShareWithOtherIdentities ?? false),
+            "canReceiveFromUnmanaged": .bool(policy.canReceiveFromUnmanaged ?? true),
+            "fileProviderEncryptionRequired": .bool(policy.fileProviderEncryptionRequired ?? false),
+        ]
+        let response = try request(global, "PUT", path, body)
+        let account = try decode(CustodyAccount.self, response)
+        show(response, global) { "policy of \(account.upn) set\n" + (account.policy.map(describePolicy) ?? "") }
+    }
+}
+
+func describePolicy(_ policy: CustodyPolicy) -> String {
+    [
+        "protection level: \(policy.protectionLevel ?? "complete")",
+        "file encryption required: \(policy.fileEncryptionRequired ?? true)",
+        "file-provider encryption required: \(policy.fileProviderEncryptionRequired ?? false)",
+        "other identities may receive its files: \(policy.canShareWithOtherIdentities ?? false)",
+        "accepts files of unmanaged identities: \(policy.canReceiveFromUnmanaged ?? true)",
+    ].joined(separator: "\n")
+}
+
+struct Lock: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Lock an account (class A keys go after the grace period), or --all (admin).")
+    @OptionGroup var global: Global
+    @Argument(help: "The account (ID or UPN).") var identity: String?
+    @Flag(help: "Lock every account.") var all = false
+
+    func validate() throws {
+        guard (identity == nil) == all else { throw ValidationError("give an account or --all") }
+    }
+
+    func run() throws {
+        if all {
+            let response = try request(global, "POST", "/v1/lock")
+            show(response, global) { "locking every account" }
+            return
+        }
+        let response = try request(global, "POST", "/v1/accounts/\(segment(identity ?? ""))/lock")
+        let state = try decode(LockState.self, response)
+        show(response, global) { "\(state.identity): \(state.lock)" }
+    }
+}
+
+struct Unlock: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Unlock an account (with its passphrase when it has one), or --all without passphrases (admin).")
+    @OptionGroup var global: Global
+    @Argument(help: "The account (ID or UPN).") var identity: String?
+    @Flag(help: "Unlock every account that needs no passphrase.") var all = false
+    @OptionGroup var passphraseOptions: PassphraseOptions
+
+    func validate() throws {
+        guard (identity == nil) == all else { throw ValidationError("give an account or --all") }
+    }
+
+    func run() throws {
+        if all {
+            let response = try request(global, "POST", "/v1/unlock")
+            struct Answer: Decodable { var stillLocked: [String] }
+            let answer = try decode(Answer.self, response)
+            show(response, global) { answer.stillLocked.isEmpty ? "unlocked" : "still locked (need a passphrase): " + answer.stillLocked.joined(separator: ", ") }
+            return
+        }
+        let identity = self.identity ?? ""
+        let path = "/v1/accounts/\(segment(identity))"
+        let account = try decode(CustodyAccount.self, try request(global, "GET", path))
+        var body: [String: JSONBody] = [:]
+        if let secret = try passphraseOptions.read(prompt: "Passphrase for \(account.upn): ", required: account.hasPassphrase == true) {
+            body["passphrase"] = .string(secret)
+        }
+        let response = try request(global, "POST", path + "/unlock", body)
+        let state = try decode(LockState.self, response)
+        show(response, global) { "\(state.identity): \(state.lock)" }
+    }
+}

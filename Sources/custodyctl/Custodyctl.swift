@@ -1,0 +1,154 @@
+import ArgumentParser
+import CustodyClient
+import FoundationEssentials
+import Glibc
+
+@main
+struct Custodyctl: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "custodyctl",
+        abstract: "Control custodyd: accounts, locks, identities, file and data protection, wipe.",
+        discussion: """
+            Talks to custodyd over its control socket (--socket, else $CUSTODY_SOCKET, else \
+            /run/custody/control.sock for root and $XDG_RUNTIME_DIR/custody.sock for others).
+            Every command prints text, or JSON with --json.
+
+            Exit codes: 0 success (or "yes"); 1 the daemon refused or the operation failed; \
+            2 the answer is "no" (is-encrypted, can-receive); 64 bad usage; 69 custodyd cannot \
+            be reached; 77 not authorized.
+
+            Shell completion: custodyctl --generate-completion-script bash|zsh|fish.
+            """,
+        version: "custodyctl 0.2.0",
+        subcommands: [
+            Status.self, Enroll.self, Accounts.self, Deregister.self, PolicyCommand.self,
+            Lock.self, Unlock.self, Run.self, Bind.self, Unbind.self, Identity.self,
+            Protect.self, Info.self, EncryptFile.self, DecryptFile.self, IsEncrypted.self, CanReceive.self,
+            ProtectData.self, UnprotectData.self, DataInfo.self,
+            Wipe.self, Jobs.self, Events.self,
+        ])
+}
+
+/// Options every command takes.
+struct Global: ParsableArguments {
+    @Option(help: ArgumentHelp("The control socket.", valueName: "path"))
+    var socket: String?
+
+    @Flag(help: "Print the daemon's JSON answer instead of text.")
+    var json = false
+
+    var client: ControlClient { ControlClient(socketPath: socket) }
+}
+
+enum Exit {
+    static let failed: Int32 = 1
+    static let no: Int32 = 2
+    static let unavailable: Int32 = 69
+    static let notAuthorized: Int32 = 77
+}
+
+/// Runs a client call; errors are printed and become the documented exit codes.
+func perform<T>(_ body: () throws(CustodyClientError) -> T) throws -> T {
+    do throws(CustodyClientError) {
+        return try body()
+    } catch {
+        printError(error.description)
+        switch error {
+        case .cannotConnect: throw ExitCode(Exit.unavailable)
+        case .server(let status, _, _, _) where status == 403: throw ExitCode(Exit.notAuthorized)
+        default: throw ExitCode(Exit.failed)
+        }
+    }
+}
+
+func printError(_ message: String) {
+    var line = "custodyctl: " + message + "\n"
+    line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+}
+
+/// Prints the answer: raw JSON with --json, else `text`.
+func show(_ response: ControlResponse, _ global: Global, _ text: () -> String) {
+    if global.json {
+        print(response.text)
+    } else {
+        let rendered = text()
+        if !rendered.isEmpty { print(rendered) }
+    }
+}
+
+/// Sends a request and checks its status; returns the answer.
+func request(_ global: Global, _ method: String, _ path: String, _ body: [String: JSONBody]? = nil) throws -> ControlResponse {
+    try perform { () throws(CustodyClientError) in
+        let bytes: [UInt8]? = try body.map { (value) throws(CustodyClientError) in
+            do { return Array(try JSONEncoder().encode(value)) } catch { throw .badResponse("\(error)") }
+        }
+        let response = try global.client.send(method, path, body: bytes)
+        try checkStatus(response)
+        return response
+    }
+}
+
+func checkStatus(_ response: ControlResponse) throws(CustodyClientError) {
+    guard response.status >= 300 else { return }
+    struct Failure: Decodable { var code: Int; var name: String; var message: String }
+    if let failure = try? JSONDecoder().decode(Failure.self, from: Data(response.body)) {
+        throw .server(status: response.status, code: failure.code, name: failure.name, message: failure.message)
+    }
+    throw .server(status: response.status, code: response.status, name: "HTTP\(response.status)", message: response.text)
+}
+
+func decode<T: Decodable>(_ type: T.Type, _ response: ControlResponse) throws -> T {
+    try perform { () throws(CustodyClientError) in
+        do { return try JSONDecoder().decode(T.self, from: Data(response.body)) } catch { throw .badResponse("\(error)") }
+    }
+}
+
+/// A JSON value for request bodies.
+enum JSONBody: Encodable {
+    case string(String)
+    case int(Int)
+    case bool(Bool)
+    case null
+    case object([String: JSONBody])
+
+    func encode(to encoder: Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch self {
+        case .string(let value): try container.encode(value)
+        case .int(let value): try container.encode(value)
+        case .bool(let value): try container.encode(value)
+        case .null: try container.encodeNil()
+        case .object(let value): try container.encode(value)
+        }
+    }
+}
+
+/// Makes an absolute path from what the user typed (relative to the working directory).
+func absolute(_ path: String) -> String {
+    if path.hasPrefix("/") { return path }
+    var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+    guard getcwd(&buffer, buffer.count) != nil else { return path }
+    let cwd = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    return (cwd == "/" ? "" : cwd) + "/" + path
+}
+
+/// Escapes one path segment (an identity) for a URL.
+func segment(_ text: String) -> String {
+    var out = ""
+    for byte in text.utf8 {
+        let safe = (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || "-._~@+".utf8.contains(byte)
+        out += safe ? String(UnicodeScalar(byte)) : "%" + (byte < 16 ? "0" : "") + String(byte, radix: 16, uppercase: true)
+    }
+    return out
+}
+
+func humanBytes(_ count: UInt64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    var value = Double(count)
+    var unit = 0
+    while value >= 1024, unit < units.count - 1 {
+        value /= 1024
+        unit += 1
+    }
+    return unit == 0 ? "\(count) B" : String(Int(value * 10) / 10) + "." + String(Int(value * 10) % 10) + " " + units[unit]
+}

@@ -1,0 +1,61 @@
+import ArgumentParser
+import CustodyClient
+import FoundationEssentials
+import Glibc
+
+struct Run: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run a command as an identity: binds this process to it, then executes the command.",
+        discussion: "Everything the command starts inherits the identity, so the files it creates in a mount are owned by it.\nExample: custodyctl run --identity alice@contoso.com -- cp report.pdf ~/Work/")
+    @OptionGroup var global: Global
+    @Option(help: ArgumentHelp("The identity to run as.", valueName: "identity")) var identity: String
+    @Argument(parsing: .captureForPassthrough, help: "The command and its arguments (after --).") var command: [String] = []
+
+    func run() throws {
+        let arguments = command.first == "--" ? Array(command.dropFirst()) : command
+        guard let program = arguments.first else { throw ValidationError("give a command to run after --") }
+        _ = try request(global, "POST", "/v1/bindings", ["pid": .int(Int(getpid())), "identity": .string(identity)])
+        let cArguments = arguments.map { strdup($0) } + [nil]
+        execvp(program, cArguments)
+        printError("cannot run \(program): \(String(cString: strerror(errno)))")
+        throw ExitCode(127)
+    }
+}
+
+struct Bind: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Bind a process (and its descendants) or one thread to an identity.")
+    @OptionGroup var global: Global
+    @Argument(help: "The process ID (or thread ID with --thread).") var pid: Int32
+    @Argument(help: "The identity.") var identity: String
+    @Flag(help: "Bind only this thread (TID), not the process.") var thread = false
+
+    func run() throws {
+        let response = try request(global, "POST", "/v1/bindings", [thread ? "tid" : "pid": .int(Int(pid)), "identity": .string(identity)])
+        let resolved = try decode(ProcessIdentity.self, response)
+        show(response, global) { "\(thread ? "thread" : "process") \(resolved.pid) acts as \(resolved.identity ?? "no identity")" }
+    }
+}
+
+struct Unbind: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Remove a process's identity binding.")
+    @OptionGroup var global: Global
+    @Argument(help: "The process ID.") var pid: Int32
+
+    func run() throws {
+        let response = try request(global, "DELETE", "/v1/bindings/\(pid)")
+        show(response, global) { "process \(pid) unbound" }
+    }
+}
+
+struct Identity: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the effective identity of a process (default: this shell's parent).")
+    @OptionGroup var global: Global
+    @Argument(help: "The process ID.") var pid: Int32?
+
+    func run() throws {
+        let pid = self.pid ?? getppid()
+        let response = try request(global, "GET", "/v1/processes/\(pid)/identity")
+        let resolved = try decode(ProcessIdentity.self, response)
+        show(response, global) { "process \(resolved.pid): \(resolved.identity ?? "no identity") (\(resolved.source))" }
+    }
+}

@@ -1,0 +1,142 @@
+import ArgumentParser
+import CustodyClient
+import FoundationEssentials
+import Glibc
+
+/// Waits for a job, drawing a progress bar on the terminal (stderr) while it runs. `render`
+/// turns the counters into a fraction done (nil when unknown) and a line of text.
+func follow(_ job: CustodyJob, _ global: Global, _ render: ([String: UInt64]) -> (Double?, String)) throws -> CustodyJob {
+    let terminal = isatty(2) == 1 && !global.json
+    var current = job
+    var frame = 0
+    while current.state == "running" {
+        if terminal { drawBar(render(current.progress), frame: frame) }
+        frame += 1
+        usleep(100_000)
+        current = try decode(CustodyJob.self, try request(global, "GET", "/v1/jobs/\(job.id)"))
+    }
+    if terminal {
+        drawBar(render(current.progress), frame: frame, final: current.state == "succeeded")
+        _ = write(2, "\n", 1)
+    }
+    if let error = current.error {
+        printError("\(error.message) (\(error.code) \(error.name))")
+        throw ExitCode(error.code == 401 ? Exit.notAuthorized : Exit.failed)
+    }
+    return current
+}
+
+func drawBar(_ state: (Double?, String), frame: Int, final: Bool = false) {
+    let width = 30
+    let bar: String
+    if let fraction = final ? 1.0 : state.0 {
+        let filled = max(0, min(width, Int((fraction * Double(width)).rounded(.down))))
+        bar = "[" + String(repeating: "#", count: filled) + String(repeating: " ", count: width - filled) + "] \(Int(min(1, fraction) * 100))%"
+    } else {
+        let position = frame % width
+        bar = "[" + String(repeating: " ", count: position) + "<=>" + String(repeating: " ", count: max(0, width - position - 3)) + "]"
+    }
+    var line = "\r\u{1B}[K" + bar + " " + state.1
+    line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+}
+
+func runWipe(global: Global, identity: String, noWait: Bool, deregisterRoute: Bool) throws {
+    let path = deregisterRoute ? "/v1/accounts/\(segment(identity))?wipe=true&wait=false" : "/v1/accounts/\(segment(identity))/wipe?wait=false"
+    let started = try request(global, deregisterRoute ? "DELETE" : "POST", path)
+    let job = try decode(CustodyJob.self, started)
+    if noWait {
+        show(started, global) { "wipe of \(job.target) started: job \(job.id) (custodyctl jobs \(job.id))" }
+        return
+    }
+    let finished = try follow(job, global) { progress in
+        var text = "scanned \(progress["scanned"] ?? 0), deleted \(progress["deleted"] ?? 0), \(humanBytes(progress["bytesFreed"] ?? 0)) freed"
+        if progress["keysDestroyedMicroseconds"] != nil { text = "keys destroyed; " + text }
+        return (nil, text)
+    }
+    let response = try request(global, "GET", "/v1/jobs/\(finished.id)")
+    struct Answer: Decodable { var result: WipeResult }
+    let result = try decode(Answer.self, response).result
+    show(response, global) {
+        """
+        wiped \(result.identity): \(result.code) \(result.result)
+          keys destroyed after \(String(format3(result.keysDestroyedSeconds * 1000))) ms
+          scanned \(result.scanned), deleted \(result.deleted), \(humanBytes(result.bytesFreed)) freed
+        """
+    }
+}
+
+func format3(_ value: Double) -> String {
+    let scaled = Int((value * 1000).rounded())
+    let fraction = String(scaled % 1000)
+    return "\(scaled / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
+}
+
+struct Wipe: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Selective wipe of an identity (admin): keys destroyed first, then its files deleted, then it is deregistered.",
+        discussion: "Shows a progress bar on a terminal and waits for the result; --no-wait prints the job ID and returns.")
+    @OptionGroup var global: Global
+    @Argument(help: "The account (ID or UPN).") var identity: String
+    @Flag(help: "Start the wipe and return its job ID.") var noWait = false
+
+    func run() throws {
+        try runWipe(global: global, identity: identity, noWait: noWait, deregisterRoute: false)
+    }
+}
+
+struct Jobs: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List the daemon's jobs (wipes, recursive protects), or show one; --wait waits for it.")
+    @OptionGroup var global: Global
+    @Argument(help: "A job ID.") var id: Int?
+    @Flag(help: "Wait until the job has finished.") var wait = false
+
+    func run() throws {
+        guard let id else {
+            let response = try request(global, "GET", "/v1/jobs")
+            let jobs = try decode([CustodyJob].self, response)
+            show(response, global) { jobs.isEmpty ? "no jobs" : jobs.map(describe).joined(separator: "\n") }
+            return
+        }
+        var response = try request(global, "GET", "/v1/jobs/\(id)")
+        var job = try decode(CustodyJob.self, response)
+        if wait, job.state == "running" {
+            job = try follow(job, global) { progress in (nil, progress.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")) }
+            response = try request(global, "GET", "/v1/jobs/\(id)")
+        }
+        show(response, global) { describe(job) }
+        if job.state == "failed" { throw ExitCode(Exit.failed) }
+    }
+
+    func describe(_ job: CustodyJob) -> String {
+        var text = "job \(job.id): \(job.kind) \(job.target) \(job.state)"
+        if !job.progress.isEmpty { text += " (" + job.progress.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ") + ")" }
+        if let error = job.error { text += ": \(error.message) (\(error.code) \(error.name))" }
+        return text
+    }
+}
+
+struct Events: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print the daemon's events as they happen (kept ones first); --no-follow stops after those.")
+    @OptionGroup var global: Global
+    @Option(help: ArgumentHelp("Only events after this sequence number.", valueName: "n")) var after: UInt64 = 0
+    @Flag(help: "Only events from now on (none of the kept ones).") var new = false
+    @Flag(help: "Print the kept events and stop.") var noFollow = false
+    @Option(help: ArgumentHelp("Stop after this many events.", valueName: "n")) var count: Int?
+
+    func run() throws {
+        var printed = 0
+        try perform { () throws(CustodyClientError) in
+            try global.client.stream("/v1/events?after=\(new ? "latest" : String(after))&follow=\(!noFollow)") { line in
+                if global.json {
+                    print(line)
+                } else if let event = try? JSONDecoder().decode(CustodyEvent.self, from: Data(line.utf8)) {
+                    let code = event.code.map { " [\($0)]" } ?? ""
+                    print("\(event.sequence) \(event.kind)\(code) \(event.identity ?? "-"): \(event.message)")
+                }
+                fflush(nil)
+                printed += 1
+                return count.map { printed < $0 } ?? true
+            }
+        }
+    }
+}
