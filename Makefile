@@ -45,7 +45,8 @@ run: build
 	@if grep -q " $(DEMO_DIR)/Work " /proc/self/mountinfo; then fusermount3 -uz "$(DEMO_DIR)/Work"; fi
 	@echo "Custody demo: files written to $(DEMO_DIR)/Work are stored in $(DEMO_DIR)/backing."
 	@echo "Use it from another terminal; press Ctrl-C here (or run 'fusermount3 -u $(DEMO_DIR)/Work') to stop."
-	$(BIN)/custodyd --state "$(DEMO_DIR)/state" "$(DEMO_DIR)/backing" "$(DEMO_DIR)/Work"
+	@echo "Control it with: CUSTODY_SOCKET=$(DEMO_DIR)/control.sock $(BIN)/custodyctl status"
+	$(BIN)/custodyd --state "$(DEMO_DIR)/state" --socket "$(DEMO_DIR)/control.sock" "$(DEMO_DIR)/backing" "$(DEMO_DIR)/Work"
 
 test: build
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
