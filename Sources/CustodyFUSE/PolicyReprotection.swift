@@ -38,7 +38,9 @@ final class PolicyReprotection: @unchecked Sendable {
     private func run(_ identity: String) {
         guard let engine, let account = try? engine.account(identity) else { return }
         var pending = files(of: account)
+        let total = pending.count
         var done = 0
+        var reported = monotonicSeconds()
         for _ in 0..<Self.retryLimit where !pending.isEmpty {
             var busy: [String] = []
             for path in pending {
@@ -47,16 +49,22 @@ final class PolicyReprotection: @unchecked Sendable {
                 case .busy: busy.append(path)
                 case .failed: continue
                 }
+                // Progress about five times a second on big trees.
+                if monotonicSeconds() - reported > 0.2 {
+                    reported = monotonicSeconds()
+                    engine.events.emit(.reprotectProgress, identity: account.upn, "re-protecting \(account.upn)'s files",
+                                       details: ["done": "\(done)", "total": "\(total)", "waiting": "\(busy.count)"])
+                }
             }
             engine.events.emit(.reprotectProgress, identity: account.upn, "re-protecting \(account.upn)'s files",
-                               details: ["done": "\(done)", "waiting": "\(busy.count)"])
+                               details: ["done": "\(done)", "total": "\(total)", "waiting": "\(busy.count)"])
             pending = busy
             if !pending.isEmpty { usleep(Self.retryInterval) }
         }
         if pending.isEmpty { try? engine.reprotectFinished(account.id) }
         engine.events.emit(.reprotectFinished, identity: account.upn,
                            pending.isEmpty ? "re-protected \(account.upn)'s files" : "re-protection of \(account.upn) left \(pending.count) open files",
-                           details: ["done": "\(done)", "left": "\(pending.count)"])
+                           details: ["done": "\(done)", "total": "\(total)", "left": "\(pending.count)"])
     }
 
     enum Outcome { case done, busy, failed }
@@ -138,4 +146,10 @@ extension PassthroughFilesystem {
             throw error.errnoValue
         }
     }
+}
+
+func monotonicSeconds() -> Double {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
 }

@@ -178,6 +178,7 @@ struct PolicyCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Let other identities receive its files (true/false).", valueName: "bool")) var share: Bool?
     @Option(help: ArgumentHelp("Accept files of unmanaged identities (true/false).", valueName: "bool")) var receiveUnmanaged: Bool?
     @Option(help: ArgumentHelp("Exports must be encrypted copies (true/false).", valueName: "bool")) var fileProviderEncryption: Bool?
+    @Flag(help: "Wait until the account's existing files are re-protected (a progress bar on a terminal).") var wait = false
 
     func run() throws {
         let path = "/v1/accounts/\(segment(identity))/policy"
@@ -200,9 +201,42 @@ struct PolicyCommand: ParsableCommand {
             "canReceiveFromUnmanaged": .bool(policy.canReceiveFromUnmanaged ?? true),
             "fileProviderEncryptionRequired": .bool(policy.fileProviderEncryptionRequired ?? false),
         ]
+        let before = wait ? try lastEventSequence(global) : 0
         let response = try request(global, "PUT", path, body)
         let account = try decode(CustodyAccount.self, response)
         show(response, global) { "policy of \(account.upn) set\n" + (account.policy.map(describePolicy) ?? "") }
+        if wait { try waitForReprotection(of: account.upn, after: before) }
+    }
+
+    /// Follows the event stream until the account's re-protection has finished (or the policy
+    /// did not change), drawing its progress.
+    func waitForReprotection(of upn: String, after sequence: UInt64) throws {
+        let terminal = isatty(2) == 1 && !global.json
+        var frame = 0
+        var outcome = ""
+        try perform { () throws(CustodyClientError) in
+            try global.client.stream("/v1/events?after=\(sequence)") { line in
+                guard let event = try? JSONDecoder().decode(CustodyEvent.self, from: Data(line.utf8)), event.identity == upn else { return true }
+                let done = Double(event.details["done"] ?? "") ?? 0
+                let total = Double(event.details["total"] ?? "") ?? 0
+                switch event.kind {
+                case "reprotectProgress":
+                    if terminal { drawBar((total > 0 ? done / total : nil, "\(Int(done))/\(Int(total)) files re-protected"), frame: frame) }
+                    frame += 1
+                    return true
+                case "reprotectFinished", "policyUnchanged":
+                    if terminal, event.kind == "reprotectFinished" {
+                        drawBar((1, "\(Int(done))/\(Int(total)) files re-protected"), frame: frame, final: true)
+                        _ = write(2, "\n", 1)
+                    }
+                    outcome = event.message
+                    return false
+                default:
+                    return true
+                }
+            }
+        }
+        if !global.json, !outcome.isEmpty { print(outcome) }
     }
 }
 
@@ -268,4 +302,16 @@ struct Unlock: ParsableCommand {
         let state = try decode(LockState.self, response)
         show(response, global) { "\(state.identity): \(state.lock)" }
     }
+}
+
+/// The sequence number of the newest event the daemon keeps (0 when none).
+func lastEventSequence(_ global: Global) throws -> UInt64 {
+    var last: UInt64 = 0
+    try perform { () throws(CustodyClientError) in
+        try global.client.stream("/v1/events?follow=false") { line in
+            if let event = try? JSONDecoder().decode(CustodyEvent.self, from: Data(line.utf8)) { last = event.sequence }
+            return true
+        }
+    }
+    return last
 }

@@ -379,6 +379,23 @@ final class ControlAPITests: XCTestCase {
 
     // MARK: Authorization
 
+    /// The socket's mode and group come from the options.
+    func testSocketModeAndGroupAreConfigurable() throws {
+        let user = try testUser()
+        guard let group = getpwuid(user)?.pointee.pw_gid else { return XCTFail("no group for the test user") }
+        let other = try MountedDaemon(extraArguments: ["--socket-mode", "0640", "--socket-group", "\(group)"])
+        defer { other.destroy() }
+        let attributes = try Syscall.lstat(other.socket)
+        XCTAssertEqual(attributes.st_mode & 0o777, 0o640)
+        XCTAssertEqual(attributes.st_gid, group)
+        XCTAssertEqual(attributes.st_mode & S_IFMT, S_IFSOCK)
+        let refused = try runCommand([MountedDaemon.binary, "--socket-mode", "999", "/tmp", "/tmp"])
+        XCTAssertEqual(refused.status, 64, refused.error)
+        XCTAssertTrue(refused.error.contains("--socket-mode"), refused.error)
+        let unknown = try runCommand([MountedDaemon.binary, "--socket-group", "no-such-group-here", "/tmp", "/tmp"])
+        XCTAssertEqual(unknown.status, 64, unknown.error)
+    }
+
     func testNonAdminUserIsLimitedToItsOwnAccountsFilesAndProcesses() throws {
         let user = try testUser()
         try daemon.openToOtherUsers()

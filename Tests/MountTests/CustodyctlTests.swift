@@ -130,6 +130,14 @@ final class CustodyctlTests: XCTestCase {
         XCTAssertEqual(try ctl(["unprotect-data"], input: "never protected"), "never protected")
         XCTAssertEqual(field(json(try ctl(["data-info", "--json"], input: "never protected")), "isProtected"), "0")
 
+        // A policy change re-protects existing files; --wait follows it to the end.
+        let reprotected = try ctl(["policy", "alice@contoso.com", "--encryption", "false", "--wait"])
+        XCTAssertTrue(reprotected.contains("re-protected alice@contoso.com's files"), reprotected)
+        XCTAssertEqual(try readFile(daemon.back("project/src/c")), bytes("content of src/c"), "stored plain now")
+        XCTAssertTrue(try ctl(["policy", "alice@contoso.com", "--encryption", "false", "--wait"]).contains("have not changed"))
+        try ctl(["policy", "alice@contoso.com", "--encryption", "true", "--wait"])
+        XCTAssertEqual(Array(try readFile(daemon.back("project/src/c")).prefix(8)), FileHeader.magic, "encrypted again")
+
         // protect --remove makes the tree plain (alice shares again).
         try ctl(["policy", "alice@contoso.com", "--share", "true"])
         XCTAssertTrue(try ctl(["protect", daemon.mnt("project"), "--remove"]).contains("owner: none"))
