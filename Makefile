@@ -12,7 +12,7 @@ BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps bench-deps build release run test bench bench-format fuzz clean
+.PHONY: all deps bench-deps build release run test bench bench-format bench-wipe fuzz clean
 
 all: build
 
@@ -53,6 +53,10 @@ test: build
 
 bench: bench-deps release
 	python3 bench/bench.py
+
+# Selective wipe of a third of a 20,000-file tree (time to key destruction and to the end).
+bench-wipe: release
+	bash bench/wipe.sh 20000
 
 # Throughput of the protected file format alone (release build, file in /dev/shm).
 bench-format: release
