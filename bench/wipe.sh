@@ -19,7 +19,8 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 100); do grep -q " $ROOT/mnt " /proc/self/mountinfo && break; sleep 0.05; done
-ctl() { "$BIN/custodyctl" "$@" --socket "$SOCK"; }
+export CUSTODY_SOCKET=$SOCK
+ctl() { "$BIN/custodyctl" "$@"; }
 ctl enroll wiped-oid wiped@contoso.com --level untilFirstAuth >/dev/null
 ctl enroll kept-oid kept@contoso.com --level untilFirstAuth >/dev/null
 

@@ -87,6 +87,9 @@ public final class FUSEMount {
         guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
         defer { fuse_session_unmount(session) }
 
+        let pruner = InodePruner(filesystem: filesystem, session: session)
+        pruner.start()
+        defer { pruner.stop() }
         let enforcement = engine.map { LockEnforcement(filesystem: filesystem, session: session, engine: $0) }
         defer { enforcement?.stop() }
         let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }

@@ -45,12 +45,17 @@ final class InodeTable: @unchecked Sendable {
     private struct Entry {
         var inode: Inode
         var lookups: UInt64
+        /// The directory and name it was last looked up by, to ask the kernel to drop it.
+        var name: EntryName?
+        /// When it was last used (a counter), for choosing what to drop.
+        var used: UInt64 = 0
     }
 
     private struct State {
         var byID: [UInt64: Entry] = [:]
         var byKey: [Key: UInt64] = [:]
         var nextID: UInt64 = 2
+        var clock: UInt64 = 0
     }
 
     static let rootID: UInt64 = 1
@@ -65,23 +70,33 @@ final class InodeTable: @unchecked Sendable {
 
     /// The inode for a node ID the kernel sent.
     func inode(_ id: UInt64) throws(Errno) -> Inode {
-        guard let inode = state.withLock({ $0.byID[id]?.inode }) else { throw Errno.badFileDescriptor }
+        guard let inode = state.withLock({ state -> Inode? in
+            guard state.byID[id] != nil else { return nil }
+            state.clock &+= 1
+            state.byID[id]?.used = state.clock
+            return state.byID[id]?.inode
+        }) else { throw Errno.badFileDescriptor }
         return inode
     }
 
-    /// Registers one kernel lookup of the object that `fd` (an O_PATH descriptor) refers to and
-    /// returns its node ID. Takes ownership of `fd`: it is kept, or closed if the object is known.
-    func remember(fd: Int32, attributes st: stat) -> UInt64 {
+    /// Registers one kernel lookup (of `name`, when given) of the object that `fd` (an O_PATH
+    /// descriptor) refers to and returns its node ID. Takes ownership of `fd`: it is kept, or
+    /// closed if the object is known.
+    func remember(fd: Int32, attributes st: stat, name: EntryName? = nil) -> UInt64 {
         let key = Key(device: UInt64(st.st_dev), number: UInt64(st.st_ino))
         let (id, duplicate) = state.withLock { state -> (UInt64, Bool) in
-            if let id = state.byKey[key] {
-                state.byID[id]!.lookups += 1
+            state.clock &+= 1
+            if let id = state.byKey[key], var entry = state.byID[id] {
+                entry.lookups += 1
+                entry.used = state.clock
+                if let name { entry.name = name }
+                state.byID[id] = entry
                 return (id, true)
             }
             let id = state.nextID
             state.nextID += 1
             let inode = Inode(fd: fd, device: key.device, number: key.number, fileType: st.st_mode & S_IFMT)
-            state.byID[id] = Entry(inode: inode, lookups: 1)
+            state.byID[id] = Entry(inode: inode, lookups: 1, name: name, used: state.clock)
             state.byKey[key] = id
             return (id, false)
         }
@@ -132,4 +147,19 @@ final class InodeTable: @unchecked Sendable {
 
     /// How many node IDs the kernel holds (for tests and status).
     var count: Int { state.withLock { $0.byID.count } }
+
+    /// The names of the `count` least recently used nodes (never the root), for asking the
+    /// kernel to drop them.
+    func leastRecentlyUsed(_ count: Int) -> [EntryName] {
+        let entries = state.withLock { state in state.byID.compactMap { id, entry in
+            id == Self.rootID ? nil : entry.name.map { (entry.used, $0) }
+        } }
+        return entries.sorted { $0.0 < $1.0 }.prefix(max(0, count)).map(\.1)
+    }
+}
+
+/// A directory's node ID and a name in it.
+struct EntryName: Sendable {
+    var parent: UInt64
+    var name: String
 }

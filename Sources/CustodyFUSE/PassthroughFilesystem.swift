@@ -2,6 +2,7 @@ import CFuse3
 import CustodyCore
 import CustodyFormat
 import CustodySystem
+import Dispatch
 import Glibc
 
 /// The plaintext passthrough: every request is served from the backing tree as it is. This is the
@@ -17,10 +18,25 @@ final class PassthroughFilesystem: @unchecked Sendable {
     private let daemonUID = geteuid()
     private let daemonGID = getegid()
 
-    init(root: Inode, options: MountOptions, engine: Engine?) {
+    /// Inode pressure (see `InodePruner`): above `inodeHighWater` the pruner is woken and
+    /// directory listings stop creating inodes.
+    let inodeHighWater: Int
+    let inodeLowWater: Int
+    let pruneSignal = DispatchSemaphore(value: 0)
+
+    init(root: Inode, options: MountOptions, engine: Engine?, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         self.inodes = InodeTable(root: root)
         self.options = options
         self.engine = engine
+        inodeHighWater = max(64, descriptorLimit * 6 / 10)
+        inodeLowWater = max(32, descriptorLimit * 4 / 10)
+    }
+
+    /// True (and the pruner woken) when the kernel holds more inodes than the high-water mark.
+    var underInodePressure: Bool {
+        guard inodes.count > inodeHighWater else { return false }
+        pruneSignal.signal()
+        return true
     }
 
     // MARK: Session
@@ -61,15 +77,37 @@ final class PassthroughFilesystem: @unchecked Sendable {
         return entry
     }
 
-    /// Looks `name` up in `parent` and registers one kernel lookup of it.
-    private func lookupEntry(in parent: Inode, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
-        let fd = try Syscall.openat(parent.fd, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
-        return try rememberEntry(pathFD: fd)
+    /// Looks `name` up in `parent` (node `parentID`) and registers one kernel lookup of it.
+    private func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
+        let fd = try openPath(parent.fd, name)
+        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: String(cString: name)))
+    }
+
+    /// `openat(O_PATH)`; out of descriptors, it wakes the pruner and waits for the kernel to
+    /// forget some inodes (up to about a second) before giving up with EMFILE.
+    private func openPath(_ directory: Int32, _ name: UnsafePointer<CChar>) throws(Errno) -> Int32 {
+        try withDescriptor { () throws(Errno) in try Syscall.openat(directory, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC) }
+    }
+
+    /// Runs a call that makes a descriptor; out of descriptors (EMFILE fails before anything is
+    /// created, so a retry is safe), it wakes the pruner and waits for the kernel to forget some
+    /// inodes, for up to about a second, before giving up.
+    func withDescriptor(_ body: () throws(Errno) -> Int32) throws(Errno) -> Int32 {
+        var attempts = 0
+        while true {
+            do {
+                return try body()
+            } catch where (error.rawValue == EMFILE || error.rawValue == ENFILE) && attempts < 50 {
+                attempts += 1
+                pruneSignal.signal()
+                usleep(20_000)
+            }
+        }
     }
 
     /// Registers one kernel lookup of the object an O_PATH descriptor refers to (taking the
     /// descriptor). `protection`, when known (a file just created), saves probing it.
-    private func rememberEntry(pathFD fd: Int32, protection known: Protection? = nil) throws(Errno) -> fuse_entry_param {
+    private func rememberEntry(pathFD fd: Int32, name: EntryName?, protection known: Protection? = nil) throws(Errno) -> fuse_entry_param {
         let attributes: stat
         do {
             attributes = try Syscall.stat(of: fd)
@@ -77,7 +115,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
             Syscall.close(fd)
             throw error
         }
-        let id = inodes.remember(fd: fd, attributes: attributes)
+        let id = inodes.remember(fd: fd, attributes: attributes, name: name)
+        _ = underInodePressure
         guard let inode = try? inodes.inode(id) else { return entryParam(id: id, attributes: attributes) }
         if let known { inode.protectionState.withLock { $0.protection = known } }
         var entry = entryParam(id: id, attributes: presented(attributes, of: inode))
@@ -87,7 +126,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     func lookup(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
-            var entry = try lookupEntry(in: try inodes.inode(UInt64(parentID)), name)
+            var entry = try lookupEntry(in: try inodes.inode(UInt64(parentID)), parentID, name)
             fuse_reply_entry(req, &entry)
         } catch where error == .noSuchFile && options.negativeTimeout > 0 {
             var negative = fuse_entry_param()
@@ -235,7 +274,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let parent = try inodes.inode(UInt64(parentID))
             try Syscall.mkdirat(parent.fd, name, mode)
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode | S_IFDIR)
-            var entry = try lookupEntry(in: parent, name)
+            var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -247,7 +286,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let parent = try inodes.inode(UInt64(parentID))
             try Syscall.mknodat(parent.fd, name, mode, device)
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode)
-            var entry = try lookupEntry(in: parent, name)
+            var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -259,7 +298,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let parent = try inodes.inode(UInt64(parentID))
             try Syscall.symlinkat(target, parent.fd, name)
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: S_IFLNK)
-            var entry = try lookupEntry(in: parent, name)
+            var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -271,7 +310,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let inode = try inodes.inode(UInt64(id))
             let newParent = try inodes.inode(UInt64(newParentID))
             try Syscall.linkat(AT_FDCWD, inode.procPath, newParent.fd, newName, AT_SYMLINK_FOLLOW)
-            var entry = try lookupEntry(in: newParent, newName)
+            var entry = try lookupEntry(in: newParent, newParentID, newName)
             fuse_reply_entry(req, &entry)
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -337,7 +376,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 if wanted != current {
                     let busy = inode.protectionState.withLock { $0.content != nil }
                     if busy { throw Errno(EBUSY) }
-                    let fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
+                    let fd = try withDescriptor { () throws(Errno) in try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC) }
                     defer { Syscall.close(fd) }
                     fresh = try applyProtection(wanted, classKey: classKey, fd: fd, inode: inode)
                     if let fresh { inode.protectionState.withLock { $0.content = fresh } }
@@ -357,7 +396,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 }
                 fi.pointee.fh = HandleBox.store(OpenFile(content: content, inode: inode))
             } else {
-                let fd = try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags, fi))
+                let fd = try withDescriptor { () throws(Errno) in try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags, fi)) }
                 fi.pointee.fh = HandleBox.store(OpenFile(fd: fd, inode: inode))
             }
             // This daemon is the only writer of the backing tree: cached pages stay valid.
@@ -379,7 +418,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             var flags = backingFlags(fi.pointee.flags, fi) | O_CREAT | (fi.pointee.flags & O_EXCL)
             if wanted.isEncrypted { flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR }
-            let fd = try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode)
+            let fd = try withDescriptor { () throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
             let handle: OpenFile
             var content: ProtectedContent?
             do throws(Errno) {
@@ -392,7 +431,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 _ = unlinkat(parent.fd, name, 0)
                 throw error
             }
-            var entry = try rememberEntry(pathFD: try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC), protection: wanted)
+            var entry = try rememberEntry(pathFD: try withDescriptor { () throws(Errno) in try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC) },
+                                          name: EntryName(parent: UInt64(parentID), name: String(cString: name)), protection: wanted)
             let inode = try inodes.inode(UInt64(entry.ino))
             if let content {
                 Syscall.close(fd)
@@ -592,7 +632,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func opendir(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
-            let fd = try Syscall.openat(inode.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            let fd = try withDescriptor { () throws(Errno) in try Syscall.openat(inode.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
             guard let dir = fdopendir(fd) else {
                 let error = Errno.current
                 Syscall.close(fd)
@@ -661,13 +701,15 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 let needed: Int
                 if plus {
                     var entry: fuse_entry_param
-                    if Self.isDotOrDotDot(name) {
+                    if Self.isDotOrDotDot(name) || underInodePressure {
+                        // Names only (no inode for the kernel) for dot entries, and while the
+                        // kernel holds too many inodes: it looks them up when it needs them.
                         entry = fuse_entry_param()
                         entry.attr.st_ino = record.pointee.d_ino
                         entry.attr.st_mode = mode_t(record.pointee.d_type) << 12
                     } else {
                         do {
-                            entry = try lookupEntry(in: parent, name)
+                            entry = try lookupEntry(in: parent, id, name)
                         } catch {
                             // Removed since the listing was read: skip it.
                             stream.offset = next

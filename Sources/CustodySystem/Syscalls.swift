@@ -274,3 +274,22 @@ extension Syscall {
         return (directory, String(path[path.index(after: slash)...]))
     }
 }
+
+extension Syscall {
+    /// Raises the open-descriptor limit as far as allowed: the mount keeps one `O_PATH`
+    /// descriptor per inode the kernel knows, so a large tree needs many. Root may go up to
+    /// `fs.nr_open`; others to their hard limit. Returns the new soft limit.
+    @discardableResult
+    public static func raiseDescriptorLimit() -> UInt64 {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
+        let systemMaximum = (try? readTextFile("/proc/sys/fs/nr_open")).flatMap { UInt64($0.trimmingWhitespace()) } ?? 0
+        if systemMaximum > limit.rlim_max {
+            var wanted = rlimit(rlim_cur: rlim_t(systemMaximum), rlim_max: rlim_t(systemMaximum))
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &wanted) == 0 { return systemMaximum }
+        }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        return UInt64(limit.rlim_cur)
+    }
+}

@@ -140,6 +140,7 @@ struct Custodyd: ParsableCommand {
         options.maxThreads = threads
         options.debug = debug
 
+        Syscall.raiseDescriptorLimit()
         do {
             let stateDirectory = state ?? StateDirectory.defaultPath()
             try StateDirectory.prepare(stateDirectory)

@@ -127,4 +127,26 @@ final class DaemonLifecycleTests: XCTestCase {
         }
         XCTAssertEqual(remaining, [], "descriptors left open after forget and release")
     }
+
+    /// More files than the daemon may have descriptors: the kernel is asked to drop the least
+    /// recently used names, so creating, reading and listing never fails with EMFILE.
+    func testMoreFilesThanTheDescriptorLimit() throws {
+        let daemon = try MountedDaemon(wrapper: ["prlimit", "--nofile=256:256"])
+        defer { daemon.destroy() }
+        XCTAssertEqual(mkdir(daemon.mnt("many"), 0o755), 0)
+        for i in 0..<1500 {
+            try writeFile(daemon.mnt("many/f\(i)"), bytes("file \(i)"))
+        }
+        var peak = 0
+        for i in stride(from: 0, to: 1500, by: 7) {
+            XCTAssertEqual(try readFile(daemon.mnt("many/f\(i)")), bytes("file \(i)"))
+            peak = max(peak, try backingDescriptors(daemon).count)
+        }
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.mnt("many")).count, 1500)
+        let all = try runCommand(["sh", "-c", "cat \(daemon.mnt("many"))/* | wc -c"])
+        XCTAssertEqual(all.error, "", "every file read")
+        XCTAssertEqual(all.output, "\((0..<1500).reduce(0) { $0 + "file \($1)".utf8.count })\n")
+        XCTAssertLessThan(peak, 256, "descriptors stay under the limit")
+        XCTAssertFalse(daemon.log.contains("Too many open files"), daemon.log)
+    }
 }

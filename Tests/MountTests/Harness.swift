@@ -38,7 +38,11 @@ final class MountedDaemon {
 
     /// `prepare` runs before the daemon starts, with the state directory's path (to enroll
     /// accounts and bind processes with an engine of the test's own).
-    init(extraArguments: [String] = [], prepare: ((String) throws -> Void)? = nil) throws {
+    /// A command the daemon runs under (for example `prlimit --nofile=256`).
+    var wrapper: [String] = []
+
+    init(extraArguments: [String] = [], wrapper: [String] = [], prepare: ((String) throws -> Void)? = nil) throws {
+        self.wrapper = wrapper
         try Self.requireFUSE()
         root = try makeTemporaryDirectory("custody-test")
         backing = root + "/backing"
@@ -59,7 +63,11 @@ final class MountedDaemon {
 
     func start(extraArguments: [String] = []) throws {
         let arguments = ["--state", state, "--socket", socket] + extraArguments + [backing, mountPoint]
-        pid = try spawn(Self.binary, arguments, stdoutPath: logPath, stderrPath: logPath)
+        if let program = wrapper.first {
+            pid = try spawn(program, Array(wrapper.dropFirst()) + [Self.binary] + arguments, stdoutPath: logPath, stderrPath: logPath)
+        } else {
+            pid = try spawn(Self.binary, arguments, stdoutPath: logPath, stderrPath: logPath)
+        }
         let deadline = Date().addingTimeInterval(15)
         while Date() < deadline {
             if MountTable.entry(at: mountPoint)?.fileSystemType == "fuse.custody" { return }

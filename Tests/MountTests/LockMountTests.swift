@@ -250,7 +250,7 @@ final class LockMountTests: XCTestCase {
         defer { close(fd) }
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock").status, 200)
         try waitUntilLocked("alice@contoso.com")
-        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pwrite(fd, "zz", 2, 100) } }, EACCES, "a write that needs the old page fails")
+        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pwrite(fd, "zzzzzzzz", 8, 100) } }, EACCES, "a write that needs the old page fails")
         let page = [UInt8](repeating: UInt8(ascii: "q"), count: 4096)
         for offset in [4096, 8192, 65536] {
             let written = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, off_t(offset)) }
@@ -262,7 +262,7 @@ final class LockMountTests: XCTestCase {
         XCTAssertEqual(info.st_size, 8192)
         let again = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, 4096) }
         XCTAssertEqual(again, -1, "a path stat does not let the next write into the cache")
-        XCTAssertEqual(try runCommand(["grep", "-c", "zz", daemon.back("w.txt")]).output, "0\n")
+        XCTAssertEqual(try runCommand(["grep", "-c", "zzzzzzzz", daemon.back("w.txt")]).output, "0\n")
         XCTAssertEqual(try runCommand(["grep", "-c", "qqqq", daemon.back("w.txt")]).output, "0\n", "nothing reaches the disk in clear")
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "pw"}"#).status, 200)
         let after = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, 4096) }
