@@ -10,6 +10,8 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.6.0"),
+        .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
     ],
     targets: [
         // System-library and C shims.
@@ -31,6 +33,9 @@ let package = Package(
         // The low-level FUSE front end: inodes, handles, the passthrough.
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 
+        // The daemon's configuration file (custody.toml): typed, checked, with line numbers in errors.
+        .target(name: "CustodyConfig", dependencies: ["CustodyCore", "CustodyFormat", .product(name: "TOMLKit", package: "TOMLKit")]),
+
         // The client library: the SDK's managers over the control socket (no crypto, no FUSE).
         .target(name: "CustodyClient"),
 
@@ -39,8 +44,9 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem",
+            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
         ]),
 
         // libFuzzer target for the format (see `make fuzz`); an ordinary build replays inputs.
@@ -55,5 +61,6 @@ let package = Package(
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
         .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient"]),
+        .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyConfig", "CustodyCore", "CustodyFormat"]),
     ]
 )

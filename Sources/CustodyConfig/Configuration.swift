@@ -1,0 +1,366 @@
+import CustodyCore
+import CustodyFormat
+import Glibc
+import TOMLKit
+
+/// One problem in a configuration file: where it is (line and key) and what is wrong.
+public struct ConfigurationError: Error, Equatable, Sendable, CustomStringConvertible {
+    public var file: String
+    public var line: Int?
+    /// The key's path, such as `settings.MaxFileProtectionLevel` or `mount[2].backing`.
+    public var key: String
+    public var message: String
+
+    public var description: String {
+        let place = line.map { "\(file):\($0)" } ?? file
+        return key.isEmpty ? "\(place): \(message)" : "\(place): \(key): \(message)"
+    }
+}
+
+/// Every problem found in a configuration file (at least one).
+public struct ConfigurationErrors: Error, Sendable, CustomStringConvertible {
+    public var errors: [ConfigurationError]
+    public var description: String { errors.map(\.description).joined(separator: "\n") }
+}
+
+/// A mount the daemon serves.
+public struct MountConfiguration: Equatable, Sendable {
+    public var backing: String
+    public var mountPoint: String
+    public var allowOther = false
+    public var allowNonEmpty = false
+    public var cacheTimeout = 1.0
+    public var writebackCache = true
+    public var threads = 8
+
+    public init(backing: String, mountPoint: String) {
+        self.backing = backing
+        self.mountPoint = mountPoint
+    }
+}
+
+/// The daemon's configuration (`/etc/custody/custody.toml`, see `config/custody.toml`).
+public struct DaemonConfiguration: Equatable, Sendable {
+    public static let defaultPath = "/etc/custody/custody.toml"
+    public static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+    public var stateDirectory: String?
+    public var socket: String?
+    public var socketMode: UInt32?
+    public var socketGroup: String?
+    public var adminGroup: String?
+    public var logLevel = "info"
+    /// Replace every account's object ID and UPN in logs, not only `ValuesToScrubFromLogging`.
+    public var scrubAccountIdentities = false
+    public var settings = Settings()
+    public var mounts: [MountConfiguration] = []
+
+    public init() {}
+
+    /// Reads and checks `path` (syntax, keys, types, values; not the file system: see
+    /// `environmentErrors`).
+    public static func load(path: String) throws(ConfigurationErrors) -> DaemonConfiguration {
+        guard let text = readWholeFile(path) else {
+            throw ConfigurationErrors(errors: [ConfigurationError(file: path, key: "", message: "cannot read the file: \(String(cString: strerror(errno)))")])
+        }
+        return try parse(text, file: path)
+    }
+
+    public static func parse(_ text: String, file: String) throws(ConfigurationErrors) -> DaemonConfiguration {
+        let root: TOMLTable
+        do {
+            root = try TOMLTable(string: text)
+        } catch let error as TOMLParseError {
+            throw ConfigurationErrors(errors: [ConfigurationError(file: file, line: error.source.begin.line, key: "", message: "invalid TOML: \(error.description)")])
+        } catch {
+            throw ConfigurationErrors(errors: [ConfigurationError(file: file, key: "", message: "invalid TOML: \(error)")])
+        }
+        var reader = Reader(file: file, lines: text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init))
+        let configuration = reader.read(root)
+        if !reader.errors.isEmpty { throw ConfigurationErrors(errors: reader.errors) }
+        return configuration
+    }
+
+    /// Problems only the machine can show: backing directories that are missing or unreadable,
+    /// mount points that are missing, groups that do not exist.
+    public func environmentErrors(file: String, text: String? = nil) -> [ConfigurationError] {
+        let reader = Reader(file: file, lines: (text ?? Self.readWholeFile(file) ?? "").split(separator: "\n", omittingEmptySubsequences: false).map(String.init))
+        var errors: [ConfigurationError] = []
+        for (index, mount) in mounts.enumerated() {
+            var info = stat()
+            if stat(mount.backing, &info) != 0 || info.st_mode & S_IFMT != S_IFDIR {
+                errors.append(reader.error(["mount", "backing"], index: index, "backing directory \(mount.backing) does not exist or is not a directory"))
+            } else if access(mount.backing, R_OK | W_OK | X_OK) != 0 {
+                errors.append(reader.error(["mount", "backing"], index: index, "backing directory \(mount.backing) is not readable and writable"))
+            }
+            if stat(mount.mountPoint, &info) != 0 || info.st_mode & S_IFMT != S_IFDIR {
+                errors.append(reader.error(["mount", "mount_point"], index: index, "mount point \(mount.mountPoint) does not exist or is not a directory"))
+            }
+        }
+        for (key, group) in [("group", socketGroup), ("admin_group", adminGroup)] {
+            if let group, gid_t(group) == nil, getgrnam(group) == nil {
+                errors.append(reader.error(["control", key], "no group named \(group)"))
+            }
+        }
+        return errors
+    }
+
+    static func readWholeFile(_ path: String) -> String? {
+        guard let file = fopen(path, "r") else { return nil }
+        defer { fclose(file) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = fread(&chunk, 1, chunk.count, file)
+            if count == 0 { break }
+            bytes += chunk[0..<count]
+        }
+        return ferror(file) == 0 ? String(decoding: bytes, as: UTF8.self) : nil
+    }
+}
+
+/// Walks the parsed document, collecting every error with its line.
+struct Reader {
+    let file: String
+    let lines: [String]
+    var errors: [ConfigurationError] = []
+
+    init(file: String, lines: [String]) {
+        self.file = file
+        self.lines = lines
+    }
+
+    /// The line of `key` in `table` (the `index`th `[[table]]` for arrays of tables).
+    func line(of path: [String], index: Int? = nil) -> Int? {
+        guard let key = path.last else { return nil }
+        if path.count == 1, let index {
+            // The header of the index-th [[key]].
+            var seen = -1
+            for (number, raw) in lines.enumerated() where raw.drop(while: { $0 == " " || $0 == "\t" }).hasPrefix("[[") {
+                let name = raw.drop { $0 == " " || $0 == "\t" }.dropFirst(2).prefix { $0 != "]" }.trimmingCharacters(in: " \t")
+                if name == key { seen += 1 }
+                if seen == index { return number + 1 }
+            }
+            return nil
+        }
+        let table = path.dropLast().joined(separator: ".")
+        var current = ""
+        var arrayIndex: [String: Int] = [:]
+        var currentIndex: Int?
+        for (number, raw) in lines.enumerated() {
+            let line = raw.drop { $0 == " " || $0 == "\t" }
+            if line.hasPrefix("[[") {
+                current = String(line.dropFirst(2).prefix { $0 != "]" }).trimmingCharacters(in: " \t")
+                currentIndex = arrayIndex[current, default: -1] + 1
+                arrayIndex[current] = currentIndex
+                continue
+            }
+            if line.hasPrefix("[") {
+                current = String(line.dropFirst().prefix { $0 != "]" }).trimmingCharacters(in: " \t")
+                currentIndex = nil
+                continue
+            }
+            guard current == table, index == nil || currentIndex == index else { continue }
+            let name = line.prefix { $0 != "=" }.trimmingCharacters(in: " \t\"'")
+            if name == key, line.contains("=") { return number + 1 }
+        }
+        return nil
+    }
+
+    func error(_ path: [String], index: Int? = nil, _ message: String) -> ConfigurationError {
+        let shown = index.map { i in path.count > 1 ? "\(path[0])[\(i + 1)]." + path.dropFirst().joined(separator: ".") : "\(path[0])[\(i + 1)]" }
+            ?? path.joined(separator: ".")
+        return ConfigurationError(file: file, line: line(of: path, index: index), key: shown, message: message)
+    }
+
+    mutating func fail(_ path: [String], index: Int? = nil, _ message: String) {
+        errors.append(error(path, index: index, message))
+    }
+
+    // MARK: Typed values
+
+    mutating func string(_ table: TOMLTable, _ path: [String], index: Int? = nil) -> String? {
+        guard let key = path.last, let value = table[key] else { return nil }
+        guard let string = value.string else { wrongType(value, "a string", path, index); return nil }
+        return string
+    }
+
+    mutating func bool(_ table: TOMLTable, _ path: [String], index: Int? = nil) -> Bool? {
+        guard let key = path.last, let value = table[key] else { return nil }
+        guard let bool = value.bool else { wrongType(value, "true or false", path, index); return nil }
+        return bool
+    }
+
+    mutating func number(_ table: TOMLTable, _ path: [String], index: Int? = nil) -> Double? {
+        guard let key = path.last, let value = table[key] else { return nil }
+        if let int = value.int { return Double(int) }
+        guard let double = value.double else { wrongType(value, "a number", path, index); return nil }
+        return double
+    }
+
+    mutating func integer(_ table: TOMLTable, _ path: [String], index: Int? = nil) -> Int? {
+        guard let key = path.last, let value = table[key] else { return nil }
+        guard let int = value.int else { wrongType(value, "an integer", path, index); return nil }
+        return int
+    }
+
+    mutating func strings(_ table: TOMLTable, _ path: [String]) -> [String]? {
+        guard let key = path.last, let value = table[key] else { return nil }
+        guard let array = value.array else { wrongType(value, "an array of strings", path, nil); return nil }
+        var result: [String] = []
+        for element in array {
+            guard let string = element.string else { wrongType(element, "an array of strings", path, nil); return nil }
+            result.append(string)
+        }
+        return result
+    }
+
+    mutating func table(_ root: TOMLTable, _ key: String) -> TOMLTable? {
+        guard let value = root[key] else { return nil }
+        guard let table = value.table else { wrongType(value, "a table ([\(key)])", [key], nil); return nil }
+        return table
+    }
+
+    mutating func wrongType(_ value: TOMLValueConvertible, _ wanted: String, _ path: [String], _ index: Int?) {
+        fail(path, index: index, "must be \(wanted), not \(value.type == .int ? "an integer" : "a \(value.type)")")
+    }
+
+    mutating func unknownKeys(_ table: TOMLTable, allowed: [String], in prefix: [String], index: Int? = nil) {
+        for key in table.keys where !allowed.contains(key) {
+            let close = allowed.first { $0.lowercased() == key.lowercased() }.map { " (did you mean \($0)?)" } ?? ""
+            fail(prefix + [key], index: index, "unknown key" + close)
+        }
+    }
+
+    // MARK: The document
+
+    static let topKeys = ["state", "log_level", "control", "settings", "default_identities", "mount"]
+    static let controlKeys = ["socket", "mode", "group", "admin_group"]
+    static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
+                               "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost"]
+    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "threads"]
+
+    mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
+        var configuration = DaemonConfiguration()
+        unknownKeys(root, allowed: Self.topKeys, in: [])
+        configuration.stateDirectory = absolutePath(string(root, ["state"]), ["state"])
+        if let level = string(root, ["log_level"]) {
+            if DaemonConfiguration.logLevels.contains(level) { configuration.logLevel = level } else {
+                fail(["log_level"], "unknown level \(level) (\(DaemonConfiguration.logLevels.joined(separator: ", ")))")
+            }
+        }
+        if let control = table(root, "control") {
+            unknownKeys(control, allowed: Self.controlKeys, in: ["control"])
+            configuration.socket = absolutePath(string(control, ["control", "socket"]), ["control", "socket"])
+            if let mode = string(control, ["control", "mode"]) {
+                if let value = UInt32(mode, radix: 8), value <= 0o777 { configuration.socketMode = value } else {
+                    fail(["control", "mode"], "must be octal permissions such as \"0660\", not \(mode)")
+                }
+            }
+            configuration.socketGroup = string(control, ["control", "group"])
+            configuration.adminGroup = string(control, ["control", "admin_group"])
+        }
+        if let settings = table(root, "settings") { readSettings(settings, into: &configuration) }
+        if let identities = table(root, "default_identities") {
+            for key in identities.keys {
+                guard let uid = UInt32(key) else {
+                    fail(["default_identities", key], "keys are uids (numbers), not \(key)")
+                    continue
+                }
+                if let identity = string(identities, ["default_identities", key]) {
+                    if identity.isEmpty { fail(["default_identities", key], "empty identity") } else { configuration.settings.defaultIdentities[uid] = identity }
+                }
+            }
+        }
+        if let value = root["mount"] {
+            if let array = value.array {
+                for (index, element) in array.enumerated() {
+                    guard let mount = element.table else {
+                        fail(["mount"], index: index, "each [[mount]] must be a table")
+                        continue
+                    }
+                    if let parsed = readMount(mount, index: index) { configuration.mounts.append(parsed) }
+                }
+            } else {
+                fail(["mount"], "must be an array of tables ([[mount]])")
+            }
+        }
+        var seen: [String: Int] = [:]
+        for (index, mount) in configuration.mounts.enumerated() {
+            if let first = seen[mount.mountPoint] {
+                fail(["mount", "mount_point"], index: index, "\(mount.mountPoint) is already mount \(first + 1)")
+            }
+            seen[mount.mountPoint] = index
+        }
+        return configuration
+    }
+
+    mutating func readSettings(_ table: TOMLTable, into configuration: inout DaemonConfiguration) {
+        let path = ["settings"]
+        unknownKeys(table, allowed: Self.settingsKeys, in: path)
+        if let name = string(table, path + ["MaxFileProtectionLevel"]) {
+            if let level = ProtectionClass(name: name) { configuration.settings.maxFileProtectionLevel = level } else {
+                fail(path + ["MaxFileProtectionLevel"], "unknown level \(name) (NSFileProtectionComplete, NSFileProtectionCompleteUnlessOpen, NSFileProtectionCompleteUntilFirstUserAuthentication, NSFileProtectionNone, or complete, completeUnlessOpen, untilFirstAuth, none)")
+            }
+        }
+        if let value = bool(table, path + ["MultiIdentity"]) { configuration.settings.multiIdentity = value }
+        if let value = number(table, path + ["LockGracePeriod"]) {
+            if value >= 0, value.isFinite { configuration.settings.lockGracePeriod = value } else {
+                fail(path + ["LockGracePeriod"], "must be a number of seconds, 0 or more")
+            }
+        }
+        if let value = bool(table, path + ["VerboseLoggingEnabled"]) {
+            configuration.settings.verboseLoggingEnabled = value
+            if value { configuration.logLevel = "debug" }
+        }
+        if let values = strings(table, path + ["ValuesToScrubFromLogging"]) { configuration.settings.valuesToScrubFromLogging = values }
+        if let value = bool(table, path + ["ScrubAccountIdentities"]) { configuration.scrubAccountIdentities = value }
+        if let values = strings(table, path + ["AllowedAccounts"]) { configuration.settings.allowedAccounts = values }
+        if let cost = string(table, path + ["PassphraseCost"]) {
+            if ["interactive", "moderate", "minimal"].contains(cost) { configuration.settings.passphraseCost = cost } else {
+                fail(path + ["PassphraseCost"], "must be interactive, moderate or minimal")
+            }
+        }
+    }
+
+    mutating func readMount(_ table: TOMLTable, index: Int) -> MountConfiguration? {
+        unknownKeys(table, allowed: Self.mountKeys, in: ["mount"], index: index)
+        let backing = absolutePath(string(table, ["mount", "backing"], index: index), ["mount", "backing"], index: index)
+        let mountPoint = absolutePath(string(table, ["mount", "mount_point"], index: index), ["mount", "mount_point"], index: index)
+        if table["backing"] == nil { fail(["mount"], index: index, "missing key backing") }
+        if table["mount_point"] == nil { fail(["mount"], index: index, "missing key mount_point") }
+        var mount = MountConfiguration(backing: backing ?? "", mountPoint: mountPoint ?? "")
+        if let value = bool(table, ["mount", "allow_other"], index: index) { mount.allowOther = value }
+        if let value = bool(table, ["mount", "allow_nonempty"], index: index) { mount.allowNonEmpty = value }
+        if let value = bool(table, ["mount", "writeback_cache"], index: index) { mount.writebackCache = value }
+        if let value = number(table, ["mount", "cache_timeout"], index: index) {
+            if value >= 0, value.isFinite { mount.cacheTimeout = value } else { fail(["mount", "cache_timeout"], index: index, "must be 0 or more seconds") }
+        }
+        if let value = integer(table, ["mount", "threads"], index: index) {
+            if (1...256).contains(value) { mount.threads = value } else { fail(["mount", "threads"], index: index, "must be between 1 and 256") }
+        }
+        return backing == nil || mountPoint == nil ? nil : mount
+    }
+
+    /// Paths must be absolute; a trailing slash is dropped.
+    mutating func absolutePath(_ value: String?, _ path: [String], index: Int? = nil) -> String? {
+        guard let value else { return nil }
+        guard value.hasPrefix("/") else {
+            fail(path, index: index, "must be an absolute path, not \(value)")
+            return nil
+        }
+        var trimmed = value
+        while trimmed.count > 1, trimmed.hasSuffix("/") { trimmed.removeLast() }
+        return trimmed
+    }
+}
+
+extension StringProtocol {
+    func trimmingCharacters(in set: String) -> String {
+        let drop = Set(set)
+        var text = Substring(self)
+        while let first = text.first, drop.contains(first) { text.removeFirst() }
+        while let last = text.last, drop.contains(last) { text.removeLast() }
+        return String(text)
+    }
+}

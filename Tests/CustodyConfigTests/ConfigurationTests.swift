@@ -1,0 +1,134 @@
+@testable import CustodyConfig
+import CustodyCore
+import CustodyFormat
+import Foundation
+import XCTest
+
+final class ConfigurationTests: XCTestCase {
+    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    func parse(_ text: String) throws -> DaemonConfiguration { try DaemonConfiguration.parse(text, file: "test.toml") }
+
+    func errors(_ text: String) -> [String] {
+        do throws(ConfigurationErrors) {
+            _ = try DaemonConfiguration.parse(text, file: "test.toml")
+            return []
+        } catch {
+            return error.errors.map(\.description)
+        }
+    }
+
+    func testTheShippedExampleIsValid() throws {
+        let configuration = try DaemonConfiguration.load(path: Self.repository.appendingPathComponent("config/custody.toml").path)
+        XCTAssertEqual(configuration.stateDirectory, "/var/lib/custody")
+        XCTAssertEqual(configuration.socketMode, 0o660)
+        XCTAssertEqual(configuration.adminGroup, "custody-admin")
+        XCTAssertEqual(configuration.settings.maxFileProtectionLevel, .complete)
+        XCTAssertTrue(configuration.settings.multiIdentity)
+        XCTAssertTrue(configuration.scrubAccountIdentities)
+        XCTAssertEqual(configuration.mounts, [])
+    }
+
+    func testAFullConfiguration() throws {
+        let configuration = try parse("""
+            state = "/var/lib/custody/"
+            log_level = "debug"
+            [control]
+            socket = "/run/c.sock"
+            mode = "0600"
+            [settings]
+            MaxFileProtectionLevel = "NSFileProtectionCompleteUntilFirstUserAuthentication"
+            LockGracePeriod = 2.5
+            ValuesToScrubFromLogging = ["alice@contoso.com", "/srv/secret"]
+            [default_identities]
+            "1000" = "alice@contoso.com"
+            [[mount]]
+            backing = "/srv/a"
+            mount_point = "/home/a/Work"
+            allow_other = true
+            threads = 4
+            [[mount]]
+            backing = "/srv/b"
+            mount_point = "/home/b/Work"
+            cache_timeout = 0
+            writeback_cache = false
+            """)
+        XCTAssertEqual(configuration.stateDirectory, "/var/lib/custody")
+        XCTAssertEqual(configuration.logLevel, "debug")
+        XCTAssertEqual(configuration.socketMode, 0o600)
+        XCTAssertEqual(configuration.settings.maxFileProtectionLevel, .untilFirstAuthentication)
+        XCTAssertEqual(configuration.settings.lockGracePeriod, 2.5)
+        XCTAssertEqual(configuration.settings.valuesToScrubFromLogging, ["alice@contoso.com", "/srv/secret"])
+        XCTAssertEqual(configuration.settings.defaultIdentities, [1000: "alice@contoso.com"])
+        XCTAssertEqual(configuration.mounts.count, 2)
+        XCTAssertEqual(configuration.mounts[0].threads, 4)
+        XCTAssertTrue(configuration.mounts[0].allowOther)
+        XCTAssertEqual(configuration.mounts[1].cacheTimeout, 0)
+        XCTAssertFalse(configuration.mounts[1].writebackCache)
+    }
+
+    func testErrorsNameTheLineAndTheKey() {
+        let found = Set(errors("""
+            state = "/var/lib/custody"
+            colour = "blue"
+            [settings]
+            MaxFileProtectionLevel = "ultra"
+            MultiIdentity = "yes"
+            multiidentity = true
+            LockGracePeriod = -1
+            [control]
+            mode = "rwx"
+            [[mount]]
+            backing = "relative/path"
+            mount_point = "/m"
+            threads = 1000
+            [[mount]]
+            mount_point = "/m"
+            """))
+        let expected: Set<String> = [
+            "test.toml:2: colour: unknown key",
+            "test.toml:4: settings.MaxFileProtectionLevel: unknown level ultra (NSFileProtectionComplete, NSFileProtectionCompleteUnlessOpen, NSFileProtectionCompleteUntilFirstUserAuthentication, NSFileProtectionNone, or complete, completeUnlessOpen, untilFirstAuth, none)",
+            "test.toml:5: settings.MultiIdentity: must be true or false, not a string",
+            "test.toml:6: settings.multiidentity: unknown key (did you mean MultiIdentity?)",
+            "test.toml:7: settings.LockGracePeriod: must be a number of seconds, 0 or more",
+            "test.toml:9: control.mode: must be octal permissions such as \"0660\", not rwx",
+            "test.toml:11: mount[1].backing: must be an absolute path, not relative/path",
+            "test.toml:13: mount[1].threads: must be between 1 and 256",
+            "test.toml:14: mount[2]: missing key backing",
+        ]
+        XCTAssertEqual(found.subtracting(expected).sorted(), [], "unexpected errors")
+        XCTAssertEqual(expected.subtracting(found).sorted(), [], "missing errors")
+    }
+
+    func testSyntaxErrorsAndWrongTablesHaveLines() {
+        let syntax = errors("state = \"/a\"\n[settings\nMultiIdentity = true\n")
+        XCTAssertEqual(syntax.count, 1)
+        XCTAssertTrue(syntax[0].hasPrefix("test.toml:2: invalid TOML"), syntax[0])
+        XCTAssertEqual(errors("settings = 3\n"), ["test.toml:1: settings: must be a table ([settings]), not an integer"])
+        XCTAssertEqual(errors("[default_identities]\nalice = \"a@b.c\"\n"), ["test.toml:2: default_identities.alice: keys are uids (numbers), not alice"])
+        XCTAssertEqual(errors("[[mount]]\nbacking = \"/a\"\nmount_point = \"/m\"\n[[mount]]\nbacking = \"/b\"\nmount_point = \"/m/\"\n"),
+                       ["test.toml:6: mount[2].mount_point: /m is already mount 1"])
+    }
+
+    func testEnvironmentErrors() throws {
+        let directory = try FileManager.default.url(for: .itemReplacementDirectory, in: .userDomainMask,
+                                                    appropriateFor: URL(fileURLWithPath: "/tmp"), create: true).path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let text = """
+            [control]
+            group = "no-such-group-for-custody"
+            [[mount]]
+            backing = "\(directory)/missing"
+            mount_point = "\(directory)"
+            [[mount]]
+            backing = "\(directory)"
+            mount_point = "\(directory)/nowhere"
+            """
+        let configuration = try parse(text)
+        XCTAssertEqual(Set(configuration.environmentErrors(file: "test.toml", text: text).map(\.description)), [
+            "test.toml:2: control.group: no group named no-such-group-for-custody",
+            "test.toml:4: mount[1].backing: backing directory \(directory)/missing does not exist or is not a directory",
+            "test.toml:8: mount[2].mount_point: mount point \(directory)/nowhere does not exist or is not a directory",
+        ])
+    }
+}
