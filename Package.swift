@@ -44,7 +44,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig",
+            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),

@@ -34,6 +34,8 @@ public final class ControlServer: @unchecked Sendable {
     public static let timeoutSeconds = 10
 
     private let listener: Int32
+    /// False for a socket passed by the service manager (it owns the file).
+    private let ownsSocketFile: Bool
     private let api: ControlAPI
     private let active = Atomic<Int>(0)
     private let stopping = Atomic<Bool>(false)
@@ -62,6 +64,43 @@ public final class ControlServer: @unchecked Sendable {
             throw .cannotListen(path, error)
         }
         listener = fd
+        ownsSocketFile = true
+    }
+
+    /// Serves a socket that is already listening (socket activation: systemd passed it).
+    public init(listening fd: Int32, engine: Engine, adminGroup: gid_t? = nil) {
+        self.api = ControlAPI(engine: engine, adminGroup: adminGroup)
+        self.listener = fd
+        self.ownsSocketFile = false
+        self.path = Self.boundPath(of: fd) ?? ""
+    }
+
+    static func boundPath(of fd: Int32) -> String? {
+        var address = sockaddr_un()
+        var length = socklen_t(MemoryLayout<sockaddr_un>.size)
+        let result = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard result == 0 else { return nil }
+        let path = withUnsafeBytes(of: address.sun_path) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        return path.isEmpty ? nil : path
+    }
+
+    /// True when the socket answers a status request within two seconds (for the watchdog).
+    public var isAccepting: Bool {
+        guard !path.isEmpty else { return !stopping.load(ordering: .acquiring) }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { Glibc.close(fd) }
+        var timeout = timeval(tv_sec: 2, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        guard (try? Self.withAddress(path) { (address, length) throws(Errno) in try valueOrErrno(connect(fd, address, length)) }) != nil else { return false }
+        let request = Array("GET /v1/status HTTP/1.1\r\nHost: custody\r\n\r\n".utf8)
+        guard request.withUnsafeBytes({ Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }) == request.count else { return false }
+        var answer = [UInt8](repeating: 0, count: 12)
+        let count = answer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_WAITALL)) }
+        return count == 12 && String(decoding: answer, as: UTF8.self) == "HTTP/1.1 200"
     }
 
     public func start() {
@@ -74,7 +113,7 @@ public final class ControlServer: @unchecked Sendable {
         shutdown(listener, Int32(SHUT_RDWR))
         if let acceptThread { pthread_join(acceptThread, nil) }
         Glibc.close(listener)
-        _ = unlink(path)
+        if ownsSocketFile { _ = unlink(path) }
     }
 
     private func acceptLoop() {

@@ -33,7 +33,9 @@ public protocol WipeHandler: Sendable {
 /// nothing of FUSE or HTTP; the mount and the control socket drive it.
 public final class Engine: @unchecked Sendable {
     public let events = EventBus()
-    public let settings: Settings
+    private let settingsBox: Mutex<Settings>
+    /// The daemon's settings; `updateSettings` replaces them (a configuration reload).
+    public var settings: Settings { settingsBox.withLock { $0 } }
     let files: StateFiles
     let clock: EngineClock
     let processes: ProcessTable
@@ -87,7 +89,7 @@ public final class Engine: @unchecked Sendable {
     /// Loads (or creates) the state in `stateDirectory`. Invalid files are errors that name them.
     public init(stateDirectory: String, settings: Settings = Settings(), clock: EngineClock = SystemClock(),
                 processes: ProcessTable = LinuxProcessTable()) throws(EngineError) {
-        self.settings = settings
+        self.settingsBox = Mutex(settings)
         self.clock = clock
         self.processes = processes
         self.files = StateFiles(directory: stateDirectory)
@@ -139,6 +141,11 @@ public final class Engine: @unchecked Sendable {
 
     /// Starts the thread that completes locks at the end of their grace period (the daemon does;
     /// tests with a manual clock call `processDeadlines` instead).
+    /// Replaces the settings (a reload). A shorter grace period applies to locks requested later.
+    public func updateSettings(_ settings: Settings) {
+        settingsBox.withLock { $0 = settings }
+    }
+
     public func startDeadlineTimer() {
         timer.withLock { timer in
             if timer == nil { timer = DeadlineTimer(engine: self) }
@@ -349,17 +356,25 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// Deletes the files of a wiped account through the wipe handler (the mount), with progress events.
+    /// Deletes the files of a wiped account in every mount (and through `wipeHandler`, when set),
+    /// with progress events that add up across mounts.
     private func deleteFiles(of account: Account) throws(EngineError) {
-        guard let handler = wipeHandler else { return }
-        do {
-            try handler.wipeFiles(of: account) { scanned, deleted, bytes in
-                events.emit(.wipeProgress, identity: account.upn, "wiping \(account.upn)",
-                            details: ["scanned": "\(scanned)", "deleted": "\(deleted)", "bytesFreed": "\(bytes)"])
+        let handlers: [WipeHandler] = (wipeHandler.map { [$0] } ?? []) + volumes.map { $0 as WipeHandler }
+        var before = (scanned: 0, deleted: 0, bytes: UInt64(0))
+        for handler in handlers {
+            var last = (scanned: 0, deleted: 0, bytes: UInt64(0))
+            do {
+                try handler.wipeFiles(of: account) { scanned, deleted, bytes in
+                    last = (scanned, deleted, bytes)
+                    events.emit(.wipeProgress, identity: account.upn, "wiping \(account.upn)",
+                                details: ["scanned": "\(before.scanned + scanned)", "deleted": "\(before.deleted + deleted)",
+                                          "bytesFreed": "\(before.bytes + bytes)"])
+                }
+            } catch {
+                events.emit(.wipeFailed, identity: account.upn, code: 215, "wipe of \(account.upn) failed: \(error)")
+                throw .corruptState(file: files.directory, reason: "wipe of \(account.upn) failed: \(error)")
             }
-        } catch {
-            events.emit(.wipeFailed, identity: account.upn, code: 215, "wipe of \(account.upn) failed: \(error)")
-            throw .corruptState(file: files.directory, reason: "wipe of \(account.upn) failed: \(error)")
+            before = (before.scanned + last.scanned, before.deleted + last.deleted, before.bytes + last.bytes)
         }
     }
 
@@ -367,7 +382,7 @@ public final class Engine: @unchecked Sendable {
     public var pendingWipes: [Account] { state.withLock { $0.pendingWipes } }
 
     /// Finishes wipes that a stopped daemon journaled: deletes the files (the keys are already
-    /// gone), then drops the journal. The mount calls it once its wipe handler is in place.
+    /// gone), then drops the journal. The daemon calls it once every mount is attached.
     public func completePendingWipes() throws(EngineError) {
         for account in pendingWipes {
             events.emit(.wipeStarted, identity: account.upn, code: 102, "completing the interrupted wipe of \(account.upn)")

@@ -3,7 +3,7 @@ import Synchronization
 /// A mounted protected directory, as the engine sees it: where it is, and how to change the owner
 /// of something in it. The FUSE front end implements it (the engine knows nothing of FUSE), so
 /// that owner changes made through the control API keep the mount's inodes and caches coherent.
-public protocol ProtectedVolume: AnyObject, Sendable {
+public protocol ProtectedVolume: AnyObject, WipeHandler {
     /// Where the protected view is mounted (absolute, no trailing slash).
     var mountPoint: String { get }
     /// The backing directory that holds the stored files (absolute).
@@ -13,6 +13,7 @@ public protocol ProtectedVolume: AnyObject, Sendable {
     var allowsOtherUsers: Bool { get }
     /// Gives `relativePath` ("" for the root) the owner `owner` (nil: no owner), and for a
     /// directory everything below it; calls `progress` with the number of objects done so far.
+    /// (`wipeFiles`, from `WipeHandler`, deletes an identity's files in the mount.)
     func changeOwner(_ relativePath: String, to owner: String?, progress: (Int) -> Void) throws(EngineError)
 }
 

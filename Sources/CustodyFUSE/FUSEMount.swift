@@ -2,14 +2,45 @@ import CFuse3
 import CustodyCore
 import CustodySystem
 import Glibc
+import Synchronization
 
-/// Mounts a backing directory and serves it until the mount goes away or a signal arrives.
-public final class FUSEMount {
+/// Mounts a backing directory and serves it until the mount goes away, a signal arrives, or
+/// `stop()` is called.
+public final class FUSEMount: @unchecked Sendable {
     public let backing: String
     public let mountPoint: String
     public let options: MountOptions
     /// Decides owners and holds keys; nil mounts a plain passthrough.
     public let engine: Engine?
+
+    /// The live session and the thread running its loop, for `stop()`.
+    private struct Running: @unchecked Sendable {
+        var session: OpaquePointer?
+        var thread: pthread_t?
+        var stopRequested = false
+    }
+    private let running = Mutex(Running())
+
+    /// Ends the session loop from another thread (the mount is then unmounted by `run`). Safe to
+    /// call before the loop starts (it ends at once) or after it ended.
+    public func stop() {
+        running.withLock { state in
+            state.stopRequested = true
+            guard let session = state.session, let thread = state.thread else { return }
+            fuse_session_exit(session)
+            // Interrupts the loop's wait (SIGUSR1 has a handler that does nothing).
+            pthread_kill(thread, SIGUSR1)
+        }
+    }
+
+    /// A SIGUSR1 handler that does nothing, so the signal only interrupts waits.
+    private static let wakeHandlerInstalled: Bool = {
+        var action = sigaction()
+        action.__sigaction_handler.sa_handler = { _ in }
+        sigemptyset(&action.sa_mask)
+        action.sa_flags = 0
+        return sigaction(SIGUSR1, &action, nil) == 0
+    }()
 
     /// Checks both paths and `/dev/fuse`, so that problems are reported before anything is mounted.
     public init(backing: String, mountPoint: String, options: MountOptions, engine: Engine? = nil) throws(MountError) {
@@ -49,7 +80,7 @@ public final class FUSEMount {
 
     /// Mounts, calls `mounted` once the mount is live, and serves requests until unmounted
     /// (`fusermount3 -u`) or until SIGTERM, SIGINT or SIGHUP; then unmounts cleanly.
-    public func run(mounted: () -> Void) throws(MountError) {
+    public func run(completesPendingWipes: Bool = true, beforeServing: () -> Void = {}, mounted: () -> Void) throws(MountError) {
         // Modes arrive from the kernel with the caller's umask already applied.
         umask(0)
         let rootFD: Int32
@@ -81,8 +112,10 @@ public final class FUSEMount {
         guard let session else { throw .sessionFailed("fuse_session_new refused the options \(arguments)") }
         defer { fuse_session_destroy(session) }
 
-        guard fuse_set_signal_handlers(session) == 0 else { throw .sessionFailed("cannot install signal handlers") }
-        defer { fuse_remove_signal_handlers(session) }
+        if options.handleSignals {
+            guard fuse_set_signal_handlers(session) == 0 else { throw .sessionFailed("cannot install signal handlers") }
+        }
+        defer { if options.handleSignals { fuse_remove_signal_handlers(session) } }
 
         guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
         defer { fuse_session_unmount(session) }
@@ -94,14 +127,28 @@ public final class FUSEMount {
         defer { enforcement?.stop() }
         let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }
         defer { reprotection?.stop() }
-        engine?.wipeHandler = MountWipe(filesystem: filesystem, session: session)
-        defer { engine?.wipeHandler = nil }
-        let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther, filesystem: filesystem)
+        let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther,
+                                 filesystem: filesystem, session: session)
         engine?.attach(volume)
         defer { engine?.detach(volume) }
-        // A wipe a stopped daemon journaled is finished before requests are served.
-        do { try engine?.completePendingWipes() } catch { throw .sessionFailed("cannot complete an interrupted wipe: \(error)") }
+        // A wipe a stopped daemon journaled is finished before requests are served (with several
+        // mounts the daemon does it once all are attached).
+        if completesPendingWipes {
+            do { try engine?.completePendingWipes() } catch { throw .sessionFailed("cannot complete an interrupted wipe: \(error)") }
+        }
 
+        _ = Self.wakeHandlerInstalled
+        let stopEarly = running.withLock { state in
+            state.session = session
+            state.thread = pthread_self()
+            return state.stopRequested
+        }
+        defer { running.withLock { $0.session = nil; $0.thread = nil } }
+        if stopEarly { return }
+
+        // The mount is attached to the engine but serves nothing yet (a daemon with several
+        // mounts finishes interrupted wipes here, once all are attached).
+        beforeServing()
         mounted()
 
         let config = fuse_loop_cfg_create()

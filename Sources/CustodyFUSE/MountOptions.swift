@@ -20,6 +20,9 @@ public struct MountOptions: Sendable, Equatable {
     public var maxThreads: Int = 8
     /// Print every FUSE request (libfuse's debug output).
     public var debug: Bool = false
+    /// Install libfuse's SIGTERM/SIGINT/SIGHUP handlers (a single-mount program); a daemon with
+    /// several mounts handles signals itself and calls `FUSEMount.stop()`.
+    public var handleSignals: Bool = true
 
     public init() {}
 }

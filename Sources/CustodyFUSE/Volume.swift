@@ -11,12 +11,18 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     let backingDirectory: String
     let allowsOtherUsers: Bool
     private let filesystem: PassthroughFilesystem
+    private let wipe: MountWipe
 
-    init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: PassthroughFilesystem) {
+    init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: PassthroughFilesystem, session: OpaquePointer?) {
         self.mountPoint = mountPoint
         self.backingDirectory = backingDirectory
         self.allowsOtherUsers = allowsOtherUsers
         self.filesystem = filesystem
+        self.wipe = MountWipe(filesystem: filesystem, session: session)
+    }
+
+    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
+        try wipe.wipeFiles(of: account, progress: progress)
     }
 
     func changeOwner(_ relativePath: String, to owner: String?, progress: (Int) -> Void) throws(EngineError) {

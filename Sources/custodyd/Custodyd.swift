@@ -1,4 +1,6 @@
 import ArgumentParser
+import CustodyConfig
+import Logging
 import CustodyControl
 import CustodyCore
 import CustodyFormat
@@ -10,18 +12,29 @@ import Glibc
 struct Custodyd: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "custodyd",
-        abstract: "Mount a protected working directory over FUSE.",
+        abstract: "Mount protected working directories over FUSE and serve the control socket.",
         discussion: """
-            Serves BACKING at MOUNTPOINT and stays in the foreground until the mount point is \
-            unmounted (fusermount3 -u MOUNTPOINT) or the daemon gets SIGTERM or SIGINT.
+            With BACKING and MOUNTPOINT, serves BACKING at MOUNTPOINT (plus any mounts of --config). \
+            Without them, reads --config (default /etc/custody/custody.toml) and serves its mounts. \
+            Command-line options override the file. SIGTERM or SIGINT unmounts and stops; SIGHUP \
+            reloads the configuration file (mounts added and removed, settings, log level). Started \
+            by systemd it reports readiness and status, pings the watchdog and takes its control \
+            socket from socket activation. Without a configuration file it stops when its last \
+            mount is unmounted (fusermount3 -u MOUNTPOINT).
             """,
         version: CustodyVersion.string)
 
     @Argument(help: "The directory that holds the files (the backing store).")
-    var backing: String
+    var backing: String?
 
     @Argument(help: "An empty directory where the protected view appears.")
-    var mountPoint: String
+    var mountPoint: String?
+
+    @Option(help: ArgumentHelp("The configuration file (default /etc/custody/custody.toml when there are no mount arguments).", valueName: "path"))
+    var config: String?
+
+    @Option(help: ArgumentHelp("Check a configuration file, print its errors with line and key, and exit (0 valid, 1 not).", valueName: "path"))
+    var checkConfig: String?
 
     @Option(help: ArgumentHelp("Directory for keys and state.", valueName: "dir"))
     var state: String?
@@ -29,8 +42,8 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("Control socket path (default /run/custody/control.sock for root).", valueName: "path"))
     var socket: String?
 
-    @Option(help: ArgumentHelp("Permissions of the control socket (octal).", valueName: "mode"))
-    var socketMode: String = "0660"
+    @Option(help: ArgumentHelp("Permissions of the control socket (octal, default 0660).", valueName: "mode"))
+    var socketMode: String?
 
     @Option(help: ArgumentHelp("Group of the control socket (default custody-admin when it exists).", valueName: "group"))
     var socketGroup: String?
@@ -56,14 +69,17 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Print every FUSE request.")
     var debug = false
 
+    @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical.", valueName: "level"))
+    var logLevel: String?
+
     @Flag(help: "Allow more than one managed (enrolled) account (MultiIdentity).")
     var multiIdentity = false
 
     @Option(help: ArgumentHelp("Seconds between a lock and class A keys being dropped.", valueName: "seconds"))
-    var lockGracePeriod: Double = 10
+    var lockGracePeriod: Double?
 
     @Option(help: ArgumentHelp("Caps every policy's protection level (MaxFileProtectionLevel).", valueName: "level"))
-    var maxProtectionLevel: String = "complete"
+    var maxProtectionLevel: String?
 
     @Option(help: ArgumentHelp("Default identity for callers of a uid with no binding (repeatable).", valueName: "uid=identity"))
     var defaultIdentity: [String] = []
@@ -75,23 +91,30 @@ struct Custodyd: ParsableCommand {
         guard (1...256).contains(threads) else {
             throw ValidationError("--threads must be between 1 and 256")
         }
-        guard ProtectionClass(name: maxProtectionLevel) != nil else {
+        if let maxProtectionLevel, ProtectionClass(name: maxProtectionLevel) == nil {
             throw ValidationError("--max-protection-level: unknown level \(maxProtectionLevel) (complete, completeUnlessOpen, untilFirstAuth, none)")
         }
-        guard lockGracePeriod >= 0, lockGracePeriod.isFinite else {
+        if let lockGracePeriod, !(lockGracePeriod >= 0 && lockGracePeriod.isFinite) {
             throw ValidationError("--lock-grace-period must be a number of seconds, 0 or more")
         }
-        _ = try parsedDefaultIdentities()
-        guard let mode = mode_t(socketMode, radix: 8), mode <= 0o777 else {
-            throw ValidationError("--socket-mode must be octal permissions such as 0660, not \(socketMode)")
+        if let logLevel, !DaemonConfiguration.logLevels.contains(logLevel) {
+            throw ValidationError("--log-level: one of \(DaemonConfiguration.logLevels.joined(separator: ", "))")
         }
-        _ = mode
+        guard (backing == nil) == (mountPoint == nil) else {
+            throw ValidationError("give both BACKING and MOUNTPOINT, or neither (to use --config)")
+        }
+        _ = try parsedDefaultIdentities()
+        if let socketMode {
+            guard let mode = mode_t(socketMode, radix: 8), mode <= 0o777 else {
+                throw ValidationError("--socket-mode must be octal permissions such as 0660, not \(socketMode)")
+            }
+        }
         for (option, name) in [("--socket-group", socketGroup), ("--admin-group", adminGroup)] {
             if let name, Self.groupID(name) == nil { throw ValidationError("\(option): no group named \(name)") }
         }
     }
 
-    static let defaultAdminGroup = "custody-admin"
+    static let defaultAdminGroup: String? = "custody-admin"
 
     static func groupID(_ name: String) -> gid_t? {
         if let number = gid_t(name) { return number }
@@ -120,58 +143,95 @@ struct Custodyd: ParsableCommand {
         return result
     }
 
-    func settings() throws -> Settings {
-        var settings = Settings()
-        settings.multiIdentity = multiIdentity
-        settings.lockGracePeriod = lockGracePeriod
-        settings.maxFileProtectionLevel = ProtectionClass(name: maxProtectionLevel) ?? .complete
-        settings.defaultIdentities = try parsedDefaultIdentities()
-        return settings
+    /// Checks a configuration file: syntax, keys, types and values, then the machine (backing
+    /// directories, mount points, groups). Prints every error and "OK" when there is none.
+    func check(_ path: String) -> Int32 {
+        do throws(ConfigurationErrors) {
+            let configuration = try DaemonConfiguration.load(path: path)
+            let problems = configuration.environmentErrors(file: path)
+            if !problems.isEmpty {
+                for problem in problems { printError(problem.description) }
+                return 1
+            }
+            print("\(path): OK (\(configuration.mounts.count) mount\(configuration.mounts.count == 1 ? "" : "s"))")
+            return 0
+        } catch {
+            for problem in error.errors { printError(problem.description) }
+            return 1
+        }
+    }
+
+    /// The configuration file (if any) with the command line's options over it.
+    func effectiveConfiguration() throws -> (DaemonConfiguration, String?) {
+        var path = config
+        if path == nil, backing == nil {
+            guard access(DaemonConfiguration.defaultPath, F_OK) == 0 else {
+                throw ValidationError("give BACKING and MOUNTPOINT, or a configuration file (--config; \(DaemonConfiguration.defaultPath) does not exist)")
+            }
+            path = DaemonConfiguration.defaultPath
+        }
+        var configuration = DaemonConfiguration()
+        if let path {
+            do throws(ConfigurationErrors) {
+                configuration = try DaemonConfiguration.load(path: path)
+            } catch {
+                for problem in error.errors { printError(problem.description) }
+                throw ExitCode(1)
+            }
+            let problems = configuration.environmentErrors(file: path)
+            if !problems.isEmpty {
+                for problem in problems { printError(problem.description) }
+                throw ExitCode(1)
+            }
+        }
+        if let state { configuration.stateDirectory = state }
+        if let socket { configuration.socket = socket }
+        if let socketMode { configuration.socketMode = UInt32(socketMode, radix: 8) }
+        if let socketGroup { configuration.socketGroup = socketGroup }
+        if let adminGroup { configuration.adminGroup = adminGroup }
+        if let logLevel { configuration.logLevel = logLevel }
+        if multiIdentity { configuration.settings.multiIdentity = true }
+        if let lockGracePeriod { configuration.settings.lockGracePeriod = lockGracePeriod }
+        if let maxProtectionLevel, let level = ProtectionClass(name: maxProtectionLevel) { configuration.settings.maxFileProtectionLevel = level }
+        for (uid, identity) in try parsedDefaultIdentities() { configuration.settings.defaultIdentities[uid] = identity }
+        if let backing, let mountPoint {
+            var mount = MountConfiguration(backing: backing, mountPoint: mountPoint)
+            mount.allowOther = allowOther
+            mount.allowNonEmpty = allowNonempty
+            mount.cacheTimeout = cacheTimeout
+            mount.writebackCache = !noWritebackCache
+            mount.threads = threads
+            configuration.mounts.insert(mount, at: 0)
+        }
+        return (configuration, path)
     }
 
     func run() throws {
-        var options = MountOptions()
-        options.allowOther = allowOther
-        options.allowNonEmpty = allowNonempty
-        options.entryTimeout = cacheTimeout
-        options.attributeTimeout = cacheTimeout
-        options.negativeTimeout = cacheTimeout
-        options.writebackCache = !noWritebackCache
-        options.maxThreads = threads
-        options.debug = debug
+        if let checkConfig { throw ExitCode(check(checkConfig)) }
+        // Signals are taken by the main thread (sigtimedwait): blocked before any thread starts.
+        var signals = sigset_t()
+        sigemptyset(&signals)
+        for signal in [SIGTERM, SIGINT, SIGHUP, SIGPIPE] { sigaddset(&signals, signal) }
+        pthread_sigmask(SIG_BLOCK, &signals, nil)
 
+        let (configuration, path) = try effectiveConfiguration()
+        DaemonLog.bootstrap(level: Logger.Level(rawValue: configuration.logLevel) ?? .info)
         Syscall.raiseDescriptorLimit()
+        var options = MountOptions()
+        options.debug = debug
+        let daemon: Daemon
         do {
-            let stateDirectory = state ?? StateDirectory.defaultPath()
-            try StateDirectory.prepare(stateDirectory)
-            let engine = try Engine(stateDirectory: stateDirectory, settings: try settings())
-            engine.startDeadlineTimer()
-            defer { engine.stopDeadlineTimer() }
-            let socketPath = socket ?? Self.defaultSocketPath()
-            let fallbackGroup = Self.groupID(Self.defaultAdminGroup)
-            let server = try ControlServer(path: socketPath, engine: engine, mode: mode_t(socketMode, radix: 8) ?? 0o660,
-                                           group: socketGroup.flatMap(Self.groupID) ?? fallbackGroup,
-                                           adminGroup: adminGroup.flatMap(Self.groupID) ?? fallbackGroup)
-            server.start()
-            defer { server.stop() }
-            Log.info("control socket \(socketPath)")
-            let mount = try FUSEMount(backing: backing, mountPoint: mountPoint, options: options, engine: engine)
-            try mount.run {
-                Log.info("serving \(mount.backing) at \(mount.mountPoint) (pid \(getpid()), state \(stateDirectory))")
-            }
-            Log.info("unmounted \(mount.mountPoint)")
-        } catch let error as MountError {
-            Log.error(error.description)
-            throw ExitCode(1)
-        } catch let error as StateDirectoryError {
-            Log.error(error.description)
-            throw ExitCode(1)
-        } catch let error as EngineError {
-            Log.error(error.description)
-            throw ExitCode(1)
-        } catch let error as ControlError {
-            Log.error(error.description)
+            daemon = try Daemon(configuration: configuration, configurationPath: path, baseOptions: options)
+        } catch {
+            Logger(label: "custodyd").error("\(error)")
             throw ExitCode(1)
         }
+        guard daemon.start() else { throw ExitCode(1) }
+        daemon.runUntilStopped()
     }
+}
+
+func printError(_ message: String) {
+    var line = "custodyd: " + message + "\n"
+    line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
 }

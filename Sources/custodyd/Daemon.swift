@@ -1,0 +1,380 @@
+import CustodyConfig
+import CustodyControl
+import CustodyCore
+import CustodyFUSE
+import CustodySystem
+import Dispatch
+import Glibc
+import Logging
+import Synchronization
+
+/// One mount served on a thread of its own.
+final class RunningMount: @unchecked Sendable {
+    let configuration: MountConfiguration
+    let mount: FUSEMount
+    private let state = Mutex<(live: Bool, ended: Bool, error: String?)>((false, false, nil))
+    private let liveSignal = DispatchSemaphore(value: 0)
+    private let attachedSignal = DispatchSemaphore(value: 0)
+    private let serveSignal = DispatchSemaphore(value: 0)
+    private var thread: pthread_t?
+
+    init(_ configuration: MountConfiguration, mount: FUSEMount) {
+        self.configuration = configuration
+        self.mount = mount
+    }
+
+    var isLive: Bool { state.withLock { $0.live && !$0.ended } }
+    var hasEnded: Bool { state.withLock { $0.ended } }
+    var failure: String? { state.withLock { $0.error } }
+
+    /// Starts the session's thread and waits until the mount is attached to the engine (mounted,
+    /// not serving yet) or failed; `serve()` then lets it serve.
+    func attach() -> Bool {
+        let box = Unmanaged.passRetained(self)
+        var thread = pthread_t()
+        let created = pthread_create(&thread, nil, { raw in
+            guard let raw else { return nil }
+            let running = Unmanaged<RunningMount>.fromOpaque(raw).takeRetainedValue()
+            running.serveLoop()
+            return nil
+        }, box.toOpaque())
+        guard created == 0 else {
+            box.release()
+            state.withLock { $0.error = "cannot start a thread (\(Errno(created)))"; $0.ended = true }
+            return false
+        }
+        self.thread = thread
+        attachedSignal.wait()
+        return state.withLock { !$0.ended }
+    }
+
+    /// Lets an attached mount serve requests, and waits until it does.
+    func serve() -> Bool {
+        serveSignal.signal()
+        liveSignal.wait()
+        return isLive
+    }
+
+    private func serveLoop() {
+        do throws(MountError) {
+            try mount.run(completesPendingWipes: false, beforeServing: {
+                attachedSignal.signal()
+                serveSignal.wait()
+            }, mounted: {
+                state.withLock { $0.live = true }
+                liveSignal.signal()
+            })
+        } catch {
+            state.withLock { $0.error = error.description }
+        }
+        let wasLive = state.withLock { state -> Bool in
+            state.ended = true
+            return state.live
+        }
+        if !wasLive {
+            attachedSignal.signal()
+            liveSignal.signal()
+        }
+    }
+
+    /// Ends the loop (the mount is unmounted) and waits for the thread.
+    func stop() {
+        mount.stop()
+        serveSignal.signal()
+        if let thread { pthread_join(thread, nil) }
+        thread = nil
+    }
+
+    /// Waits for a thread whose loop already ended.
+    func join() {
+        if let thread { pthread_join(thread, nil) }
+        thread = nil
+    }
+}
+
+/// What the daemon runs: the engine, the control socket, the mounts; systemd readiness, the
+/// watchdog, signals (SIGTERM/SIGINT stop, SIGHUP reloads the configuration file).
+final class Daemon: @unchecked Sendable {
+    let logger = Logger(label: "custodyd")
+    private(set) var configuration: DaemonConfiguration
+    let configurationPath: String?
+    let engine: Engine
+    let server: ControlServer
+    private var mounts: [RunningMount] = [] {
+        didSet { liveMountPoints.withLock { $0 = mounts.map(\.mount.mountPoint) } }
+    }
+    /// What the watchdog checks (written by the main thread, read by the watchdog's).
+    private let liveMountPoints = Mutex<[String]>([])
+    private let watchdogStop = Atomic<Bool>(false)
+    private var watchdogThread: pthread_t?
+    let baseOptions: MountOptions
+    private var eventSubscription: Int?
+
+    init(configuration: DaemonConfiguration, configurationPath: String?, baseOptions: MountOptions) throws {
+        self.configuration = configuration
+        self.configurationPath = configurationPath
+        self.baseOptions = baseOptions
+        let stateDirectory = configuration.stateDirectory ?? StateDirectory.defaultPath()
+        try StateDirectory.prepare(stateDirectory)
+        engine = try Engine(stateDirectory: stateDirectory, settings: configuration.settings)
+        let adminGroup = (configuration.adminGroup ?? Custodyd.defaultAdminGroup).flatMap(Custodyd.groupID)
+        let socketGroup = (configuration.socketGroup ?? Custodyd.defaultAdminGroup).flatMap(Custodyd.groupID)
+        if let activated = Systemd.takeListenDescriptors().first {
+            server = ControlServer(listening: activated, engine: engine, adminGroup: adminGroup)
+            logger.info("control socket from the service manager (socket activation)")
+        } else {
+            let path = configuration.socket ?? Custodyd.defaultSocketPath()
+            server = try ControlServer(path: path, engine: engine, mode: mode_t(configuration.socketMode ?? 0o660),
+                                       group: socketGroup, adminGroup: adminGroup)
+            logger.info("control socket \(path)")
+        }
+        updateScrubbing()
+        // Every engine event is logged (progress at debug level).
+        eventSubscription = engine.events.subscribe { [logger] event in
+            let level: Logger.Level
+            switch event.kind {
+            case .wipeProgress, .reprotectProgress: level = .debug
+            case .wipeFailed, .unlockFailed, .enrollmentFailed: level = .warning
+            default: level = .info
+            }
+            logger.log(level: level, "\(event.kind.rawValue)\(event.code.map { " [\($0)]" } ?? ""): \(event.message)")
+        }
+        // New accounts are scrubbed from logs from then on.
+        _ = engine.events.subscribe { [weak self] event in
+            if event.kind == .registered || event.kind == .enrolled { self?.updateScrubbing() }
+        }
+    }
+
+    /// The values logs must not show: the configured ones, and every account's IDs when asked.
+    func updateScrubbing() {
+        var values = configuration.settings.valuesToScrubFromLogging
+        if configuration.scrubAccountIdentities {
+            for account in engine.accounts() { values += [account.id, account.upn] }
+        }
+        DaemonLog.setScrubbed(values)
+    }
+
+    func options(for mount: MountConfiguration) -> MountOptions {
+        var options = baseOptions
+        options.allowOther = mount.allowOther
+        options.allowNonEmpty = mount.allowNonEmpty
+        options.entryTimeout = mount.cacheTimeout
+        options.attributeTimeout = mount.cacheTimeout
+        options.negativeTimeout = mount.cacheTimeout
+        options.writebackCache = mount.writebackCache
+        options.maxThreads = mount.threads
+        options.handleSignals = false
+        return options
+    }
+
+    /// Mounts one configured mount, attached but not serving yet; nil (and logged) when it cannot.
+    func attachMount(_ configuration: MountConfiguration) -> RunningMount? {
+        let mount: FUSEMount
+        do throws(MountError) {
+            mount = try FUSEMount(backing: configuration.backing, mountPoint: configuration.mountPoint, options: options(for: configuration), engine: engine)
+        } catch {
+            logger.error("\(error.description)")
+            return nil
+        }
+        let running = RunningMount(configuration, mount: mount)
+        guard running.attach() else {
+            logger.error("\(running.failure ?? "cannot mount \(configuration.mountPoint)")")
+            running.join()
+            return nil
+        }
+        return running
+    }
+
+    /// Lets an attached mount serve; false (and logged) when it failed instead.
+    func serve(_ running: RunningMount) -> Bool {
+        guard running.serve() else {
+            logger.error("\(running.failure ?? "cannot serve \(running.mount.mountPoint)")")
+            running.join()
+            return false
+        }
+        logger.info("serving \(running.mount.backing) at \(running.mount.mountPoint)")
+        return true
+    }
+
+    /// Starts everything; false when a configured mount could not be mounted (nothing stays mounted).
+    func start() -> Bool {
+        engine.startDeadlineTimer()
+        server.start()
+        for configured in configuration.mounts {
+            guard let running = attachMount(configured) else {
+                stopAll()
+                return false
+            }
+            mounts.append(running)
+        }
+        // Every mount is attached and none serves yet: an interrupted wipe finishes first.
+        do throws(EngineError) { try engine.completePendingWipes() } catch {
+            logger.error("cannot complete an interrupted wipe: \(error)")
+            stopAll()
+            return false
+        }
+        for running in mounts {
+            guard serve(running) else {
+                stopAll()
+                return false
+            }
+        }
+        Systemd.notify("READY=1\nSTATUS=\(statusLine())\nMAINPID=\(getpid())")
+        logger.info("ready (pid \(getpid()), \(mounts.count) mount\(mounts.count == 1 ? "" : "s"))")
+        startWatchdog()
+        return true
+    }
+
+    func statusLine() -> String {
+        let live = mounts.filter(\.isLive).map(\.mount.mountPoint)
+        let accounts = engine.accounts().filter(\.isEnrolled)
+        let locked = accounts.filter { (try? engine.lockStatus($0.id)) == .locked }.count
+        return "serving \(live.isEmpty ? "no mounts" : live.joined(separator: ", ")); \(accounts.count) managed account\(accounts.count == 1 ? "" : "s"), \(locked) locked"
+    }
+
+    /// Waits for signals until stopped, or until every mount has gone (unmounted from outside).
+    func runUntilStopped() {
+        var signals = sigset_t()
+        sigemptyset(&signals)
+        for signal in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, signal) }
+        let hadMounts = !mounts.isEmpty
+        var lastStatus = ""
+        while true {
+            var timeout = timespec(tv_sec: 0, tv_nsec: 200_000_000)
+            let signal = sigtimedwait(&signals, nil, &timeout)
+            if signal == SIGTERM || signal == SIGINT {
+                logger.info("stopping (\(signal == SIGTERM ? "SIGTERM" : "SIGINT"))")
+                break
+            }
+            if signal == SIGHUP { reload() }
+            for running in mounts where running.hasEnded {
+                logger.info("\(running.mount.mountPoint) was unmounted")
+                running.join()
+            }
+            mounts.removeAll { $0.hasEnded }
+            if hadMounts, mounts.isEmpty, configurationPath == nil {
+                logger.info("every mount is gone; stopping")
+                break
+            }
+            let status = statusLine()
+            if status != lastStatus {
+                Systemd.notify("STATUS=\(status)")
+                lastStatus = status
+            }
+        }
+        stopAll()
+    }
+
+    /// Re-reads the configuration file: settings, log level, scrubbing, mounts added and removed.
+    func reload() {
+        guard let path = configurationPath else {
+            logger.notice("SIGHUP: no configuration file to reload (started without --config)")
+            return
+        }
+        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicroseconds())")
+        defer { Systemd.notify("READY=1\nSTATUS=\(statusLine())") }
+        let fresh: DaemonConfiguration
+        do throws(ConfigurationErrors) {
+            fresh = try DaemonConfiguration.load(path: path)
+        } catch {
+            logger.error("reload refused, keeping the running configuration:\n\(error.description)")
+            return
+        }
+        let environment = fresh.environmentErrors(file: path)
+        if !environment.isEmpty {
+            logger.error("reload refused, keeping the running configuration:\n\(environment.map(\.description).joined(separator: "\n"))")
+            return
+        }
+        configuration = fresh
+        engine.updateSettings(fresh.settings)
+        DaemonLog.level.withLock { $0 = Logger.Level(rawValue: fresh.logLevel) ?? .info }
+        updateScrubbing()
+        let wanted = Set(fresh.mounts.map(\.mountPoint))
+        for running in mounts where !wanted.contains(running.configuration.mountPoint) {
+            logger.info("reload: unmounting \(running.mount.mountPoint)")
+            running.stop()
+        }
+        mounts.removeAll { !wanted.contains($0.configuration.mountPoint) || $0.hasEnded }
+        let current = Set(mounts.map(\.configuration.mountPoint))
+        for configured in fresh.mounts where !current.contains(configured.mountPoint) {
+            logger.info("reload: mounting \(configured.mountPoint)")
+            if let running = attachMount(configured), serve(running) { mounts.append(running) }
+        }
+        logger.info("configuration reloaded from \(path)")
+    }
+
+    func stopAll() {
+        Systemd.notify("STOPPING=1")
+        watchdogStop.store(true, ordering: .releasing)
+        if let watchdogThread { pthread_join(watchdogThread, nil) }
+        watchdogThread = nil
+        for running in mounts {
+            running.stop()
+            logger.info("unmounted \(running.mount.mountPoint)")
+        }
+        mounts.removeAll()
+        server.stop()
+        engine.stopDeadlineTimer()
+    }
+
+    /// Pings the service manager while the daemon serves: every mount answers a `stat` through
+    /// the kernel and the control socket accepts a connection.
+    private func startWatchdog() {
+        guard let interval = Systemd.watchdogInterval else { return }
+        let box = Unmanaged.passRetained(WatchdogBox(daemon: self, interval: interval))
+        var thread = pthread_t()
+        if pthread_create(&thread, nil, { raw in
+            guard let raw else { return nil }
+            let box = Unmanaged<WatchdogBox>.fromOpaque(raw).takeRetainedValue()
+            box.daemon.watchdogLoop(interval: box.interval)
+            return nil
+        }, box.toOpaque()) == 0 {
+            watchdogThread = thread
+        } else {
+            box.release()
+        }
+    }
+
+    private final class WatchdogBox {
+        let daemon: Daemon
+        let interval: Double
+        init(daemon: Daemon, interval: Double) {
+            self.daemon = daemon
+            self.interval = interval
+        }
+    }
+
+    private func watchdogLoop(interval: Double) {
+        var next = monotonicSeconds()
+        while !watchdogStop.load(ordering: .acquiring) {
+            if monotonicSeconds() >= next {
+                if healthy() { Systemd.notify("WATCHDOG=1") }
+                next = monotonicSeconds() + interval
+            }
+            usleep(50_000)
+        }
+    }
+
+    func healthy() -> Bool {
+        // A name that was never looked up reaches the daemon (no cache can answer it): the
+        // request loop of each mount is alive when ENOENT comes back.
+        for mountPoint in liveMountPoints.withLock({ $0 }) {
+            var info = stat()
+            let probe = mountPoint + "/.custody-watchdog-" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+            guard stat(probe, &info) != 0, errno == ENOENT else { return false }
+        }
+        return server.isAccepting
+    }
+}
+
+func monotonicSeconds() -> Double {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+}
+
+func monotonicMicroseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1000
+}
