@@ -12,7 +12,16 @@ BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps bench-deps build release run test bench bench-format bench-wipe fuzz clean
+.PHONY: all deps bench-deps build release static run test test-install install uninstall bench bench-format bench-wipe fuzz clean
+
+# Where `make install` puts things (DESTDIR for staging).
+PREFIX ?= /usr/local
+DESTDIR ?=
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+STATIC_BIN := .build-static/release
 
 all: build
 
@@ -50,6 +59,45 @@ run: build
 
 test: build
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
+	$(MAKE) --no-print-directory test-install
+
+# Installs into a temporary DESTDIR, verifies the systemd units there and runs the installed
+# binaries with the Swift toolchain's libraries hidden (tests/install-test.sh).
+test-install: static
+	bash tests/install-test.sh
+
+# Release binaries with the Swift runtime linked in, so they run without the toolchain.
+static: deps
+	$(SWIFT) build -c release --static-swift-stdlib --scratch-path .build-static --product custodyd
+	$(SWIFT) build -c release --static-swift-stdlib --scratch-path .build-static --product custodyctl
+
+install: static
+	install -D -m 0755 $(STATIC_BIN)/custodyd "$(DESTDIR)$(PREFIX)/bin/custodyd"
+	install -D -m 0755 $(STATIC_BIN)/custodyctl "$(DESTDIR)$(PREFIX)/bin/custodyctl"
+	install -d -m 0755 "$(DESTDIR)$(UNITDIR)"
+	sed 's|/usr/local/bin/|$(PREFIX)/bin/|g; s|/usr/local/share/|$(PREFIX)/share/|g; s|/etc/custody/|$(SYSCONFDIR)/custody/|g' systemd/custodyd.service > "$(DESTDIR)$(UNITDIR)/custodyd.service"
+	sed 's|/usr/local/share/|$(PREFIX)/share/|g' systemd/custodyd.socket > "$(DESTDIR)$(UNITDIR)/custodyd.socket"
+	chmod 0644 "$(DESTDIR)$(UNITDIR)/custodyd.service" "$(DESTDIR)$(UNITDIR)/custodyd.socket"
+	install -D -m 0644 systemd/custody.sysusers "$(DESTDIR)$(SYSUSERSDIR)/custody.conf"
+	install -D -m 0644 systemd/custody.tmpfiles "$(DESTDIR)$(TMPFILESDIR)/custody.conf"
+	install -D -m 0644 config/custody.toml "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml.example"
+	[ -e "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml" ] || install -m 0644 config/custody.toml "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml"
+	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/doc/custody/docs"
+	install -m 0644 README.md "$(DESTDIR)$(PREFIX)/share/doc/custody/"
+	install -m 0644 docs/*.md docs/openapi.yaml "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/"
+	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/bash-completion/completions" "$(DESTDIR)$(PREFIX)/share/zsh/site-functions"
+	$(STATIC_BIN)/custodyctl --generate-completion-script bash > "$(DESTDIR)$(PREFIX)/share/bash-completion/completions/custodyctl"
+	$(STATIC_BIN)/custodyctl --generate-completion-script zsh > "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_custodyctl"
+	@echo "installed under $(DESTDIR)$(PREFIX); then: systemd-sysusers, systemd-tmpfiles --create, systemctl daemon-reload, systemctl enable --now custodyd.socket custodyd.service"
+
+# Removes what `make install` put there (the configuration file stays).
+uninstall:
+	rm -f "$(DESTDIR)$(PREFIX)/bin/custodyd" "$(DESTDIR)$(PREFIX)/bin/custodyctl"
+	rm -f "$(DESTDIR)$(UNITDIR)/custodyd.service" "$(DESTDIR)$(UNITDIR)/custodyd.socket"
+	rm -f "$(DESTDIR)$(SYSUSERSDIR)/custody.conf" "$(DESTDIR)$(TMPFILESDIR)/custody.conf"
+	rm -f "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml.example"
+	rm -rf "$(DESTDIR)$(PREFIX)/share/doc/custody"
+	rm -f "$(DESTDIR)$(PREFIX)/share/bash-completion/completions/custodyctl" "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_custodyctl"
 
 bench: bench-deps release
 	python3 bench/bench.py
@@ -63,7 +111,7 @@ bench-format: release
 	.build/release/custody-format-bench 256 /dev/shm
 
 clean:
-	rm -rf .build
+	rm -rf .build .build-static .build-fuzz
 
 # Fuzzes the header parser and block decoder with libFuzzer. FUZZ_SECONDS (default 600).
 FUZZ_SECONDS ?= 600

@@ -129,8 +129,10 @@ final class Daemon: @unchecked Sendable {
             logger.info("control socket \(path)")
         }
         updateScrubbing()
-        // Every engine event is logged (progress at debug level).
-        eventSubscription = engine.events.subscribe { [logger] event in
+        // Every engine event is logged (progress at debug level); a new account is added to the
+        // scrubbed values before its first line.
+        eventSubscription = engine.events.subscribe { [weak self, logger] event in
+            if event.kind == .registered || event.kind == .enrolled { self?.updateScrubbing() }
             let level: Logger.Level
             switch event.kind {
             case .wipeProgress, .reprotectProgress: level = .debug
@@ -138,10 +140,6 @@ final class Daemon: @unchecked Sendable {
             default: level = .info
             }
             logger.log(level: level, "\(event.kind.rawValue)\(event.code.map { " [\($0)]" } ?? ""): \(event.message)")
-        }
-        // New accounts are scrubbed from logs from then on.
-        _ = engine.events.subscribe { [weak self] event in
-            if event.kind == .registered || event.kind == .enrolled { self?.updateScrubbing() }
         }
     }
 
