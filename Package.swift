@@ -31,7 +31,8 @@ let package = Package(
         // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md).
         .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
-        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
+                                                   .product(name: "Logging", package: "swift-log")]),
 
         // The daemon's configuration file (custody.toml): typed, checked, with line numbers in errors.
         .target(name: "CustodyConfig", dependencies: ["CustodyCore", "CustodyFormat", .product(name: "TOMLKit", package: "TOMLKit")]),

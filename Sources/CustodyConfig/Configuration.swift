@@ -105,6 +105,9 @@ public struct DaemonConfiguration: Equatable, Sendable {
         return errors
     }
 
+    /// The text of a file (the configuration, for a support bundle).
+    public static func readWholeFileText(_ path: String) -> String? { readWholeFile(path) }
+
     static func readWholeFile(_ path: String) -> String? {
         guard let file = fopen(path, "r") else { return nil }
         defer { fclose(file) }

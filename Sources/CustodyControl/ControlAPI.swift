@@ -11,6 +11,9 @@ struct ControlAPI: Sendable {
     let engine: Engine
     let adminGroup: gid_t?
     let jobs = JobRegistry()
+    /// What the daemon adds to a support bundle (its configuration, scrubbed) and how it scrubs
+    /// text; set by custodyd.
+    let diagnostics = DiagnosticsHooks()
     static let version = "0.2.0"
 
     func caller(pid: Int32, uid: UInt32, gid: UInt32) -> Caller {
@@ -127,6 +130,7 @@ struct ControlAPI: Sendable {
         RouteSpec("GET", "/v1/jobs"),
         RouteSpec("GET", "/v1/jobs/{id}"),
         RouteSpec("GET", "/v1/events"),
+        RouteSpec("GET", "/v1/diagnostics"),
     ]
 
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
@@ -241,6 +245,9 @@ struct ControlAPI: Sendable {
             return json(job.snapshot)
         case ("GET", "/v1/events"):
             return events(request, caller)
+        case ("GET", "/v1/diagnostics"):
+            guard caller.isAdmin else { throw Self.notAuthorized("read the diagnostics") }
+            return diagnosticsBundle()
         default:
             throw unknownRoute(request)
         }

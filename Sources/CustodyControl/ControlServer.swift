@@ -36,7 +36,7 @@ public final class ControlServer: @unchecked Sendable {
     private let listener: Int32
     /// False for a socket passed by the service manager (it owns the file).
     private let ownsSocketFile: Bool
-    private let api: ControlAPI
+    let api: ControlAPI
     private let active = Atomic<Int>(0)
     private let stopping = Atomic<Bool>(false)
     private var acceptThread: pthread_t?

@@ -37,6 +37,8 @@ public final class Engine: @unchecked Sendable {
     /// The daemon's settings; `updateSettings` replaces them (a configuration reload).
     public var settings: Settings { settingsBox.withLock { $0 } }
     let files: StateFiles
+    /// Where the engine keeps its state.
+    public var stateDirectory: String { files.directory }
     let clock: EngineClock
     let processes: ProcessTable
     let machineKey: SecretBytes

@@ -4,7 +4,11 @@ import CustodyCrypto
 import CustodyFormat
 import CustodySystem
 import Glibc
+import Logging
 import Synchronization
+
+/// The mount's log (swift-log; the daemon decides where it goes and scrubs identities).
+let mountLogger = Logger(label: "custody.mount")
 
 /// How a backing object is protected, as its owner record says.
 enum Protection: Equatable {
@@ -260,7 +264,6 @@ extension PassthroughFilesystem {
     }
 
     func log(_ message: String) {
-        var line = "custodyd: " + message + "\n"
-        line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+        mountLogger.notice("\(message)")
     }
 }

@@ -25,7 +25,7 @@ struct Custodyctl: ParsableCommand {
             Lock.self, Unlock.self, Run.self, Bind.self, Unbind.self, Identity.self,
             Protect.self, Info.self, EncryptFile.self, DecryptFile.self, IsEncrypted.self, CanReceive.self,
             ProtectData.self, UnprotectData.self, DataInfo.self,
-            Wipe.self, Jobs.self, Events.self,
+            Wipe.self, Jobs.self, Events.self, Diagnose.self,
         ])
 }
 

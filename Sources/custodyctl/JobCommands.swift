@@ -140,3 +140,28 @@ struct Events: ParsableCommand {
         }
     }
 }
+
+struct Diagnose: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Write a support bundle (admin): versions, the machine, the configuration, status, jobs and recent events, identities scrubbed.",
+        discussion: "The daemon scrubs the bundle with its log settings (ValuesToScrubFromLogging, ScrubAccountIdentities). Writes custody-diagnose-<time>.json, or --out FILE, or standard output with --out -.")
+    @OptionGroup var global: Global
+    @Option(help: ArgumentHelp("Where to write the bundle (- for standard output).", valueName: "file")) var out: String?
+
+    func run() throws {
+        let response = try request(global, "GET", "/v1/diagnostics")
+        var bundle = response.body
+        // The client's side: its own version, and whether it reached the daemon as root.
+        let client = ",\n  \"client\" : { \"custodyctl\" : \"\(Custodyctl.configuration.version)\", \"uid\" : \"\(geteuid())\" }\n}"
+        if let close = bundle.lastIndex(of: UInt8(ascii: "}")) {
+            bundle.replaceSubrange(close..., with: Array(client.utf8))
+        }
+        let path = out ?? "custody-diagnose-\(time(nil)).json"
+        if path == "-" {
+            try emit(bundle + [10], to: nil)
+        } else {
+            try emit(bundle + [10], to: path)
+            if !global.json { print("wrote \(path) (\(bundle.count) bytes); identities and configured values are scrubbed") }
+        }
+    }
+}

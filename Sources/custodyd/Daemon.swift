@@ -129,6 +129,11 @@ final class Daemon: @unchecked Sendable {
             logger.info("control socket \(path)")
         }
         updateScrubbing()
+        let path = configurationPath
+        server.diagnostics.set(configuration: {
+            guard let path else { return "(no configuration file; started with command-line options)" }
+            return DaemonConfiguration.readWholeFileText(path) ?? "(cannot read \(path))"
+        }, scrub: { DaemonLog.scrub($0) })
         // Every engine event is logged (progress at debug level); a new account is added to the
         // scrubbed values before its first line.
         eventSubscription = engine.events.subscribe { [weak self, logger] event in

@@ -216,5 +216,10 @@ final class CustodyctlTests: XCTestCase {
         XCTAssertEqual(denied.status, 77)
         XCTAssertTrue(denied.error.contains("401 NotAuthorized"), denied.error)
         XCTAssertEqual(try daemon.ctl(["status"], asUser: user).status, 0)
+        XCTAssertEqual(try daemon.ctl(["diagnose", "--out", "-"], asUser: user).status, 77, "the support bundle is for administrators")
+        let bundle = work + "/bundle.json"
+        XCTAssertTrue(try ctl(["diagnose", "--out", bundle]).contains("wrote \(bundle)"))
+        let parsed = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: bundle)))) as? [String: Any] ?? [:]
+        XCTAssertEqual(Set(parsed.keys), ["version", "generatedAt", "daemon", "system", "configuration", "status", "jobs", "events", "client"])
     }
 }

@@ -246,5 +246,16 @@ final class ServiceTests: XCTestCase {
         XCTAssertFalse(log.lowercased().contains("alice@contoso.com"), log)
         XCTAssertFalse(log.contains("alice-oid"), log)
         XCTAssertTrue(log.contains("[scrubbed:"), log)
+
+        // The support bundle is scrubbed the same way, configuration included.
+        let bundle = try runCommand([MountedDaemon.tool("custodyctl"), "diagnose", "--socket", root + "/control.sock", "--out", "-"])
+        XCTAssertEqual(bundle.status, 0, bundle.error)
+        XCTAssertTrue(bundle.output.contains("\"configuration\""), bundle.output)
+        XCTAssertTrue(bundle.output.contains("ScrubAccountIdentities"), "the configuration is in it")
+        XCTAssertTrue(bundle.output.contains("lockRequested"), "recent events are in it")
+        XCTAssertTrue(bundle.output.contains("\"custodyctl\""), "the client's version is in it")
+        XCTAssertFalse(bundle.output.lowercased().contains("alice@contoso.com"), bundle.output)
+        XCTAssertFalse(bundle.output.contains("secret-project"), "configured values are scrubbed, the configuration's own included")
+        XCTAssertNotNil(try? JSONSerialization.jsonObject(with: Data(bundle.output.utf8)), "the bundle is JSON")
     }
 }

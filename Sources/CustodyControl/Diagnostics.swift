@@ -1,0 +1,81 @@
+import CustodyCore
+import FoundationEssentials
+import Glibc
+import Synchronization
+
+/// What the daemon plugs into the support bundle: its configuration (already scrubbed) and the
+/// scrubber for everything else in the bundle.
+public final class DiagnosticsHooks: Sendable {
+    private let hooks = Mutex<(configuration: @Sendable () -> String, scrub: @Sendable (String) -> String)>(({ "" }, { $0 }))
+
+    public func set(configuration: @escaping @Sendable () -> String, scrub: @escaping @Sendable (String) -> String) {
+        hooks.withLock { $0 = (configuration, scrub) }
+    }
+
+    var configuration: String { hooks.withLock { $0.configuration }() }
+    func scrub(_ text: String) -> String { hooks.withLock { $0.scrub }(text) }
+}
+
+extension ControlServer {
+    /// Hooks for `GET /v1/diagnostics`.
+    public var diagnostics: DiagnosticsHooks { api.diagnostics }
+}
+
+struct DiagnosticsView: Encodable {
+    var version: String
+    var generatedAt: Double
+    var daemon: [String: String]
+    var system: [String: String]
+    var configuration: String
+    var status: StatusView
+    var jobs: [Job.View]
+    var events: [EngineEvent]
+}
+
+extension ControlAPI {
+    /// A support bundle: versions, the machine, the configuration, status, jobs and the recent
+    /// events, with identities and configured values scrubbed (the whole document goes through
+    /// the daemon's log scrubber).
+    func diagnosticsBundle() -> HTTPResponse {
+        var name = utsname()
+        uname(&name)
+        func field<T>(_ value: T) -> String { withUnsafeBytes(of: value) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) } }
+        let system = [
+            "kernel": "\(field(name.sysname)) \(field(name.release)) \(field(name.machine))",
+            "fuseDevice": access("/dev/fuse", R_OK | W_OK) == 0 ? "usable" : "not usable",
+            "osRelease": (readTextFile("/etc/os-release") ?? "").split(separator: "\n").first { $0.hasPrefix("PRETTY_NAME=") }.map { String($0.dropFirst(12)).replacingOccurrences("\"", "") } ?? "unknown",
+        ]
+        let daemon = [
+            "pid": "\(getpid())",
+            "uid": "\(geteuid())",
+            "openFileKeys": "\(engine.openFileKeyCount())",
+            "stateDirectory": engine.stateDirectory,
+        ]
+        let view = DiagnosticsView(version: Self.version, generatedAt: wallClockSeconds(), daemon: daemon, system: system,
+                                   configuration: diagnostics.configuration, status: status(), jobs: jobs.all.map(\.snapshot),
+                                   events: engine.events.events().suffix(200))
+        let encoder = Self.encoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes, .prettyPrinted]
+        let text = (try? encoder.encode(view)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+        return HTTPResponse(status: 200, body: Array(diagnostics.scrub(text).utf8))
+    }
+}
+
+func readTextFile(_ path: String) -> String? {
+    guard let file = fopen(path, "r") else { return nil }
+    defer { fclose(file) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let count = fread(&chunk, 1, chunk.count, file)
+        if count == 0 { break }
+        bytes += chunk[0..<count]
+    }
+    return String(decoding: bytes, as: UTF8.self)
+}
+
+extension String {
+    func replacingOccurrences(_ target: String, _ replacement: String) -> String {
+        split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
+    }
+}
