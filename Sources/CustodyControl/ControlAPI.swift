@@ -14,6 +14,7 @@ struct ControlAPI: Sendable {
     /// What the daemon adds to a support bundle (its configuration, scrubbed) and how it scrubs
     /// text; set by custodyd.
     let diagnostics = DiagnosticsHooks()
+    let streams = StreamCounter()
     static let version = "0.2.0"
 
     func caller(pid: Int32, uid: UInt32, gid: UInt32) -> Caller {
@@ -244,7 +245,7 @@ struct ControlAPI: Sendable {
             }
             return json(job.snapshot)
         case ("GET", "/v1/events"):
-            return events(request, caller)
+            return try events(request, caller)
         case ("GET", "/v1/diagnostics"):
             guard caller.isAdmin else { throw Self.notAuthorized("read the diagnostics") }
             return diagnosticsBundle()

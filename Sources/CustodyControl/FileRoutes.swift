@@ -3,6 +3,7 @@ import CustodyCore
 import CustodySystem
 import FoundationEssentials
 import Glibc
+import Synchronization
 
 // The file and data routes: the SDK's FileProtectionManager and DataProtectionManager calls.
 //
@@ -253,17 +254,23 @@ extension ControlAPI {
     /// Newline-delimited JSON: the kept events after `after` (a sequence number, or `latest`), then (unless `follow=false`) every
     /// new one until the client disconnects. Non-admins see events of their own accounts and
     /// events naming no identity.
-    func events(_ request: HTTPRequest, _ caller: Caller) -> HTTPResponse {
+    func events(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        // A user may hold a few streams; the connections are shared by everyone.
+        let follow = request.query["follow"] != "false"
+        if follow, !caller.isAdmin, !streams.open(for: caller.uid) {
+            throw Failure(status: 503, code: 503, name: "ServiceBusy", message: "at most \(StreamCounter.perUser) event streams per user")
+        }
+        let releaseStream: @Sendable () -> Void = { [streams] in if follow, !caller.isAdmin { streams.close(for: caller.uid) } }
         let engine = self.engine
         // "latest": only what happens from now on.
         let after = request.query["after"] == "latest" ? (engine.events.events().last?.sequence ?? 0) : UInt64(request.query["after"] ?? "0") ?? 0
-        let follow = request.query["follow"] != "false"
         let visible: @Sendable (EngineEvent) -> Bool = { event in
             guard !caller.isAdmin, let identity = event.identity else { return true }
             return (try? engine.account(identity))?.uid == caller.uid
         }
         var response = HTTPResponse(status: 200, body: [], contentType: "application/x-ndjson")
         response.stream = { writer in
+            defer { releaseStream() }
             let queue = EventQueue()
             let token = follow ? engine.events.subscribe { event in queue.push(event) } : nil
             defer { if let token { engine.events.unsubscribe(token) } }
@@ -292,6 +299,24 @@ struct DataView: Encodable {
     var data: String
     var string: String?
     var size: Int
+}
+
+/// Open event streams per user.
+final class StreamCounter: Sendable {
+    static let perUser = 8
+    private let counts = Mutex<[UInt32: Int]>([:])
+
+    func open(for uid: UInt32) -> Bool {
+        counts.withLock { counts in
+            guard counts[uid, default: 0] < Self.perUser else { return false }
+            counts[uid, default: 0] += 1
+            return true
+        }
+    }
+
+    func close(for uid: UInt32) {
+        counts.withLock { $0[uid, default: 1] -= 1 }
+    }
 }
 
 /// Events waiting to be streamed to one client.

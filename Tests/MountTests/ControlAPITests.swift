@@ -438,6 +438,35 @@ final class ControlAPITests: XCTestCase {
         XCTAssertEqual(try readFile(mine), bytes("user's export"))
         XCTAssertEqual(try status("POST", "/v1/data/protect", #"{"identity": "erin@contoso.com", "string": "x"}"#), 403)
         XCTAssertEqual(try status("POST", "/v1/data/protect", #"{"identity": "alice@contoso.com", "string": "x"}"#), 200)
+        // A user holds at most 8 event streams (the connections are shared by everyone).
+        var streams: [pid_t] = []
+        for _ in 0..<8 {
+            streams.append(try spawn("setpriv", ["--reuid=\(user)", "--regid=\(user)", "--clear-groups", "curl", "-s", "-N", "--unix-socket", daemon.socket, "http://localhost/v1/events"]))
+        }
+        children += streams
+        func streamStatus() throws -> Int {
+            let result = try runCommand(["setpriv", "--reuid=\(user)", "--regid=\(user)", "--clear-groups", "curl", "-s", "-m", "1", "-o", "/dev/null",
+                                         "-w", "%{http_code}", "--unix-socket", daemon.socket, "http://localhost/v1/events?after=latest"])
+            return Int(result.output) ?? 0
+        }
+        var ninth = 0
+        for _ in 0..<100 {
+            ninth = try streamStatus()
+            if ninth == 503 { break }
+            usleep(50_000)
+        }
+        XCTAssertEqual(ninth, 503, "the ninth stream is refused")
+        XCTAssertEqual(try daemon.api("GET", "/v1/events?follow=false").status, 200, "others are served")
+        for stream in streams { kill(stream, SIGKILL); waitForExit(stream, seconds: 5) }
+        var again = 0
+        for _ in 0..<30 {
+            // Streams are released when the daemon notices the clients are gone (within about a second).
+            again = try streamStatus()
+            if again == 200 { break }
+            usleep(100_000)
+        }
+        XCTAssertEqual(again, 200, "a stream is allowed again once the others closed")
+
         // Its file, outside the mount, in a directory it cannot write: the daemon does not write there for it.
         XCTAssertEqual(try status("POST", "/v1/files/encrypt", #"{"path": "\#(mine)", "identity": "alice@contoso.com"}"#), 403)
         XCTAssertEqual(try readFile(mine), bytes("user's export"))
