@@ -155,7 +155,9 @@ extension PassthroughFilesystem {
     func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?) throws(Errno) -> ProtectedContent? {
         let path = Syscall.procPath(fd)
         do throws(Errno) {
-            try Syscall.ftruncate(fd, 0)
+            // Only when there is something to cut: on ext4 a truncate to zero marks the file for
+            // writeback at close (auto_da_alloc), a disk write per new file.
+            if try Syscall.fstat(fd).st_size != 0 { try Syscall.ftruncate(fd, 0) }
             var content: ProtectedContent?
             if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
                 let fileKey: SecretBytes
