@@ -15,7 +15,7 @@ struct ControlAPI: Sendable {
     /// text; set by custodyd.
     let diagnostics = DiagnosticsHooks()
     let streams = StreamCounter()
-    static let version = "0.2.0"
+    static let version = "0.3.0"
 
     func caller(pid: Int32, uid: UInt32, gid: UInt32) -> Caller {
         var admin = uid == 0

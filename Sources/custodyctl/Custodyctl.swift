@@ -19,7 +19,7 @@ struct Custodyctl: ParsableCommand {
 
             Shell completion: custodyctl --generate-completion-script bash|zsh|fish.
             """,
-        version: "custodyctl 0.2.0",
+        version: "custodyctl 0.3.0",
         subcommands: [
             Status.self, Enroll.self, Accounts.self, Deregister.self, PolicyCommand.self,
             Lock.self, Unlock.self, Run.self, Bind.self, Unbind.self, Identity.self,
