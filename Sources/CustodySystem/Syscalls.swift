@@ -283,7 +283,7 @@ extension Syscall {
     public static func raiseDescriptorLimit() -> UInt64 {
         var limit = rlimit()
         guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
-        let systemMaximum = (try? readTextFile("/proc/sys/fs/nr_open")).flatMap { UInt64($0.trimmingWhitespace()) } ?? 0
+        let systemMaximum = readTextFile("/proc/sys/fs/nr_open").flatMap { UInt64($0.trimmingWhitespace()) } ?? 0
         if systemMaximum > limit.rlim_max {
             var wanted = rlimit(rlim_cur: rlim_t(systemMaximum), rlim_max: rlim_t(systemMaximum))
             if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &wanted) == 0 { return systemMaximum }

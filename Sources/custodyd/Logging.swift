@@ -23,10 +23,10 @@ struct DaemonLogHandler: LogHandler {
         set { metadata[key] = newValue }
     }
 
-    func log(level: Logger.Level, message: Logger.Message, metadata explicit: Logger.Metadata?, source: String,
-             file: String, function: String, line: UInt) {
-        var text = message.description
-        let all = metadata.merging(explicit ?? [:]) { $1 }
+    func log(event: LogEvent) {
+        let level = event.level
+        var text = event.message.description
+        let all = metadata.merging(event.metadata ?? [:]) { $1 }
         if !all.isEmpty { text += " " + all.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ") }
         text = DaemonLog.scrub(text)
         let line: String
