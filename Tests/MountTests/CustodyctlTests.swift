@@ -138,6 +138,11 @@ final class CustodyctlTests: XCTestCase {
         try ctl(["policy", "alice@contoso.com", "--encryption", "true", "--wait"])
         XCTAssertEqual(Array(try readFile(daemon.back("project/src/c")).prefix(8)), FileHeader.magic, "encrypted again")
 
+        // On a terminal (script(1) gives it one) a recursive protect draws a progress bar.
+        let terminal = try runCommand(["script", "-qec", "\(MountedDaemon.tool("custodyctl")) protect --socket \(daemon.socket) \(daemon.mnt("project")) alice@contoso.com", "/dev/null"])
+        XCTAssertEqual(terminal.status, 0, terminal.output)
+        XCTAssertTrue(terminal.output.contains("\r\u{1B}[K[") && terminal.output.contains("100% 5/5 files and directories"), terminal.output)
+
         // protect --remove makes the tree plain (alice shares again).
         try ctl(["policy", "alice@contoso.com", "--share", "true"])
         XCTAssertTrue(try ctl(["protect", daemon.mnt("project"), "--remove"]).contains("owner: none"))
