@@ -30,8 +30,9 @@ public struct SharingDecision: Codable, Equatable, Sendable {
 /// The SDK's file protection calls on stored files: the backing file of a mount path, or a file
 /// outside every mount (an export). Encrypted files are self-describing, so a copy anywhere can be
 /// recognised and, while its owner's keys exist, decrypted. Every rewrite is crash-safe: the new
-/// form goes to an anonymous file in the same directory, is synced and renamed over the original,
-/// so a failure at any point leaves the original as it was.
+/// form goes to an anonymous file in the same directory (a named temporary one where the file
+/// system has no anonymous files, as in a mount), is synced and renamed over the original, so a
+/// failure at any point leaves the original as it was.
 extension Engine {
     static let stagingPrefix = ".custody-staging-"
 
@@ -240,19 +241,22 @@ extension Engine {
         let directory = try system { () throws(Errno) in try Syscall.open(directoryPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
         defer { Syscall.close(directory) }
         let staging = try system { () throws(Errno) in
-            try Syscall.openat(directory, ".", Linux.O_TMPFILE | O_RDWR | O_CLOEXEC, source.attributes.st_mode & 0o7777)
+            try Syscall.createStaging(in: directory, mode: source.attributes.st_mode & 0o7777, prefix: stagingPrefix)
         }
-        defer { Syscall.close(staging) }
+        defer { Syscall.close(staging.fd) }
+        var published = false
+        defer { if !published { Syscall.discardStaging(staging, in: directory) } }
         if destination == sourcePath {
             // Same place, same owner (root may give it; anyone else already is it).
-            try? Syscall.fchownat(staging, "", source.attributes.st_uid, source.attributes.st_gid, Linux.AT_EMPTY_PATH)
+            try? Syscall.fchownat(staging.fd, "", source.attributes.st_uid, source.attributes.st_gid, Linux.AT_EMPTY_PATH)
         }
-        try fill(staging)
+        try fill(staging.fd)
         try system { () throws(Errno) in
-            try Syscall.futimens(staging, [source.attributes.st_atim, source.attributes.st_mtim])
-            try Syscall.fsync(staging)
-            try Syscall.publishTemporary(staging, in: directory, as: name, prefix: stagingPrefix)
+            try Syscall.futimens(staging.fd, [source.attributes.st_atim, source.attributes.st_mtim])
+            try Syscall.fsync(staging.fd)
+            try Syscall.publishStaging(staging, in: directory, as: name, prefix: stagingPrefix)
         }
+        published = true
     }
 
     /// Copies content in 1 MiB pieces until `read` returns 0; the buffer is zeroed afterwards.

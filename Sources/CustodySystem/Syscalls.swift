@@ -258,6 +258,36 @@ extension Syscall {
     public static func publishTemporary(_ staging: Int32, in directory: Int32, as name: String, prefix: String) throws(Errno) {
         let temporary = prefix + String(UInt64.random(in: 0...UInt64.max), radix: 36)
         try linkat(AT_FDCWD, procPath(staging), directory, temporary, AT_SYMLINK_FOLLOW)
+        try publishNamed(temporary, in: directory, as: name)
+    }
+
+    /// A new file to be published over a name in `directory`: anonymous (`O_TMPFILE`, gone if the
+    /// process dies) where the file system has them, else, as in a FUSE mount, created under a
+    /// temporary name (`prefix` and random letters), returned with it.
+    public static func createStaging(in directory: Int32, mode: mode_t, prefix: String) throws(Errno) -> (fd: Int32, name: String?) {
+        do {
+            return (try openat(directory, ".", Linux.O_TMPFILE | O_RDWR | O_CLOEXEC, mode), nil)
+        } catch where error == .notSupported || error == Errno(EISDIR) {
+            let name = prefix + String(UInt64.random(in: 0...UInt64.max), radix: 36)
+            return (try openat(directory, name, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, mode), name)
+        }
+    }
+
+    /// Publishes a file from `createStaging` over `name` (see `publishTemporary`).
+    public static func publishStaging(_ staging: (fd: Int32, name: String?), in directory: Int32, as name: String, prefix: String) throws(Errno) {
+        if let temporary = staging.name {
+            try publishNamed(temporary, in: directory, as: name)
+        } else {
+            try publishTemporary(staging.fd, in: directory, as: name, prefix: prefix)
+        }
+    }
+
+    /// Removes a named staging file that was not published (an anonymous one just goes away).
+    public static func discardStaging(_ staging: (fd: Int32, name: String?), in directory: Int32) {
+        if let temporary = staging.name { _ = Glibc.unlinkat(directory, temporary, 0) }
+    }
+
+    private static func publishNamed(_ temporary: String, in directory: Int32, as name: String) throws(Errno) {
         do {
             try renameat2(directory, temporary, directory, name, 0)
         } catch {

@@ -144,6 +144,13 @@ final class ControlAPITests: XCTestCase {
         XCTAssertEqual(try readFile(copy), bytes("corporate secret"))
         XCTAssertTrue(try hasMagic(daemon.back("report.txt")))
 
+        // A copy into the mount itself (no anonymous files there: a named staging file, renamed).
+        let inside = try daemon.apiJSON("POST", "/v1/files/decrypt", #"{"path": "\#(daemon.mnt("report.txt"))", "copyPath": "\#(daemon.mnt("report-copy.txt"))"}"#)
+        XCTAssertEqual(inside.status, 200, "\(inside.json)")
+        XCTAssertEqual(try readFile(daemon.mnt("report-copy.txt")), bytes("corporate secret"))
+        XCTAssertEqual(try readFile(daemon.back("report-copy.txt")), bytes("corporate secret"), "written by a caller with no identity: plain")
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.backing).filter { $0.hasPrefix(".custody-") }, [])
+
         // Encrypt an export outside the mount: self-describing, no plaintext on disk, same mode.
         let export = outside + "/export.txt"
         try writeFile(export, bytes("exported corporate data"), mode: 0o640)
