@@ -53,6 +53,7 @@ final class InodePruner: @unchecked Sendable {
         while !stopping.load(ordering: .acquiring) {
             // Woken by a request that saw the pressure, or every 100 ms.
             _ = filesystem.pruneSignal.wait(timeout: .now() + .milliseconds(100))
+            filesystem.inodes.advanceEpoch()
             pruneIfNeeded()
         }
     }

@@ -13,6 +13,8 @@ final class Inode: @unchecked Sendable {
     let fileType: mode_t
     /// Owner and encryption, probed once; the shared decrypted content while handles are open.
     let protectionState = Mutex(InodeProtection())
+    /// The table's epoch when a request last used it (for the pruner's choice).
+    let lastUsed = Atomic<UInt64>(0)
 
     init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
         self.fd = fd
@@ -47,19 +49,26 @@ final class InodeTable: @unchecked Sendable {
         var lookups: UInt64
         /// The directory and name it was last looked up by, to ask the kernel to drop it.
         var name: EntryName?
-        /// When it was last used (a counter), for choosing what to drop.
-        var used: UInt64 = 0
     }
 
     private struct State {
         var byID: [UInt64: Entry] = [:]
         var byKey: [Key: UInt64] = [:]
         var nextID: UInt64 = 2
-        var clock: UInt64 = 0
     }
 
     static let rootID: UInt64 = 1
     private let state = Mutex(State())
+    /// How many node IDs the kernel holds (kept beside the table, read without its lock).
+    private let entries = Atomic<Int>(1)
+    /// A coarse clock for recency, advanced by the pruner; requests only read it.
+    private let epoch = Atomic<UInt64>(1)
+
+    func advanceEpoch() { epoch.wrappingAdd(1, ordering: .relaxed) }
+
+    private func touch(_ inode: Inode) {
+        inode.lastUsed.store(epoch.load(ordering: .relaxed), ordering: .relaxed)
+    }
 
     init(root: Inode) {
         state.withLock {
@@ -70,12 +79,8 @@ final class InodeTable: @unchecked Sendable {
 
     /// The inode for a node ID the kernel sent.
     func inode(_ id: UInt64) throws(Errno) -> Inode {
-        guard let inode = state.withLock({ state -> Inode? in
-            guard state.byID[id] != nil else { return nil }
-            state.clock &+= 1
-            state.byID[id]?.used = state.clock
-            return state.byID[id]?.inode
-        }) else { throw Errno.badFileDescriptor }
+        guard let inode = state.withLock({ $0.byID[id]?.inode }) else { throw Errno.badFileDescriptor }
+        touch(inode)
         return inode
     }
 
@@ -84,22 +89,22 @@ final class InodeTable: @unchecked Sendable {
     /// closed if the object is known.
     func remember(fd: Int32, attributes st: stat, name: EntryName? = nil) -> UInt64 {
         let key = Key(device: UInt64(st.st_dev), number: UInt64(st.st_ino))
-        let (id, duplicate) = state.withLock { state -> (UInt64, Bool) in
-            state.clock &+= 1
+        let (id, inode, duplicate) = state.withLock { state -> (UInt64, Inode, Bool) in
             if let id = state.byKey[key], var entry = state.byID[id] {
                 entry.lookups += 1
-                entry.used = state.clock
                 if let name { entry.name = name }
                 state.byID[id] = entry
-                return (id, true)
+                return (id, entry.inode, true)
             }
             let id = state.nextID
             state.nextID += 1
             let inode = Inode(fd: fd, device: key.device, number: key.number, fileType: st.st_mode & S_IFMT)
-            state.byID[id] = Entry(inode: inode, lookups: 1, name: name, used: state.clock)
+            state.byID[id] = Entry(inode: inode, lookups: 1, name: name)
             state.byKey[key] = id
-            return (id, false)
+            entries.wrappingAdd(1, ordering: .relaxed)
+            return (id, inode, false)
         }
+        touch(inode)
         if duplicate { Syscall.close(fd) }
         return id
     }
@@ -115,6 +120,7 @@ final class InodeTable: @unchecked Sendable {
                 return nil
             }
             state.byID[id] = nil
+            entries.wrappingSubtract(1, ordering: .relaxed)
             let key = Key(device: entry.inode.device, number: entry.inode.number)
             if state.byKey[key] == id { state.byKey[key] = nil }
             return entry.inode
@@ -146,15 +152,15 @@ final class InodeTable: @unchecked Sendable {
     }
 
     /// How many node IDs the kernel holds (for tests and status).
-    var count: Int { state.withLock { $0.byID.count } }
+    var count: Int { entries.load(ordering: .relaxed) }
 
     /// The names of the `count` least recently used nodes (never the root), for asking the
     /// kernel to drop them.
     func leastRecentlyUsed(_ count: Int) -> [EntryName] {
-        let entries = state.withLock { state in state.byID.compactMap { id, entry in
-            id == Self.rootID ? nil : entry.name.map { (entry.used, $0) }
+        let named = state.withLock { state in state.byID.compactMap { id, entry in
+            id == Self.rootID ? nil : entry.name.map { (entry.inode.lastUsed.load(ordering: .relaxed), $0) }
         } }
-        return entries.sorted { $0.0 < $1.0 }.prefix(max(0, count)).map(\.1)
+        return named.sorted { $0.0 < $1.0 }.prefix(max(0, count)).map(\.1)
     }
 }
 
