@@ -35,13 +35,13 @@ let package = Package(
                                                    .product(name: "Logging", package: "swift-log")]),
 
         // The daemon's configuration file (custody.toml): typed, checked, with line numbers in errors.
-        .target(name: "CustodyConfig", dependencies: ["CustodyCore", "CustodyFormat", .product(name: "TOMLKit", package: "TOMLKit")]),
+        .target(name: "CustodyConfig", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", .product(name: "TOMLKit", package: "TOMLKit")]),
 
         // The client library: the SDK's managers over the control socket (no crypto, no FUSE).
         .target(name: "CustodyClient"),
 
         .executableTarget(name: "custodyctl", dependencies: [
-            "CustodyClient",
+            "CustodyClient", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [

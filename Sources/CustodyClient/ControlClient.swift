@@ -128,11 +128,13 @@ public struct ControlClient: Sendable {
 
     // MARK: Pieces
 
-    static func encode(_ value: any Encodable) throws(CustodyClientError) -> [UInt8] {
+    /// A request body as JSON.
+    public static func encode(_ value: any Encodable) throws(CustodyClientError) -> [UInt8] {
         do { return Array(try JSONEncoder().encode(value)) } catch { throw .badResponse("cannot encode the request: \(error)") }
     }
 
-    static func check(_ response: ControlResponse) throws(CustodyClientError) {
+    /// Throws `.server` (with the API's code and name) for an error answer.
+    public static func check(_ response: ControlResponse) throws(CustodyClientError) {
         guard response.status >= 300 else { return }
         struct Failure: Decodable { var code: Int; var name: String; var message: String }
         if let failure = try? JSONDecoder().decode(Failure.self, from: Data(response.body)) {

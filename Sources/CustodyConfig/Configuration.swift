@@ -1,5 +1,6 @@
 import CustodyCore
 import CustodyFormat
+import CustodySystem
 import Glibc
 import TOMLKit
 
@@ -60,7 +61,7 @@ public struct DaemonConfiguration: Equatable, Sendable {
     /// Reads and checks `path` (syntax, keys, types, values; not the file system: see
     /// `environmentErrors`).
     public static func load(path: String) throws(ConfigurationErrors) -> DaemonConfiguration {
-        guard let text = readWholeFile(path) else {
+        guard let text = readTextFile(path) else {
             throw ConfigurationErrors(errors: [ConfigurationError(file: path, key: "", message: "cannot read the file: \(String(cString: strerror(errno)))")])
         }
         return try parse(text, file: path)
@@ -84,7 +85,7 @@ public struct DaemonConfiguration: Equatable, Sendable {
     /// Problems only the machine can show: backing directories that are missing or unreadable,
     /// mount points that are missing, groups that do not exist.
     public func environmentErrors(file: String, text: String? = nil) -> [ConfigurationError] {
-        let reader = Reader(file: file, lines: (text ?? Self.readWholeFile(file) ?? "").split(separator: "\n", omittingEmptySubsequences: false).map(String.init))
+        let reader = Reader(file: file, lines: (text ?? readTextFile(file) ?? "").split(separator: "\n", omittingEmptySubsequences: false).map(String.init))
         var errors: [ConfigurationError] = []
         for (index, mount) in mounts.enumerated() {
             var info = stat()
@@ -105,21 +106,6 @@ public struct DaemonConfiguration: Equatable, Sendable {
         return errors
     }
 
-    /// The text of a file (the configuration, for a support bundle).
-    public static func readWholeFileText(_ path: String) -> String? { readWholeFile(path) }
-
-    static func readWholeFile(_ path: String) -> String? {
-        guard let file = fopen(path, "r") else { return nil }
-        defer { fclose(file) }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let count = fread(&chunk, 1, chunk.count, file)
-            if count == 0 { break }
-            bytes += chunk[0..<count]
-        }
-        return ferror(file) == 0 ? String(decoding: bytes, as: UTF8.self) : nil
-    }
 }
 
 /// Walks the parsed document, collecting every error with its line.
@@ -355,15 +341,5 @@ struct Reader {
         var trimmed = value
         while trimmed.count > 1, trimmed.hasSuffix("/") { trimmed.removeLast() }
         return trimmed
-    }
-}
-
-extension StringProtocol {
-    func trimmingCharacters(in set: String) -> String {
-        let drop = Set(set)
-        var text = Substring(self)
-        while let first = text.first, drop.contains(first) { text.removeFirst() }
-        while let last = text.last, drop.contains(last) { text.removeLast() }
-        return String(text)
     }
 }

@@ -218,9 +218,9 @@ struct ControlAPI: Sendable {
             let resolved = engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
             return json(IdentityView(pid: pid, identity: resolved.identity, source: resolved.source.description))
         case ("POST", "/v1/files/info"):
-            return try fileInfo(try decode(PathRequest.self, request), caller)
+            return json(try readableInfo(try decode(PathRequest.self, request), caller))
         case ("POST", "/v1/files/is-encrypted"):
-            let info = try fileInfo(try decode(PathRequest.self, request), caller, view: false)
+            let info = try readableInfo(try decode(PathRequest.self, request), caller)
             return json(["path": JSONValue.string(info.path), "encrypted": .bool(info.encrypted)])
         case ("POST", "/v1/files/protect"):
             return try protect(try decode(ProtectRequest.self, request), caller)

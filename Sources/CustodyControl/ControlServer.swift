@@ -172,16 +172,7 @@ public final class ControlServer: @unchecked Sendable {
     }
 
     private func send(_ connection: Int32, _ response: HTTPResponse) {
-        let bytes = response.serialized()
-        var offset = 0
-        while offset < bytes.count {
-            let sent = bytes.withUnsafeBytes { Glibc.send(connection, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-            if sent <= 0 {
-                if sent < 0, errno == EINTR { continue }
-                return
-            }
-            offset += sent
-        }
+        sendAll(connection, response.serialized())
     }
 
     static func withAddress<R>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) throws(Errno) -> R) throws(Errno) -> R {

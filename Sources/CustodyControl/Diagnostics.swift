@@ -1,4 +1,5 @@
 import CustodyCore
+import CustodySystem
 import FoundationEssentials
 import Glibc
 import Synchronization
@@ -43,7 +44,7 @@ extension ControlAPI {
         let system = [
             "kernel": "\(field(name.sysname)) \(field(name.release)) \(field(name.machine))",
             "fuseDevice": access("/dev/fuse", R_OK | W_OK) == 0 ? "usable" : "not usable",
-            "osRelease": (readTextFile("/etc/os-release") ?? "").split(separator: "\n").first { $0.hasPrefix("PRETTY_NAME=") }.map { String($0.dropFirst(12)).replacingOccurrences("\"", "") } ?? "unknown",
+            "osRelease": (readTextFile("/etc/os-release") ?? "").split(separator: "\n").first { $0.hasPrefix("PRETTY_NAME=") }.map { String($0.dropFirst(12)).replacingAll(of: "\"", with: "") } ?? "unknown",
         ]
         let daemon = [
             "pid": "\(getpid())",
@@ -58,24 +59,5 @@ extension ControlAPI {
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes, .prettyPrinted]
         let text = (try? encoder.encode(view)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         return HTTPResponse(status: 200, body: Array(diagnostics.scrub(text).utf8))
-    }
-}
-
-func readTextFile(_ path: String) -> String? {
-    guard let file = fopen(path, "r") else { return nil }
-    defer { fclose(file) }
-    var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 4096)
-    while true {
-        let count = fread(&chunk, 1, chunk.count, file)
-        if count == 0 { break }
-        bytes += chunk[0..<count]
-    }
-    return String(decoding: bytes, as: UTF8.self)
-}
-
-extension String {
-    func replacingOccurrences(_ target: String, _ replacement: String) -> String {
-        split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
     }
 }

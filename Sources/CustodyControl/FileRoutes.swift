@@ -109,14 +109,11 @@ extension ControlAPI {
         }
     }
 
-    func fileInfo(_ body: PathRequest, _ caller: Caller, view: Bool = true) throws(Failure) -> FileProtectionInfo {
+    /// The info of a path the caller can read.
+    func readableInfo(_ body: PathRequest, _ caller: Caller) throws(Failure) -> FileProtectionInfo {
         let located = try locate(body.path, caller)
         try checkAccess(located.path, R_OK, caller, "read")
         return try info(of: located, caller)
-    }
-
-    func fileInfo(_ body: PathRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        json(try fileInfo(body, caller, view: true))
     }
 
     /// Non-admins act only for accounts mapped to their uid; other identity strings (unmanaged)

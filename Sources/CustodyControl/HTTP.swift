@@ -87,18 +87,22 @@ final class StreamWriter: @unchecked Sendable {
 
     private func write(_ bytes: [UInt8]) -> Bool {
         guard !failed else { return false }
-        var offset = 0
-        while offset < bytes.count {
-            let sent = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
-            if sent < 0, errno == EINTR { continue }
-            if sent <= 0 {
-                failed = true
-                return false
-            }
-            offset += sent
-        }
-        return true
+        if !sendAll(fd, bytes) { failed = true }
+        return !failed
     }
+}
+
+/// Sends all of `bytes` on a connected socket (never raising SIGPIPE); false when the peer is gone.
+@discardableResult
+func sendAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    var offset = 0
+    while offset < bytes.count {
+        let sent = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+        if sent < 0, errno == EINTR { continue }
+        if sent <= 0 { return false }
+        offset += sent
+    }
+    return true
 }
 
 /// Why a request could not be read; each becomes an error response (or a dropped connection).

@@ -1,3 +1,4 @@
+import CustodySystem
 import Dispatch
 import FoundationEssentials
 import Glibc
@@ -100,11 +101,6 @@ final class JobRegistry: Sendable {
     var all: [Job] { state.withLock { $0.jobs } }
 }
 
-func wallClockSeconds() -> Double {
-    var now = timespec()
-    clock_gettime(CLOCK_REALTIME, &now)
-    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
-}
 
 /// Any JSON value: how a job keeps the answer of the operation it ran.
 indirect enum JSONValue: Codable, Sendable, Equatable {

@@ -1,3 +1,4 @@
+import CustodySystem
 import Glibc
 import Synchronization
 
@@ -8,11 +9,7 @@ public protocol EngineClock: Sendable {
 
 public struct SystemClock: EngineClock {
     public init() {}
-    public func now() -> Double {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
-    }
+    public func now() -> Double { monotonicSeconds() }
 }
 
 /// A clock that moves only when told to.
@@ -21,11 +18,4 @@ public final class ManualClock: EngineClock {
     public init(_ start: Double = 1000) { time = Mutex(start) }
     public func now() -> Double { time.withLock { $0 } }
     public func advance(by seconds: Double) { time.withLock { $0 += seconds } }
-}
-
-/// Wall-clock seconds since 1970, for timestamps people read.
-func wallClock() -> Double {
-    var time = timespec()
-    clock_gettime(CLOCK_REALTIME, &time)
-    return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
 }

@@ -214,7 +214,7 @@ public final class Engine: @unchecked Sendable {
         guard !id.isEmpty, !upn.isEmpty else { throw .invalidIdentity("an account needs an object ID and a UPN") }
         let account = try state.withLock { (state) throws(EngineError) -> Account in
             if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }) { return existing }
-            let account = Account(id: id, upn: upn, registeredAt: wallClock(), policy: nil, uid: uid)
+            let account = Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
             state.accounts.append(account)
             try saveAccounts(state)
             return account
@@ -272,7 +272,7 @@ public final class Engine: @unchecked Sendable {
         }
         return try state.withLock { (state) throws(EngineError) -> Account in
             var account = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) })
-                ?? Account(id: id, upn: upn, registeredAt: wallClock(), policy: nil, uid: uid)
+                ?? Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
             account.policy = policy
             account.hasPassphrase = keys.stored.passphrase != nil
             if let uid { account.uid = uid }

@@ -1,3 +1,4 @@
+import CustodySystem
 import Synchronization
 
 /// Something the engine did, for the control socket's event stream and for the mount.
@@ -43,7 +44,7 @@ public final class EventBus: @unchecked Sendable {
         // One emitter at a time, so every subscriber sees events in sequence order.
         delivery.withLock { _ in
             let (event, handlers) = state.withLock { state in
-                let event = EngineEvent(sequence: state.nextSequence, time: wallClock(), kind: kind, identity: identity,
+                let event = EngineEvent(sequence: state.nextSequence, time: wallClockSeconds(), kind: kind, identity: identity,
                                         code: code, message: message, details: details)
                 state.nextSequence += 1
                 state.recent.append(event)

@@ -85,7 +85,7 @@ extension Engine {
 
         let source = try Self.openRegularFile(path)
         defer { Syscall.close(source.fd) }
-        if try Self.header(ofFileAt: path)?.kind == .encrypted { throw .fileAlreadyEncrypted(path) }
+        if try Self.header(of: source.fd, path: path)?.kind == .encrypted { throw .fileAlreadyEncrypted(path) }
         guard source.attributes.st_nlink <= 1 else { throw .fileBusy(path, reason: "it has \(source.attributes.st_nlink) hard links; the others would keep the plaintext") }
 
         try Self.rewrite(path, as: path, from: source) { (staging) throws(EngineError) in
@@ -112,7 +112,7 @@ extension Engine {
     public func decryptFile(storedPath path: String, toCopyPath copyPath: String? = nil) throws(EngineError) {
         let source = try Self.openRegularFile(path)
         defer { Syscall.close(source.fd) }
-        guard let header = try Self.header(ofFileAt: path), header.kind == .encrypted else { throw .fileNotEncrypted(path) }
+        guard let header = try Self.header(of: source.fd, path: path), header.kind == .encrypted else { throw .fileNotEncrypted(path) }
         if copyPath == nil, source.attributes.st_nlink > 1 {
             throw .fileBusy(path, reason: "it has \(source.attributes.st_nlink) hard links")
         }
@@ -200,6 +200,11 @@ extension Engine {
         let fd: Int32
         do { fd = try Syscall.open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) } catch { throw .io(file: path, error) }
         defer { Syscall.close(fd) }
+        return try header(of: fd, path: path)
+    }
+
+    /// The header of the open stored file `fd` (named `path` in errors).
+    static func header(of fd: Int32, path: String) throws(EngineError) -> FileHeader? {
         var bytes = [UInt8](repeating: 0, count: FileHeader.length)
         let count: Int
         do {
@@ -207,10 +212,8 @@ extension Engine {
         } catch {
             throw .io(file: path, error)
         }
-        let prefix = Array(bytes[0..<count])
-        guard prefix.withUnsafeBytes({ FileHeader.hasMagic($0) }) else { return nil }
         do {
-            return try prefix.withBytes { (buffer) throws(FormatError) in try FileHeader.decode(buffer) }
+            return try ProtectedData.header(of: Array(bytes[0..<count]))
         } catch {
             throw .failedToDecryptFile(path, reason: "\(error)")
         }

@@ -175,9 +175,3 @@ public final class FUSEMount: @unchecked Sendable {
     }
 }
 
-extension String {
-    func replacingAll(of target: String, with replacement: String) -> String {
-        guard !target.isEmpty, contains(target) else { return self }
-        return split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
-    }
-}

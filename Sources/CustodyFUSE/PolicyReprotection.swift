@@ -147,9 +147,3 @@ extension PassthroughFilesystem {
         }
     }
 }
-
-func monotonicSeconds() -> Double {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
-}

@@ -8,12 +8,20 @@ extension String {
     }
 }
 
-extension Substring {
-    /// The substring without leading and trailing characters from `set`.
+extension StringProtocol {
+    /// The text without leading and trailing characters from `set`.
     public func trimmingCharacters(in set: String) -> String {
-        var slice = self[...]
+        var slice = Substring(self)[...]
         while let first = slice.first, set.contains(first) { slice = slice.dropFirst() }
         while let last = slice.last, set.contains(last) { slice = slice.dropLast() }
         return String(slice)
+    }
+}
+
+extension String {
+    /// Every occurrence of `target` replaced by `replacement`.
+    public func replacingAll(of target: String, with replacement: String) -> String {
+        guard !target.isEmpty, contains(target) else { return self }
+        return split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
     }
 }

@@ -79,22 +79,11 @@ func show(_ response: ControlResponse, _ global: Global, _ text: () -> String) {
 /// Sends a request and checks its status; returns the answer.
 func request(_ global: Global, _ method: String, _ path: String, _ body: [String: JSONBody]? = nil) throws -> ControlResponse {
     try perform { () throws(CustodyClientError) in
-        let bytes: [UInt8]? = try body.map { (value) throws(CustodyClientError) in
-            do { return Array(try JSONEncoder().encode(value)) } catch { throw .badResponse("\(error)") }
-        }
+        let bytes = try body.map { (value) throws(CustodyClientError) in try ControlClient.encode(value) }
         let response = try global.client.send(method, path, body: bytes)
-        try checkStatus(response)
+        try ControlClient.check(response)
         return response
     }
-}
-
-func checkStatus(_ response: ControlResponse) throws(CustodyClientError) {
-    guard response.status >= 300 else { return }
-    struct Failure: Decodable { var code: Int; var name: String; var message: String }
-    if let failure = try? JSONDecoder().decode(Failure.self, from: Data(response.body)) {
-        throw .server(status: response.status, code: failure.code, name: failure.name, message: failure.message)
-    }
-    throw .server(status: response.status, code: response.status, name: "HTTP\(response.status)", message: response.text)
 }
 
 func decode<T: Decodable>(_ type: T.Type, _ response: ControlResponse) throws -> T {

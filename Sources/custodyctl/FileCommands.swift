@@ -1,5 +1,6 @@
 import ArgumentParser
 import CustodyClient
+import CustodySystem
 import FoundationEssentials
 import Glibc
 
@@ -227,16 +228,6 @@ struct UnprotectData: ParsableCommand {
         let answer = try decode(DataAnswer.self, response)
         if global.json { print(response.text); return }
         try emit(try base64Bytes(answer.data), to: out)
-    }
-}
-
-extension String {
-    func trimmingCharacters(in set: String) -> String {
-        let drop = Set(set)
-        var text = Substring(self)
-        while let first = text.first, drop.contains(first) { text.removeFirst() }
-        while let last = text.last, drop.contains(last) { text.removeLast() }
-        return String(text)
     }
 }
 

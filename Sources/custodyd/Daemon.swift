@@ -132,7 +132,7 @@ final class Daemon: @unchecked Sendable {
         let path = configurationPath
         server.diagnostics.set(configuration: {
             guard let path else { return "(no configuration file; started with command-line options)" }
-            return DaemonConfiguration.readWholeFileText(path) ?? "(cannot read \(path))"
+            return readTextFile(path) ?? "(cannot read \(path))"
         }, scrub: { DaemonLog.scrub($0) })
         // Every engine event is logged (progress at debug level); a new account is added to the
         // scrubbed values before its first line.
@@ -370,14 +370,6 @@ final class Daemon: @unchecked Sendable {
     }
 }
 
-func monotonicSeconds() -> Double {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
-}
-
 func monotonicMicroseconds() -> UInt64 {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return UInt64(now.tv_sec) * 1_000_000 + UInt64(now.tv_nsec) / 1000
+    UInt64(monotonicSeconds() * 1e6)
 }

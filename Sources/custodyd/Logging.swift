@@ -1,4 +1,5 @@
 import CustodyCrypto
+import CustodySystem
 import Glibc
 import Logging
 import Synchronization
@@ -101,13 +102,6 @@ enum DaemonLog {
 }
 
 extension String {
-    func trimmingWhitespace() -> String {
-        var text = Substring(self)
-        while let first = text.first, first.isWhitespace { text.removeFirst() }
-        while let last = text.last, last.isWhitespace { text.removeLast() }
-        return String(text)
-    }
-
     /// Replaces every occurrence of `target`, compared without case (ASCII), with `replacement`.
     func replacingCaseInsensitive(_ target: String, with replacement: String) -> String {
         let haystack = Array(utf8), needle = Array(target.lowercased().utf8)

@@ -45,10 +45,9 @@ enum Systemd {
         }
         guard let pid = getenv("LISTEN_PID").map({ String(cString: $0) }), Int32(pid) == getpid(),
               let count = getenv("LISTEN_FDS").map({ String(cString: $0) }).flatMap(Int32.init), count > 0 else { return [] }
-        return (0..<count).map { 3 + $0 }.filter { fd in
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            return true
-        }
+        let descriptors = (0..<count).map { 3 + $0 }
+        for fd in descriptors { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        return descriptors
     }
 
     /// True when stderr goes to the journal (systemd sets `JOURNAL_STREAM` to its device:inode).

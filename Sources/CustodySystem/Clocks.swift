@@ -1,0 +1,15 @@
+import Glibc
+
+/// Monotonic seconds (for intervals and deadlines).
+public func monotonicSeconds() -> Double {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+}
+
+/// Wall-clock seconds since 1970, for timestamps people read.
+public func wallClockSeconds() -> Double {
+    var time = timespec()
+    clock_gettime(CLOCK_REALTIME, &time)
+    return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+}
