@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "clinux.h"
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
@@ -58,6 +59,19 @@ ssize_t clinux_listxattr(const char *path, char *list, size_t size) {
 }
 int clinux_removexattr(const char *path, const char *name) {
     return removexattr(path, name);
+}
+void clinux_keep_large_blocks_in_heap(void) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+}
+int clinux_start_writeback(int fd) {
+    return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+int clinux_fsetxattr(int fd, const char *name, const void *value, size_t size, int flags) {
+    return fsetxattr(fd, name, value, size, flags);
+}
+int clinux_fremovexattr(int fd, const char *name) {
+    return fremovexattr(fd, name);
 }
 
 int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {

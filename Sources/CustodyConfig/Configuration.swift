@@ -32,6 +32,8 @@ public struct MountConfiguration: Equatable, Sendable {
     public var allowNonEmpty = false
     public var cacheTimeout = 1.0
     public var writebackCache = true
+    /// Ask for low CPU wake-up latency while the mount serves bursts of requests.
+    public var lowLatency = true
     public var threads = 8
 
     public init(backing: String, mountPoint: String) {
@@ -227,7 +229,7 @@ struct Reader {
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost"]
-    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "threads"]
+    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "threads"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
@@ -322,6 +324,7 @@ struct Reader {
         if let value = bool(table, ["mount", "allow_other"], index: index) { mount.allowOther = value }
         if let value = bool(table, ["mount", "allow_nonempty"], index: index) { mount.allowNonEmpty = value }
         if let value = bool(table, ["mount", "writeback_cache"], index: index) { mount.writebackCache = value }
+        if let value = bool(table, ["mount", "low_latency"], index: index) { mount.lowLatency = value }
         if let value = number(table, ["mount", "cache_timeout"], index: index) {
             if value >= 0, value.isFinite { mount.cacheTimeout = value } else { fail(["mount", "cache_timeout"], index: index, "must be 0 or more seconds") }
         }

@@ -72,6 +72,8 @@ public struct Account: Codable, Equatable, Sendable {
 
     /// True when `identity` names this account by object ID or UPN, in any case.
     public func matches(_ identity: String) -> Bool {
+        // Identities usually arrive spelled as stored (records, bindings): no folding needed.
+        if identity == id || identity == upn { return true }
         let key = Account.canonical(identity)
         return key == Account.canonical(id) || key == Account.canonical(upn)
     }

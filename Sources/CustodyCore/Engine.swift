@@ -203,7 +203,12 @@ public final class Engine: @unchecked Sendable {
     public func accounts() -> [Account] { state.withLock { $0.accounts } }
 
     public func account(_ identity: String) throws(EngineError) -> Account {
-        guard let account = state.withLock({ $0.accounts.first { $0.matches(identity) } }) else { throw .unknownAccount(identity) }
+        let found = state.withLock { state -> Account? in
+            // Spelled as stored first (every request that creates a file asks), then case-folded.
+            if let exact = state.accounts.first(where: { $0.id == identity || $0.upn == identity }) { return exact }
+            return state.accounts.first { $0.matches(identity) }
+        }
+        guard let account = found else { throw .unknownAccount(identity) }
         return account
     }
 

@@ -119,6 +119,13 @@ public final class FUSEMount: @unchecked Sendable {
 
         guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
         defer { fuse_session_unmount(session) }
+        if options.readAheadKiB > 0, let device = MountTable.entry(at: mountPoint)?.device, !device.isEmpty {
+            // Applied at the first request after INIT (the INIT reply caps it at the kernel's offer).
+            // The device comes from the mount table: a `stat` of the mount point would wait for
+            // this daemon, which does not serve yet.
+            filesystem.pendingReadAhead.withLock { $0 = (path: "/sys/class/bdi/\(device)/read_ahead_kb", kibibytes: options.readAheadKiB) }
+            filesystem.readAheadPending.store(true, ordering: .releasing)
+        }
 
         let pruner = InodePruner(filesystem: filesystem, session: session)
         pruner.start()

@@ -16,6 +16,13 @@ public struct MountOptions: Sendable, Equatable {
     public var defaultPermissions: Bool = false
     /// Mount over a mount point that is not empty.
     public var allowNonEmpty: Bool = false
+    /// Hold a CPU wake-up latency bound (PM QoS) while requests arrive back to back, so that
+    /// idle CPUs poll instead of halting between a request and its reply (`WakeLatencyBoost`).
+    public var lowLatency: Bool = true
+    /// Kernel read-ahead for the mount, in KiB (its `/sys/class/bdi/…/read_ahead_kb`; the kernel's
+    /// default is 128). Larger read-ahead means fewer, larger READ requests for sequential reads.
+    /// 0 leaves the kernel's default.
+    public var readAheadKiB: Int = 1024
     /// The most request threads the session loop runs.
     public var maxThreads: Int = 8
     /// Print every FUSE request (libfuse's debug output).

@@ -5,7 +5,10 @@ import CFuse3
 @inline(__always)
 private func from(_ req: fuse_req_t?) -> PassthroughFilesystem {
     // libfuse sets userdata for every request of the session this object was created with.
-    Unmanaged<PassthroughFilesystem>.fromOpaque(fuse_req_userdata(req)).takeUnretainedValue()
+    let filesystem = Unmanaged<PassthroughFilesystem>.fromOpaque(fuse_req_userdata(req)).takeUnretainedValue()
+    filesystem.wakeBoost?.noteRequest()
+    if filesystem.readAheadPending.load(ordering: .relaxed) { filesystem.applyPendingReadAhead() }
+    return filesystem
 }
 
 extension PassthroughFilesystem {

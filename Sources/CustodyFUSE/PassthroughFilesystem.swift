@@ -4,6 +4,7 @@ import CustodyFormat
 import CustodySystem
 import Dispatch
 import Glibc
+import Synchronization
 
 /// The plaintext passthrough: every request is served from the backing tree as it is. This is the
 /// "no identity" path that the protected paths build on.
@@ -23,11 +24,17 @@ final class PassthroughFilesystem: @unchecked Sendable {
     let inodeHighWater: Int
     let inodeLowWater: Int
     let pruneSignal = DispatchSemaphore(value: 0)
+    /// Told of every request when the mount asks for low-latency wake-ups.
+    let wakeBoost: WakeLatencyBoost?
+    /// The mount's read-ahead, set once after INIT (see `FUSEMount.run`).
+    let readAheadPending = Atomic<Bool>(false)
+    let pendingReadAhead = Mutex<(path: String, kibibytes: Int)?>(nil)
 
     init(root: Inode, options: MountOptions, engine: Engine?, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         self.inodes = InodeTable(root: root)
         self.options = options
         self.engine = engine
+        wakeBoost = options.lowLatency ? WakeLatencyBoost.shared : nil
         inodeHighWater = max(64, descriptorLimit * 6 / 10)
         inodeLowWater = max(32, descriptorLimit * 4 / 10)
     }
@@ -40,6 +47,17 @@ final class PassthroughFilesystem: @unchecked Sendable {
     }
 
     // MARK: Session
+
+    /// Writes the mount's read-ahead (needs root; without it the kernel's default stays).
+    func applyPendingReadAhead() {
+        guard readAheadPending.exchange(false, ordering: .acquiringAndReleasing),
+              let pending = pendingReadAhead.withLock({ $0 }) else { return }
+        let fd = Glibc.open(pending.path, O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        defer { Glibc.close(fd) }
+        let text = "\(pending.kibibytes)\n"
+        _ = text.withCString { Glibc.write(fd, $0, strlen($0)) }
+    }
 
     func configure(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
         func want(_ capability: Int32, _ enabled: Bool = true) {
@@ -488,6 +506,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
         }
     }
 
+    /// Large writes come from the kernel's write-back of a file being streamed: start the backing
+    /// file's own write-back at once (after the reply), so that the disk works while more data
+    /// arrives instead of all at the final fsync. Small writes (databases rewriting pages) wait
+    /// for the kernel's usual write-back.
+    static let writeBehindThreshold = 256 * 1024
+
+    private func writeBehind(_ fd: Int32, written: Int) {
+        if written >= Self.writeBehindThreshold { Syscall.startWriteback(fd) }
+    }
+
     func writeBuffers(_ req: fuse_req_t, _ buffers: UnsafeMutablePointer<fuse_bufvec>, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
             fuse_reply_err(req, EBADF)
@@ -501,6 +529,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                     fuse_reply_err(req, Int32(-written))
                 } else {
                     fuse_reply_write(req, Int(written))
+                    writeBehind(file.fd, written: Int(written))
                 }
                 return
             }
@@ -520,6 +549,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         do {
             try content.file.write(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), at: UInt64(offset))
             fuse_reply_write(req, Int(copied))
+            writeBehind(content.fd, written: Int(copied))
         } catch {
             log("write to an encrypted file failed: \(error)")
             fuse_reply_err(req, error.errnoValue.rawValue)

@@ -153,7 +153,6 @@ extension PassthroughFilesystem {
     /// Writes a fresh protected form over the open backing file `fd` (emptied): a new header for
     /// an encrypted file, and the owner record (or none). Returns the shared content when encrypted.
     func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?) throws(Errno) -> ProtectedContent? {
-        let path = Syscall.procPath(fd)
         do throws(Errno) {
             // Only when there is something to cut: on ext4 a truncate to zero marks the file for
             // writeback at close (auto_da_alloc), a disk write per new file.
@@ -179,9 +178,9 @@ extension PassthroughFilesystem {
                 content = ProtectedContent(fd: duplicate, file: file, lease: lease)
             }
             if let record = protection.record {
-                do throws(FormatError) { try record.store(at: path) } catch { throw error.errnoValue }
+                do throws(FormatError) { try record.store(on: fd) } catch { throw error.errnoValue }
             } else {
-                do throws(FormatError) { try OwnerRecord.remove(at: path) } catch { throw error.errnoValue }
+                do throws(FormatError) { try OwnerRecord.remove(from: fd) } catch { throw error.errnoValue }
             }
             if let inode {
                 inode.protectionState.withLock { $0.protection = protection }

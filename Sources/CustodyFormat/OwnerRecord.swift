@@ -68,6 +68,28 @@ extension OwnerRecord {
         }
     }
 
+    /// Writes this record on the open stored file `fd` (not an `O_PATH` descriptor).
+    public func store(on fd: Int32) throws(FormatError) {
+        let value = encoded()
+        do {
+            try value.withBytes { (bytes) throws(Errno) in
+                try Syscall.fsetxattr(fd, Self.attributeName, bytes.baseAddress, bytes.count, 0)
+            }
+        } catch {
+            throw .io(error)
+        }
+    }
+
+    /// Removes the record from the open stored file `fd` (not an `O_PATH` descriptor).
+    public static func remove(from fd: Int32) throws(FormatError) {
+        do {
+            try Syscall.fremovexattr(fd, attributeName)
+        } catch where error == .noData {
+        } catch {
+            throw .io(error)
+        }
+    }
+
     /// The record on the stored file at `path`, or nil when it has none.
     public static func load(from path: String) throws(FormatError) -> OwnerRecord? {
         var buffer = [UInt8](repeating: 0, count: 512)

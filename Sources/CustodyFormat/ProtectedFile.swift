@@ -45,7 +45,9 @@ public final class ProtectedFile: @unchecked Sendable {
         }
         let header = try FileHeader.encrypted(owner: owner, protectionClass: protectionClass, classKey: classKey,
                                               fileKey: fileKey, blockSize: blockSize)
-        try storage.truncate(to: 0)
+        // Only when there is something to cut: on ext4 a truncate to zero marks the file for
+        // writeback at close (auto_da_alloc), a disk write per new file.
+        if try storage.size() != 0 { try storage.truncate(to: 0) }
         try storage.writeBytes(header.encoded(), at: 0)
         return try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism)
     }

@@ -5,6 +5,8 @@ public struct MountEntry: Sendable, Equatable {
     public var mountPoint: String
     public var fileSystemType: String
     public var source: String
+    /// The file system's device number as "major:minor" (the name of its `/sys/class/bdi` entry).
+    public var device: String = ""
 }
 
 /// Reads the kernel's mount table (`/proc/self/mountinfo`).
@@ -19,7 +21,8 @@ public enum MountTable {
             result.append(MountEntry(
                 mountPoint: unescape(fields[4]),
                 fileSystemType: String(fields[dash + 1]),
-                source: unescape(fields[dash + 2])))
+                source: unescape(fields[dash + 2]),
+                device: String(fields[2])))
         }
         return result
     }

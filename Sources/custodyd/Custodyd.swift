@@ -63,6 +63,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Send every write to the daemon at once instead of batching in the page cache.")
     var noWritebackCache = false
 
+    @Flag(help: "Never ask for low CPU wake-up latency (PM QoS) during bursts of requests.")
+    var noLowLatency = false
+
     @Option(help: ArgumentHelp("Most FUSE request threads.", valueName: "n"))
     var threads: Int = 8
 
@@ -200,6 +203,7 @@ struct Custodyd: ParsableCommand {
             mount.allowNonEmpty = allowNonempty
             mount.cacheTimeout = cacheTimeout
             mount.writebackCache = !noWritebackCache
+            mount.lowLatency = !noLowLatency
             mount.threads = threads
             configuration.mounts.insert(mount, at: 0)
         }
@@ -217,6 +221,7 @@ struct Custodyd: ParsableCommand {
         let (configuration, path) = try effectiveConfiguration()
         DaemonLog.bootstrap(level: Logger.Level(rawValue: configuration.logLevel) ?? .info)
         Syscall.raiseDescriptorLimit()
+        Syscall.keepRequestBuffersInHeap()
         var options = MountOptions()
         options.debug = debug
         let daemon: Daemon

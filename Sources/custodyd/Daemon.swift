@@ -165,6 +165,7 @@ final class Daemon: @unchecked Sendable {
         options.attributeTimeout = mount.cacheTimeout
         options.negativeTimeout = mount.cacheTimeout
         options.writebackCache = mount.writebackCache
+        options.lowLatency = mount.lowLatency
         options.maxThreads = mount.threads
         options.handleSignals = false
         return options

@@ -38,6 +38,13 @@ ssize_t clinux_getxattr(const char *path, const char *name, void *value, size_t 
 int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags);
 ssize_t clinux_listxattr(const char *path, char *list, size_t size);
 int clinux_removexattr(const char *path, const char *name);
+/* Large allocations from the heap, not mmap; freed memory kept for reuse (mallopt). */
+void clinux_keep_large_blocks_in_heap(void);
+/* Starts writeback of the file's dirty pages without waiting for it (sync_file_range). */
+int clinux_start_writeback(int fd);
+/* The same on an open (not O_PATH) descriptor: no path lookup. */
+int clinux_fsetxattr(int fd, const char *name, const void *value, size_t size, int flags);
+int clinux_fremovexattr(int fd, const char *name);
 
 /// The peer of a connected Unix socket (SO_PEERCRED); 0 on success, -1 with errno.
 int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
