@@ -64,6 +64,12 @@ void clinux_keep_large_blocks_in_heap(void) {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
 }
+int clinux_release_free_memory(void) {
+    return malloc_trim(0);
+}
+int clinux_will_need(int fd, long long offset, long long length) {
+    return posix_fadvise(fd, (off_t)offset, (off_t)length, POSIX_FADV_WILLNEED);
+}
 int clinux_start_writeback(int fd) {
     return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 }

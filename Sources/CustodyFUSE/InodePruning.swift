@@ -10,6 +10,8 @@ import Synchronization
 /// descriptors close. Without this, a tree with more files than the limit would end in EMFILE.
 ///
 /// It runs on a thread of its own (a notification from inside a request handler can deadlock).
+/// The same thread gives the heap's free memory back to the kernel when a burst of requests ends
+/// (`Syscall.releaseFreeMemory`): request buffers stay in the heap during a burst, not after.
 final class InodePruner: @unchecked Sendable {
     private let filesystem: PassthroughFilesystem
     private let session: OpaquePointer
@@ -50,11 +52,19 @@ final class InodePruner: @unchecked Sendable {
     }
 
     private func run() {
+        var lastCount: UInt64 = 0, trimmedAt: UInt64 = 0
         while !stopping.load(ordering: .acquiring) {
             // Woken by a request that saw the pressure, or every 100 ms.
             _ = filesystem.pruneSignal.wait(timeout: .now() + .milliseconds(100))
             filesystem.inodes.advanceEpoch()
             pruneIfNeeded()
+            // A burst of requests is over (none for a tick): give the freed buffers back once.
+            let count = filesystem.requestCount.load(ordering: .relaxed)
+            if count == lastCount, count != trimmedAt {
+                Syscall.releaseFreeMemory()
+                trimmedAt = count
+            }
+            lastCount = count
         }
     }
 

@@ -6,6 +6,7 @@ import CFuse3
 private func from(_ req: fuse_req_t?) -> PassthroughFilesystem {
     // libfuse sets userdata for every request of the session this object was created with.
     let filesystem = Unmanaged<PassthroughFilesystem>.fromOpaque(fuse_req_userdata(req)).takeUnretainedValue()
+    filesystem.requestCount.wrappingAdd(1, ordering: .relaxed)
     filesystem.wakeBoost?.noteRequest()
     if filesystem.readAheadPending.load(ordering: .relaxed) { filesystem.applyPendingReadAhead() }
     return filesystem

@@ -26,6 +26,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
     let pruneSignal = DispatchSemaphore(value: 0)
     /// Told of every request when the mount asks for low-latency wake-ups.
     let wakeBoost: WakeLatencyBoost?
+    /// Requests served so far (the pruner's thread gives memory back once they stop coming).
+    let requestCount = Atomic<UInt64>(0)
     /// The mount's read-ahead, set once after INIT (see `FUSEMount.run`).
     let readAheadPending = Atomic<Bool>(false)
     let pendingReadAhead = Mutex<(path: String, kibibytes: Int)?>(nil)

@@ -240,8 +240,8 @@ public final class ProtectedFile: @unchecked Sendable {
 
     public func sync() throws(FormatError) { try storage.sync() }
 
-    /// Encrypts blocks `range` of a file going from `oldSize` to `newSize` bytes, and stores them
-    /// with one write per part (one part unless the range is large enough to split across cores). A block's plaintext is its old content (zero-extended to its new length)
+    /// Encrypts blocks `range` of a file going from `oldSize` to `newSize` bytes (split across
+    /// cores when the range is large), and stores them with one write. A block's plaintext is its old content (zero-extended to its new length)
     /// overlaid with the part of `data` (at `dataOffset`) that falls in it; blocks that `data`
     /// covers entirely are encrypted straight from it.
     private func storeBlocks(_ range: ClosedRange<UInt64>, oldSize: UInt64, newSize: UInt64,
@@ -292,11 +292,10 @@ public final class ProtectedFile: @unchecked Sendable {
                     throw .crypto(error)
                 }
             }
-            // Each part stores its own blocks, so the kernel's copies run in parallel too.
-            let partStart = layout.storedOffset(ofBlock: blocks.lowerBound) - storedStart
-            let partEnd = blocks.upperBound == range.upperBound ? storedCount : layout.storedOffset(ofBlock: blocks.upperBound + 1) - storedStart
-            try storage.write(UnsafeRawBufferPointer(rebasing: stored[Int(partStart)..<Int(partEnd)]), at: storedStart + partStart)
         }
+        // One write for the whole range: a buffered write holds the file's lock, so writes from
+        // several parts would only wait for each other (measured: the parts spun on the lock).
+        try storage.write(UnsafeRawBufferPointer(stored), at: storedStart)
     }
 
     /// Reads and opens stored block `index` (its old plaintext is `length` bytes) into the worker's plaintext buffer.

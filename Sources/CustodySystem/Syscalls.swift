@@ -229,6 +229,13 @@ public enum Syscall {
         _ = clinux_start_writeback(fd)
     }
 
+    /// Starts reading `length` bytes at `offset` into the page cache and returns without waiting
+    /// (one disk request for what several small reads would fetch one by one).
+    @inlinable
+    public static func willNeed(_ fd: Int32, offset: Int64, length: Int64) {
+        _ = clinux_will_need(fd, offset, length)
+    }
+
     /// On an open descriptor (not `O_PATH`), without a path lookup.
     @inlinable
     public static func fsetxattr(_ fd: Int32, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer?, _ size: Int, _ flags: Int32) throws(Errno) {
@@ -348,5 +355,11 @@ extension Syscall {
     /// spent more time faulting pages in than decrypting them.
     public static func keepRequestBuffersInHeap() {
         clinux_keep_large_blocks_in_heap()
+    }
+
+    /// Gives the heap's free memory back to the kernel: called once a burst of requests is over,
+    /// so that the buffers `keepRequestBuffersInHeap` keeps do not stay resident while idle.
+    public static func releaseFreeMemory() {
+        _ = clinux_release_free_memory()
     }
 }

@@ -1,6 +1,11 @@
 extension String {
     /// The string without leading and trailing Unicode whitespace.
     public func trimmingWhitespace() -> String {
+        // Nearly always nothing to trim: no copy then.
+        if let first = unicodeScalars.first, let last = unicodeScalars.last,
+           !first.properties.isWhitespace, !last.properties.isWhitespace {
+            return self
+        }
         var scalars = Substring(self).unicodeScalars[...]
         while let first = scalars.first, first.properties.isWhitespace { scalars = scalars.dropFirst() }
         while let last = scalars.last, last.properties.isWhitespace { scalars = scalars.dropLast() }

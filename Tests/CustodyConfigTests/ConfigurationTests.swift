@@ -52,6 +52,7 @@ final class ConfigurationTests: XCTestCase {
             mount_point = "/home/b/Work"
             cache_timeout = 0
             writeback_cache = false
+            low_latency = false
             """)
         XCTAssertEqual(configuration.stateDirectory, "/var/lib/custody")
         XCTAssertEqual(configuration.logLevel, "debug")
@@ -65,6 +66,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertTrue(configuration.mounts[0].allowOther)
         XCTAssertEqual(configuration.mounts[1].cacheTimeout, 0)
         XCTAssertFalse(configuration.mounts[1].writebackCache)
+        XCTAssertTrue(configuration.mounts[0].lowLatency)
+        XCTAssertFalse(configuration.mounts[1].lowLatency)
     }
 
     func testErrorsNameTheLineAndTheKey() {

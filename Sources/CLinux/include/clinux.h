@@ -40,6 +40,10 @@ ssize_t clinux_listxattr(const char *path, char *list, size_t size);
 int clinux_removexattr(const char *path, const char *name);
 /* Large allocations from the heap, not mmap; freed memory kept for reuse (mallopt). */
 void clinux_keep_large_blocks_in_heap(void);
+/* Gives free heap memory back to the kernel (malloc_trim). */
+int clinux_release_free_memory(void);
+/* Starts reading a range into the page cache without waiting (posix_fadvise WILLNEED). */
+int clinux_will_need(int fd, long long offset, long long length);
 /* Starts writeback of the file's dirty pages without waiting for it (sync_file_range). */
 int clinux_start_writeback(int fd);
 /* The same on an open (not O_PATH) descriptor: no path lookup. */
