@@ -60,10 +60,6 @@ ssize_t clinux_listxattr(const char *path, char *list, size_t size) {
 int clinux_removexattr(const char *path, const char *name) {
     return removexattr(path, name);
 }
-void clinux_keep_large_blocks_in_heap(void) {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 64 << 20);
-}
 int clinux_release_free_memory(void) {
     return malloc_trim(0);
 }

@@ -11,7 +11,7 @@ import Synchronization
 ///
 /// It runs on a thread of its own (a notification from inside a request handler can deadlock).
 /// The same thread gives the heap's free memory back to the kernel when a burst of requests ends
-/// (`Syscall.releaseFreeMemory`): request buffers stay in the heap during a burst, not after.
+/// (`Syscall.releaseFreeMemory`), so that buffers freed during a burst do not stay resident.
 final class InodePruner: @unchecked Sendable {
     private let filesystem: PassthroughFilesystem
     private let session: OpaquePointer

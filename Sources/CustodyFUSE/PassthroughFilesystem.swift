@@ -497,14 +497,14 @@ final class PassthroughFilesystem: @unchecked Sendable {
             fuse_reply_err(req, error.rawValue)
             return
         }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
-        defer { buffer.deallocate() }
-        do {
-            let count = try content.file.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]), at: UInt64(offset))
-            fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
-        } catch {
-            log("read of an encrypted file failed: \(error)")
-            fuse_reply_err(req, error.errnoValue.rawValue)
+        Self.plaintextBuffers.withBuffer(byteCount: size) { buffer in
+            do throws(FormatError) {
+                let count = try content.file.read(into: buffer, at: UInt64(offset))
+                fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
+            } catch {
+                log("read of an encrypted file failed: \(error)")
+                fuse_reply_err(req, error.errnoValue.rawValue)
+            }
         }
     }
 
@@ -513,6 +513,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// arrives instead of all at the final fsync. Small writes (databases rewriting pages) wait
     /// for the kernel's usual write-back.
     static let writeBehindThreshold = 256 * 1024
+
+    /// Plaintext of one encrypted read or write (up to 1 MiB), kept for reuse and zeroed after
+    /// each use (see `BufferPool`).
+    static let plaintextBuffers = BufferPool(capacity: 1 << 20, keep: 2, zeroesOnReturn: true)
 
     private func writeBehind(_ fd: Int32, written: Int) {
         if written >= Self.writeBehindThreshold { Syscall.startWriteback(fd) }
@@ -541,20 +545,20 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         let size = fuse_buf_size(buffers)
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 16)
-        defer { buffer.deallocate() }
-        let copied = custody_copy_bufvec_to_memory(buffers, buffer.baseAddress, size)
-        guard copied >= 0 else {
-            fuse_reply_err(req, Int32(-copied))
-            return
-        }
-        do {
-            try content.file.write(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), at: UInt64(offset))
-            fuse_reply_write(req, Int(copied))
-            writeBehind(content.fd, written: Int(copied))
-        } catch {
-            log("write to an encrypted file failed: \(error)")
-            fuse_reply_err(req, error.errnoValue.rawValue)
+        Self.plaintextBuffers.withBuffer(byteCount: size) { buffer in
+            let copied = custody_copy_bufvec_to_memory(buffers, buffer.baseAddress, size)
+            guard copied >= 0 else {
+                fuse_reply_err(req, Int32(-copied))
+                return
+            }
+            do throws(FormatError) {
+                try content.file.write(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), at: UInt64(offset))
+                fuse_reply_write(req, Int(copied))
+                writeBehind(content.fd, written: Int(copied))
+            } catch {
+                log("write to an encrypted file failed: \(error)")
+                fuse_reply_err(req, error.errnoValue.rawValue)
+            }
         }
     }
 

@@ -1,4 +1,5 @@
 import CustodyCrypto
+import CustodySystem
 import Dispatch
 import Glibc
 import Synchronization
@@ -101,6 +102,10 @@ public final class ProtectedFile: @unchecked Sendable {
 
     // MARK: Reading
 
+    /// Stored (encrypted) bytes of one request: a 1 MiB request at any offset fits. Kept for reuse,
+    /// so large requests do not fault fresh memory in every time (see `BufferPool`).
+    static let storedBuffers = BufferPool(capacity: (1 << 20) + (64 << 10), keep: 2, zeroesOnReturn: false)
+
     /// Reads up to `buffer.count` plaintext bytes at `offset`; fewer only at the end of the file.
     public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int {
         guard buffer.count > 0, let out = buffer.baseAddress else { return 0 }
@@ -116,16 +121,13 @@ public final class ProtectedFile: @unchecked Sendable {
 
         let storedStart = layout.storedOffset(ofBlock: first)
         let storedEnd = layout.storedOffset(ofBlock: last) + layout.plaintextLength(ofBlock: last, fileSize: size) + UInt64(BlockLayout.overhead)
-        let stored = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(storedEnd - storedStart), alignment: 16)
-        defer { stored.deallocate() }
-
+        return try Self.storedBuffers.withBuffer(byteCount: Int(storedEnd - storedStart)) { (stored) throws(FormatError) -> Int in
+        // One read for the whole range, then the parts decrypt in parallel. (Parts reading their own
+        // blocks looked to the kernel like two readers at unrelated offsets: its read-ahead of the
+        // stored file stopped working and cold sequential reads waited on the disk.)
+        let got = try storage.read(into: stored, at: storedStart)
+        guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
         try processBlocks(first...last) { (blocks, worker) throws(FormatError) in
-            // Each part reads its own blocks, so the kernel's copies run in parallel too.
-            let partStart = layout.storedOffset(ofBlock: blocks.lowerBound)
-            let partEnd = blocks.upperBound == last ? storedEnd : layout.storedOffset(ofBlock: blocks.upperBound + 1)
-            let part = UnsafeMutableRawBufferPointer(rebasing: stored[Int(partStart - storedStart)..<Int(partEnd - storedStart)])
-            let got = try storage.read(into: part, at: partStart)
-            guard got == part.count else { throw .corruptLength(partStart + UInt64(got)) }
             for index in blocks {
                 let blockStart = index * blockSize
                 let length = layout.plaintextLength(ofBlock: index, fileSize: size)
@@ -142,6 +144,7 @@ public final class ProtectedFile: @unchecked Sendable {
             }
         }
         return Int(end - offset)
+        }
     }
 
     /// Opens one stored block, telling a hole, a truncation and tampering apart (only once the tag
@@ -253,8 +256,7 @@ public final class ProtectedFile: @unchecked Sendable {
         let storedStart = layout.storedOffset(ofBlock: range.lowerBound)
         let storedCount = (range.upperBound - range.lowerBound) * layout.storedBlockSize
             + layout.plaintextLength(ofBlock: range.upperBound, fileSize: newSize) + UInt64(BlockLayout.overhead)
-        let stored = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(storedCount), alignment: 16)
-        defer { stored.deallocate() }
+        try Self.storedBuffers.withBuffer(byteCount: Int(storedCount)) { (stored) throws(FormatError) in
 
         try processBlocks(range) { (blocks, worker) throws(FormatError) in
             // One call to the random generator for the nonces of all these blocks (0.6 µs per call).
@@ -296,6 +298,7 @@ public final class ProtectedFile: @unchecked Sendable {
         // One write for the whole range: a buffered write holds the file's lock, so writes from
         // several parts would only wait for each other (measured: the parts spun on the lock).
         try storage.write(UnsafeRawBufferPointer(stored), at: storedStart)
+        }
     }
 
     /// Reads and opens stored block `index` (its old plaintext is `length` bytes) into the worker's plaintext buffer.

@@ -349,16 +349,8 @@ extension Syscall {
         return UInt64(limit.rlim_cur)
     }
 
-    /// Keeps request buffers in the heap: large blocks (a 1 MiB read or write) are not mapped and
-    /// unmapped for every request, and freed memory is not handed back to the kernel at once. On
-    /// a virtual machine every first touch of a fresh page is slow; without this, a 1 MiB request
-    /// spent more time faulting pages in than decrypting them.
-    public static func keepRequestBuffersInHeap() {
-        clinux_keep_large_blocks_in_heap()
-    }
-
     /// Gives the heap's free memory back to the kernel: called once a burst of requests is over,
-    /// so that the buffers `keepRequestBuffersInHeap` keeps do not stay resident while idle.
+    /// so that buffers freed during the burst do not stay resident while the daemon is idle.
     public static func releaseFreeMemory() {
         _ = clinux_release_free_memory()
     }

@@ -221,7 +221,6 @@ struct Custodyd: ParsableCommand {
         let (configuration, path) = try effectiveConfiguration()
         DaemonLog.bootstrap(level: Logger.Level(rawValue: configuration.logLevel) ?? .info)
         Syscall.raiseDescriptorLimit()
-        Syscall.keepRequestBuffersInHeap()
         var options = MountOptions()
         options.debug = debug
         let daemon: Daemon

@@ -38,8 +38,6 @@ ssize_t clinux_getxattr(const char *path, const char *name, void *value, size_t 
 int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags);
 ssize_t clinux_listxattr(const char *path, char *list, size_t size);
 int clinux_removexattr(const char *path, const char *name);
-/* Large allocations from the heap, not mmap; freed memory kept for reuse (mallopt). */
-void clinux_keep_large_blocks_in_heap(void);
 /* Gives free heap memory back to the kernel (malloc_trim). */
 int clinux_release_free_memory(void);
 /* Starts reading a range into the page cache without waiting (posix_fadvise WILLNEED). */
