@@ -11,6 +11,12 @@ public protocol BlockStorage: AnyObject, Sendable {
     func size() throws(FormatError) -> UInt64
     func truncate(to size: UInt64) throws(FormatError)
     func sync() throws(FormatError)
+    /// A hint that `length` bytes at `offset` will be read soon (may start fetching them).
+    func willRead(at offset: UInt64, length: UInt64)
+}
+
+extension BlockStorage {
+    public func willRead(at offset: UInt64, length: UInt64) {}
 }
 
 /// A file descriptor (not closed here unless `closeOnDeinit`).
@@ -53,6 +59,10 @@ public final class DescriptorStorage: BlockStorage {
 
     public func sync() throws(FormatError) {
         do { try Syscall.fdatasync(fd) } catch { throw .io(error) }
+    }
+
+    public func willRead(at offset: UInt64, length: UInt64) {
+        Syscall.willNeed(fd, offset: Int64(clamping: offset), length: Int64(clamping: length))
     }
 }
 

@@ -104,6 +104,7 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// Stored (encrypted) bytes of one request: a 1 MiB request at any offset fits. Kept for reuse,
     /// so large requests do not fault fresh memory in every time (see `BufferPool`).
+    static let prefetchThreshold = 256 * 1024
     static let storedBuffers = BufferPool(capacity: (1 << 20) + (64 << 10), keep: 2, zeroesOnReturn: false)
 
     /// Reads up to `buffer.count` plaintext bytes at `offset`; fewer only at the end of the file.
@@ -125,6 +126,11 @@ public final class ProtectedFile: @unchecked Sendable {
         // One read for the whole range, then the parts decrypt in parallel. (Parts reading their own
         // blocks looked to the kernel like two readers at unrelated offsets: its read-ahead of the
         // stored file stopped working and cold sequential reads waited on the disk.)
+        if stored.count >= Self.prefetchThreshold, storedEnd < layout.storedSize(plaintextSize: size) {
+            // A large read is a stream: have the disk fetch the next stretch while this one is
+            // decrypted (the reads wait on the disk one after the other otherwise).
+            storage.willRead(at: storedEnd, length: storedEnd - storedStart)
+        }
         let got = try storage.read(into: stored, at: storedStart)
         guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
         try processBlocks(first...last) { (blocks, worker) throws(FormatError) in

@@ -2,6 +2,7 @@
 @testable import CustodyFormat
 import CustodySystem
 import Glibc
+import Synchronization
 import XCTest
 
 final class BlockLayoutTests: XCTestCase {
@@ -323,5 +324,50 @@ final class ProtectedDataTests: XCTestCase {
         damaged[damaged.count - 1] ^= 1
         XCTAssertThrowsError(try ProtectedData.unprotect(damaged) { _ in key }) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 0)) }
         XCTAssertEqual(try ProtectedData.encrypt([], owner: try Owner("a@b"), protectionClass: .none, classKey: key).count, 512)
+    }
+}
+
+/// Storage in memory that records the read-ahead hints it gets.
+private final class HintRecordingStorage: BlockStorage, @unchecked Sendable {
+    let inner = MemoryStorage()
+    private let hints = Mutex<[(offset: UInt64, length: UInt64)]>([])
+    var recorded: [(offset: UInt64, length: UInt64)] { hints.withLock { $0 } }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int { try inner.read(into: buffer, at: offset) }
+    func write(_ data: UnsafeRawBufferPointer, at offset: UInt64) throws(FormatError) { try inner.write(data, at: offset) }
+    func size() throws(FormatError) -> UInt64 { try inner.size() }
+    func truncate(to size: UInt64) throws(FormatError) { try inner.truncate(to: size) }
+    func sync() throws(FormatError) { try inner.sync() }
+    func willRead(at offset: UInt64, length: UInt64) { hints.withLock { $0.append((offset, length)) } }
+}
+
+final class ProtectedFilePrefetchTests: XCTestCase {
+    func testLargeReadsAskForTheNextStretchAndSmallOnesDoNot() throws {
+        let storage = HintRecordingStorage()
+        let file = try ProtectedFile.create(on: storage, owner: try Owner("a@b"), protectionClass: .complete, classKey: try symmetricClassKey())
+        let content = UnsafeMutableRawBufferPointer.allocate(byteCount: 3 << 20, alignment: 16)
+        defer { content.deallocate() }
+        for index in 0..<content.count { content[index] = UInt8(truncatingIfNeeded: index &* 31) }
+        try file.write(UnsafeRawBufferPointer(content), at: 0)
+        let layout = BlockLayout(blockSize: file.header.blockSize)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { buffer.deallocate() }
+
+        // A 4 KiB read: no hint.
+        _ = try file.read(into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<4096]), at: 8192)
+        XCTAssertTrue(storage.recorded.isEmpty)
+
+        // 1 MiB at 1 MiB: the next stored stretch (as long as this one) is announced; bytes are right.
+        XCTAssertEqual(try file.read(into: buffer, at: 1 << 20), 1 << 20)
+        XCTAssertTrue(buffer.elementsEqual(content[(1 << 20)..<(2 << 20)]))
+        let start = layout.storedOffset(ofBlock: (1 << 20) / layout.blockSize)
+        let end = layout.storedOffset(ofBlock: (2 << 20) / layout.blockSize)
+        XCTAssertEqual(storage.recorded.count, 1)
+        XCTAssertEqual(storage.recorded.first?.offset, end)
+        XCTAssertEqual(storage.recorded.first?.length, end - start)
+
+        // The last MiB: nothing after it to fetch.
+        _ = try file.read(into: buffer, at: 2 << 20)
+        XCTAssertEqual(storage.recorded.count, 1)
     }
 }
