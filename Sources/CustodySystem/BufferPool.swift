@@ -1,3 +1,4 @@
+import Glibc
 import Synchronization
 
 /// A few large buffers kept for reuse across requests.
@@ -8,7 +9,9 @@ import Synchronization
 /// buffer cost more than decrypting it. Buffers kept here stay resident.
 ///
 /// At most `keep` buffers are kept (the rest are freed when returned), so the memory held is
-/// bounded; requests larger than `capacity` get a buffer of their own.
+/// bounded; requests larger than `capacity` get a buffer of their own. Buffers are mapped and
+/// unmapped directly, not taken from malloc: a freed one leaves the process at once (malloc
+/// would keep a burst's worth of 1 MiB blocks resident in its arenas).
 public final class BufferPool: Sendable {
     /// Bytes in each kept buffer.
     public let capacity: Int
@@ -27,15 +30,26 @@ public final class BufferPool: Sendable {
 
     deinit {
         free.withLock { buffers in
-            for box in buffers { box.buffer.deallocate() }
+            for box in buffers { Self.unmap(box.buffer) }
             buffers.removeAll()
         }
+    }
+
+    private static func map(_ byteCount: Int) -> UnsafeMutableRawBufferPointer? {
+        let address = mmap(nil, byteCount, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        guard let address, address != MAP_FAILED else { return nil }
+        return UnsafeMutableRawBufferPointer(start: address, count: byteCount)
+    }
+
+    private static func unmap(_ buffer: UnsafeMutableRawBufferPointer) {
+        munmap(buffer.baseAddress, buffer.count)
     }
 
     /// Runs `body` with a buffer of exactly `byteCount` bytes (a prefix of a kept buffer).
     public func withBuffer<R, E: Error>(byteCount: Int, _ body: (UnsafeMutableRawBufferPointer) throws(E) -> R) throws(E) -> R {
         let count = max(byteCount, 1)
-        guard count <= capacity else {
+        let pooled = count <= capacity ? (free.withLock { $0.popLast()?.buffer } ?? Self.map(capacity)) : nil
+        guard let buffer = pooled else {
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 64)
             defer {
                 if zeroesOnReturn { buffer.initializeMemory(as: UInt8.self, repeating: 0) }
@@ -43,7 +57,6 @@ public final class BufferPool: Sendable {
             }
             return try body(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<byteCount]))
         }
-        let buffer = free.withLock { $0.popLast()?.buffer } ?? UnsafeMutableRawBufferPointer.allocate(byteCount: capacity, alignment: 64)
         defer {
             if zeroesOnReturn {
                 UnsafeMutableRawBufferPointer(rebasing: buffer[0..<count]).initializeMemory(as: UInt8.self, repeating: 0)
@@ -53,7 +66,7 @@ public final class BufferPool: Sendable {
                 buffers.append(UnsafeMutableRawBufferPointerBox(buffer: buffer))
                 return true
             }
-            if !kept { buffer.deallocate() }
+            if !kept { Self.unmap(buffer) }
         }
         return try body(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<byteCount]))
     }
