@@ -58,23 +58,22 @@ import CustodySystem
 extension OwnerRecord {
     /// Writes this record on the stored file at `path` (needs root: `trusted.*`).
     public func store(at path: String) throws(FormatError) {
-        let value = encoded()
-        do {
-            try value.withBytes { (bytes) throws(Errno) in
-                try Syscall.setxattr(path, Self.attributeName, bytes.baseAddress, bytes.count, 0)
-            }
-        } catch {
-            throw .io(error)
+        try storeEncoded { (bytes) throws(Errno) in
+            try Syscall.setxattr(path, Self.attributeName, bytes.baseAddress, bytes.count, 0)
         }
     }
 
     /// Writes this record on the open stored file `fd` (not an `O_PATH` descriptor).
     public func store(on fd: Int32) throws(FormatError) {
+        try storeEncoded { (bytes) throws(Errno) in
+            try Syscall.fsetxattr(fd, Self.attributeName, bytes.baseAddress, bytes.count, 0)
+        }
+    }
+
+    private func storeEncoded(_ set: (UnsafeRawBufferPointer) throws(Errno) -> Void) throws(FormatError) {
         let value = encoded()
         do {
-            try value.withBytes { (bytes) throws(Errno) in
-                try Syscall.fsetxattr(fd, Self.attributeName, bytes.baseAddress, bytes.count, 0)
-            }
+            try value.withBytes { (bytes) throws(Errno) in try set(bytes) }
         } catch {
             throw .io(error)
         }
