@@ -149,8 +149,10 @@ func makeTemporaryDirectory(_ prefix: String) throws -> String {
     return String(cString: created)
 }
 
-/// Starts a program with stdout and stderr sent to files (or /dev/null).
-func spawn(_ program: String, _ arguments: [String], stdoutPath: String = "/dev/null", stderrPath: String = "/dev/null") throws -> pid_t {
+/// Starts a program with stdout and stderr sent to files (or /dev/null), with this process's
+/// environment plus `environment`.
+func spawn(_ program: String, _ arguments: [String], stdoutPath: String = "/dev/null", stderrPath: String = "/dev/null",
+           environment: [String: String] = [:]) throws -> pid_t {
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
@@ -158,9 +160,12 @@ func spawn(_ program: String, _ arguments: [String], stdoutPath: String = "/dev/
     posix_spawn_file_actions_addopen(&actions, 1, stdoutPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
     posix_spawn_file_actions_addopen(&actions, 2, stderrPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
     let argv = ([program] + arguments).map { strdup($0) } + [nil]
-    defer { argv.forEach { free($0) } }
+    var merged = ProcessInfo.processInfo.environment
+    for (key, value) in environment { merged[key] = value }
+    let envp = merged.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer { (argv + envp).forEach { free($0) } }
     var pid: pid_t = 0
-    let result = posix_spawnp(&pid, program, &actions, nil, argv, environ)
+    let result = posix_spawnp(&pid, program, &actions, nil, argv, envp)
     guard result == 0 else { throw HarnessError("cannot start \(program): \(Errno(result))") }
     return pid
 }

@@ -92,20 +92,8 @@ final class ServiceTests: XCTestCase {
 
     /// Starts custodyd with `arguments` and extra environment variables.
     func startDaemon(_ arguments: [String], environment: [String: String] = [:], program: String = MountedDaemon.binary) throws {
-        var env = ProcessInfo.processInfo.environment
-        for (key, value) in environment { env[key] = value }
         let log = root + "/custodyd.log"
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
-        posix_spawn_file_actions_addopen(&actions, 2, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
-        let argv = ([program] + arguments).map { strdup($0) } + [nil]
-        let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { (argv + envp).forEach { free($0) } }
-        let result = posix_spawnp(&pid, program, &actions, nil, argv, envp)
-        guard result == 0 else { throw HarnessError("cannot start \(program): \(Errno(result))") }
+        pid = try spawn(program, arguments, stdoutPath: log, stderrPath: log, environment: environment)
     }
 
     var log: String { (try? String(contentsOfFile: root + "/custodyd.log", encoding: .utf8)) ?? "" }
