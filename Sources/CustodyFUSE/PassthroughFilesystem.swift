@@ -369,12 +369,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     // MARK: Files
 
-    /// The flags to open the backing file with, and what to tell the kernel about the handle.
-    private func backingFlags(_ requested: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>) -> Int32 {
+    /// The flags to open the backing file with.
+    private func backingFlags(_ requested: Int32) -> Int32 {
         var flags = requested & ~(O_NOFOLLOW | O_CREAT | O_EXCL | Linux.O_DIRECT) | O_CLOEXEC
-        if requested & Linux.O_DIRECT != 0 {
-            fi.pointee.direct_io = 1
-        }
         if options.writebackCache {
             // The kernel reads pages to complete partial writes, and appends by itself.
             if flags & O_ACCMODE == O_WRONLY {
@@ -383,6 +380,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
             flags &= ~O_APPEND
         }
         return flags
+    }
+
+    /// How the kernel caches a new handle's data.
+    private func setCaching(_ fi: UnsafeMutablePointer<fuse_file_info>) {
+        // O_DIRECT goes straight to the daemon, encrypted or not (otherwise the kernel takes its
+        // page-cache path for each request: an asynchronous-I/O wait per read, and a GETXATTR of
+        // security.capability before every write).
+        if fi.pointee.flags & Linux.O_DIRECT != 0 { fi.pointee.direct_io = 1 }
+        // This daemon is the only writer of the backing tree: cached pages stay valid.
+        fi.pointee.keep_cache = 1
     }
 
     func open(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
@@ -416,11 +423,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 }
                 fi.pointee.fh = HandleBox.store(OpenFile(content: content, inode: inode))
             } else {
-                let fd = try withDescriptor { () throws(Errno) in try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags, fi)) }
+                let fd = try withDescriptor { () throws(Errno) in try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags)) }
                 fi.pointee.fh = HandleBox.store(OpenFile(fd: fd, inode: inode))
             }
-            // This daemon is the only writer of the backing tree: cached pages stay valid.
-            fi.pointee.keep_cache = 1
+            setCaching(fi)
             if fuse_reply_open(req, fi) != 0 {
                 releaseHandle(fi.pointee.fh)
             }
@@ -436,7 +442,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             if let engine {
                 (wanted, classKey) = try plan(for: engine.ownerForNewFile(callerIdentity(req), directoryOwner: directoryOwner(parent)))
             }
-            var flags = backingFlags(fi.pointee.flags, fi) | O_CREAT | (fi.pointee.flags & O_EXCL)
+            var flags = backingFlags(fi.pointee.flags) | O_CREAT | (fi.pointee.flags & O_EXCL)
             if wanted.isEncrypted { flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR }
             let fd = try withDescriptor { () throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
             let handle: OpenFile
@@ -462,7 +468,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 handle = OpenFile(fd: fd, inode: inode)
             }
             fi.pointee.fh = HandleBox.store(handle)
-            fi.pointee.keep_cache = 1
+            setCaching(fi)
             if fuse_reply_create(req, &entry, fi) != 0 {
                 releaseHandle(fi.pointee.fh)
                 inodes.forget(UInt64(entry.ino), count: 1)
@@ -516,7 +522,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     /// Plaintext of one encrypted read or write (up to 1 MiB), kept for reuse and zeroed after
     /// each use (see `BufferPool`).
-    static let plaintextBuffers = BufferPool(capacity: 1 << 20, keep: 2, zeroesOnReturn: true)
+    static let plaintextBuffers = BufferPool(capacity: 1 << 20, keep: 2, zeroesOnReturn: true, smallLimit: 64 << 10)
 
     private func writeBehind(_ fd: Int32, written: Int) {
         if written >= Self.writeBehindThreshold { Syscall.startWriteback(fd) }

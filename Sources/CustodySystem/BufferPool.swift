@@ -9,7 +9,10 @@ import Synchronization
 /// buffer cost more than decrypting it. Buffers kept here stay resident.
 ///
 /// At most `keep` buffers are kept (the rest are freed when returned), so the memory held is
-/// bounded; requests larger than `capacity` get a buffer of their own. Buffers are mapped and
+/// bounded; requests larger than `capacity` get a buffer of their own. Requests of at most
+/// `smallLimit` bytes come from the thread's scratch (`ThreadScratch`): no lock, and no whole
+/// `capacity` buffer mapped when every kept one is busy (a 4 KiB request then paid a page fault
+/// and an munmap, whose TLB shootdown interrupts the other CPUs). Buffers are mapped and
 /// unmapped directly, not taken from malloc: a freed one leaves the process at once (malloc
 /// would keep a burst's worth of 1 MiB blocks resident in its arenas).
 public final class BufferPool: Sendable {
@@ -19,12 +22,15 @@ public final class BufferPool: Sendable {
     public let keep: Int
     /// Whether a buffer's used bytes are zeroed when it comes back (buffers that hold plaintext).
     public let zeroesOnReturn: Bool
+    /// Requests of at most this many bytes use the thread's scratch instead of a kept buffer.
+    public let smallLimit: Int
     private let free: Mutex<[UnsafeMutableRawBufferPointerBox]>
 
-    public init(capacity: Int, keep: Int, zeroesOnReturn: Bool) {
+    public init(capacity: Int, keep: Int, zeroesOnReturn: Bool, smallLimit: Int = 0) {
         self.capacity = capacity
         self.keep = keep
         self.zeroesOnReturn = zeroesOnReturn
+        self.smallLimit = smallLimit
         free = Mutex([])
     }
 
@@ -47,6 +53,9 @@ public final class BufferPool: Sendable {
 
     /// Runs `body` with a buffer of exactly `byteCount` bytes (a prefix of a kept buffer).
     public func withBuffer<R, E: Error>(byteCount: Int, _ body: (UnsafeMutableRawBufferPointer) throws(E) -> R) throws(E) -> R {
+        if byteCount <= smallLimit {
+            return try ThreadScratch.withBuffer(byteCount: byteCount, zeroing: zeroesOnReturn, body)
+        }
         let count = max(byteCount, 1)
         let pooled = count <= capacity ? (free.withLock { $0.popLast()?.buffer } ?? Self.map(capacity)) : nil
         guard let buffer = pooled else {

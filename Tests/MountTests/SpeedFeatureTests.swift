@@ -95,4 +95,80 @@ final class SpeedFeatureTests: XCTestCase {
         }
         XCTAssertLessThan(dirty, 16 << 10, "the backing file's write-back started as the data arrived")
     }
+
+    /// Counts, by opcode name, the FUSE requests the kernel sends to `daemon`'s mount while `body`
+    /// runs: the fuse:fuse_request_send tracepoint, in a trace instance of this test's own.
+    private func requestsSent(to daemon: MountedDaemon, during body: () throws -> Void) throws -> [String: Int] {
+        let tracing = "/sys/kernel/tracing"
+        if access("\(tracing)/instances", F_OK) != 0 { _ = try? runCommand(["mount", "-t", "tracefs", "nodev", tracing]) }
+        guard access("\(tracing)/events/fuse/fuse_request_send", F_OK) == 0 else {
+            if ProcessInfo.processInfo.environment["CI"] == "true" { XCTFail("no fuse:fuse_request_send tracepoint and CI=true") }
+            throw XCTSkip("this kernel has no fuse:fuse_request_send tracepoint")
+        }
+        let instance = "\(tracing)/instances/custody-test-\(getpid())"
+        guard mkdir(instance, 0o700) == 0 else { throw Errno.current }
+        defer { rmdir(instance) }
+        let enable = "\(instance)/events/fuse/fuse_request_send/enable"
+        try "1".write(toFile: enable, atomically: false, encoding: .utf8)
+        defer { try? "0".write(toFile: enable, atomically: false, encoding: .utf8) }
+        try body()
+        try "0".write(toFile: enable, atomically: false, encoding: .utf8)
+        // The connection is the mount's device number, in the kernel's encoding (major << 20 | minor).
+        let device = try XCTUnwrap(MountTable.entry(at: daemon.mountPoint)?.device).split(separator: ":").compactMap { Int($0) }
+        let connection = "connection \((device[0] << 20) | device[1]) "
+        var counts: [String: Int] = [:]
+        // (tracefs files report no size: read to the end rather than trusting one.)
+        let traceFD = try Syscall.open("\(instance)/trace", O_RDONLY)
+        defer { close(traceFD) }
+        for line in String(decoding: try readAll(traceFD), as: UTF8.self).split(separator: "\n") where line.contains(connection) {
+            guard let open = line.range(of: "(FUSE_"), let close = line[open.upperBound...].firstIndex(of: ")") else { continue }
+            counts[String(line[line.index(after: open.lowerBound)..<close]), default: 0] += 1
+        }
+        return counts
+    }
+
+    func testDirectIOOnEncryptedFilesGoesStraightToTheDaemon() throws {
+        let daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        defer { daemon.destroy() }
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        let path = daemon.mnt("direct.bin")
+        try writeFile(path, [UInt8](repeating: 0, count: 64 << 10))
+        XCTAssertEqual(xattr(path, "user.custody.encrypted"), "1")
+        let block = UnsafeMutableRawBufferPointer.allocate(byteCount: 4096, alignment: 4096)
+        defer { block.deallocate() }
+
+        // O_DIRECT: one WRITE or READ per call, and no GETXATTR of security.capability before each
+        // write (the kernel's page-cache path asks for one on every write).
+        let direct = try requestsSent(to: daemon) {
+            let fd = try Syscall.open(path, O_RDWR | Linux.O_DIRECT)
+            defer { close(fd) }
+            for index in 0..<16 {
+                block.copyBytes(from: Array(repeating: UInt8(ascii: "a") + UInt8(index), count: 4096))
+                try Syscall.pwriteAll(fd, block.baseAddress!, 4096, Int64(index) * 4096)
+            }
+            for index in 0..<16 {
+                XCTAssertEqual(try Syscall.pread(fd, block.baseAddress!, 4096, Int64(index) * 4096), 4096)
+                XCTAssertEqual(block[4095], UInt8(ascii: "a") + UInt8(index))
+            }
+        }
+        XCTAssertEqual(direct["FUSE_WRITE"], 16, "\(direct)")
+        XCTAssertEqual(direct["FUSE_READ"], 16, "\(direct)")
+        XCTAssertNil(direct["FUSE_GETXATTR"], "\(direct)")
+
+        // The same writes through the page cache do ask (so the count above can tell the paths apart).
+        let cached = try requestsSent(to: daemon) {
+            let fd = try Syscall.open(path, O_RDWR)
+            defer { close(fd) }
+            for index in 0..<16 { try Syscall.pwriteAll(fd, block.baseAddress!, 4096, Int64(index) * 4096) }
+            try Syscall.fsync(fd)
+        }
+        XCTAssertGreaterThan(cached["FUSE_GETXATTR", default: 0], 0, "\(cached)")
+
+        let content = try readFile(path)
+        XCTAssertEqual(content.count, 64 << 10)
+        XCTAssertTrue(content[0..<(16 << 12)].allSatisfy { $0 == UInt8(ascii: "p") }, "the last writes are what is read")
+        let stored = try readFile(daemon.back("direct.bin"))
+        let run = [UInt8](repeating: UInt8(ascii: "p"), count: 16)
+        XCTAssertFalse(stored.indices.dropLast(15).contains { Array(stored[$0..<($0 + 16)]) == run }, "no plaintext on disk")
+    }
 }
