@@ -72,6 +72,9 @@ int clinux_start_writeback(int fd) {
 int clinux_fsetxattr(int fd, const char *name, const void *value, size_t size, int flags) {
     return fsetxattr(fd, name, value, size, flags);
 }
+ssize_t clinux_fgetxattr(int fd, const char *name, void *value, size_t size) {
+    return fgetxattr(fd, name, value, size);
+}
 int clinux_fremovexattr(int fd, const char *name) {
     return fremovexattr(fd, name);
 }

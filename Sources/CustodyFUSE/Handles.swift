@@ -17,7 +17,10 @@ final class OpenFile: @unchecked Sendable {
         self.fd = fd
         self.inode = inode
         self.contentBox = Mutex(nil)
-        inode.protectionState.withLock { $0.openHandles += 1 }
+        inode.protectionState.withLock {
+            $0.openHandles += 1
+            $0.plainHandle = self
+        }
     }
 
     /// An encrypted file's handle, counted on its inode.

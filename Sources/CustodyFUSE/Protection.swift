@@ -74,6 +74,8 @@ struct InodeProtection {
     var content: ProtectedContent?
     /// Open handles of any kind (re-protection waits for none).
     var openHandles = 0
+    /// The latest plain handle opened, while it lives: its descriptor serves attribute reads.
+    weak var plainHandle: OpenFile?
 }
 
 extension EngineError {

@@ -244,6 +244,12 @@ public enum Syscall {
 
     /// On an open descriptor (not `O_PATH`), without a path lookup.
     @inlinable
+    public static func fgetxattr(_ fd: Int32, _ name: UnsafePointer<CChar>, _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
+        try valueOrErrno(clinux_fgetxattr(fd, name, buffer, size))
+    }
+
+    /// On an open descriptor (not `O_PATH`), without a path lookup.
+    @inlinable
     public static func fremovexattr(_ fd: Int32, _ name: UnsafePointer<CChar>) throws(Errno) {
         _ = try valueOrErrno(clinux_fremovexattr(fd, name))
     }

@@ -192,6 +192,41 @@ final class PassthroughOperationTests: XCTestCase {
         close(dir)
     }
 
+    /// Attribute reads while `path` is open (the daemon then answers through the open descriptor)
+    /// agree with the backing file, before and after changes and after the last close.
+    private func checkAttributesWhileOpen(_ path: String, backing: String, file: StaticString = #filePath, line: UInt = #line) throws {
+        try Syscall.setxattr(path, "user.color", "blue", 4, 0)
+        let first = try Syscall.open(path, O_WRONLY)
+        XCTAssertEqual(xattr(path, "user.color"), "blue", file: file, line: line)
+        XCTAssertEqual(try Syscall.getxattr(path, "user.color", nil, 0), 4, "size query", file: file, line: line)
+        var small = [UInt8](repeating: 0, count: 2)
+        XCTAssertEqual(errnoOf { _ = try Syscall.getxattr(path, "user.color", &small, 2) }, ERANGE, file: file, line: line)
+        XCTAssertEqual(errnoOf { _ = try Syscall.getxattr(path, "security.capability", nil, 0) }, ENODATA, file: file, line: line)
+        try Syscall.pwriteAll(first, "data", 4, 0)
+        try Syscall.setxattr(path, "user.color", "green", 5, 0)
+        let second = try Syscall.open(path, O_RDONLY)
+        close(second)
+        // The latest handle is closed, the first is still open.
+        XCTAssertEqual(xattr(path, "user.color"), "green", file: file, line: line)
+        XCTAssertEqual(xattr(backing, "user.color"), "green", file: file, line: line)
+        close(first)
+        try Syscall.removexattr(backing, "user.color")
+        XCTAssertNil(xattr(path, "user.color"), "after the last close the backing file answers", file: file, line: line)
+        XCTAssertEqual(try readFile(path), bytes("data"), file: file, line: line)
+    }
+
+    func testExtendedAttributesWhileTheFileIsOpen() throws {
+        try writeFile(daemon.mnt("open.txt"), bytes("x"))
+        try checkAttributesWhileOpen(daemon.mnt("open.txt"), backing: daemon.back("open.txt"))
+        // An encrypted file: the descriptor is its content's.
+        let encrypted = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        defer { encrypted.destroy() }
+        XCTAssertEqual(try encrypted.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        try writeFile(encrypted.mnt("open.txt"), bytes("x"))
+        XCTAssertEqual(xattr(encrypted.mnt("open.txt"), "user.custody.encrypted"), "1")
+        try checkAttributesWhileOpen(encrypted.mnt("open.txt"), backing: encrypted.back("open.txt"))
+    }
+
     func testExtendedAttributes() throws {
         let path = daemon.mnt("x")
         try writeFile(path, bytes("x"))

@@ -46,6 +46,7 @@ int clinux_will_need(int fd, long long offset, long long length);
 int clinux_start_writeback(int fd);
 /* The same on an open (not O_PATH) descriptor: no path lookup. */
 int clinux_fsetxattr(int fd, const char *name, const void *value, size_t size, int flags);
+ssize_t clinux_fgetxattr(int fd, const char *name, void *value, size_t size);
 int clinux_fremovexattr(int fd, const char *name);
 
 /// The peer of a connected Unix socket (SO_PEERCRED); 0 on success, -1 with errno.
