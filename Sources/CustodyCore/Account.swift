@@ -70,10 +70,15 @@ public struct Account: Codable, Equatable, Sendable {
 
     public var isEnrolled: Bool { policy != nil }
 
+    /// True when `identity` is this account's object ID or UPN spelled exactly as stored.
+    public func matchesAsStored(_ identity: String) -> Bool {
+        identity == id || identity == upn
+    }
+
     /// True when `identity` names this account by object ID or UPN, in any case.
     public func matches(_ identity: String) -> Bool {
         // Identities usually arrive spelled as stored (records, bindings): no folding needed.
-        if identity == id || identity == upn { return true }
+        if matchesAsStored(identity) { return true }
         let key = Account.canonical(identity)
         return key == Account.canonical(id) || key == Account.canonical(upn)
     }

@@ -205,7 +205,7 @@ public final class Engine: @unchecked Sendable {
     public func account(_ identity: String) throws(EngineError) -> Account {
         let found = state.withLock { state -> Account? in
             // Spelled as stored first (every request that creates a file asks), then case-folded.
-            if let exact = state.accounts.first(where: { $0.id == identity || $0.upn == identity }) { return exact }
+            if let exact = state.accounts.first(where: { $0.matchesAsStored(identity) }) { return exact }
             return state.accounts.first { $0.matches(identity) }
         }
         guard let account = found else { throw .unknownAccount(identity) }

@@ -156,11 +156,9 @@ extension PassthroughFilesystem {
     /// an encrypted file, and the owner record (or none). Returns the shared content when encrypted.
     func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?) throws(Errno) -> ProtectedContent? {
         do throws(Errno) {
-            // Only when there is something to cut: on ext4 a truncate to zero marks the file for
-            // writeback at close (auto_da_alloc), a disk write per new file.
-            if try Syscall.fstat(fd).st_size != 0 { try Syscall.ftruncate(fd, 0) }
             var content: ProtectedContent?
             if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
+                // ProtectedFile.create empties the file itself.
                 let fileKey: SecretBytes
                 do throws(CryptoError) { fileKey = try SecretBytes.random(count: 32) } catch { throw Errno.ioError }
                 let duplicate = try Syscall.dup(fd)
@@ -178,6 +176,10 @@ extension PassthroughFilesystem {
                     throw error.errnoValue
                 }
                 content = ProtectedContent(fd: duplicate, file: file, lease: lease)
+            } else if try Syscall.fstat(fd).st_size != 0 {
+                // Only when there is something to cut: on ext4 a truncate to zero marks the file for
+                // writeback at close (auto_da_alloc), a disk write per new file.
+                try Syscall.ftruncate(fd, 0)
             }
             if let record = protection.record {
                 do throws(FormatError) { try record.store(on: fd) } catch { throw error.errnoValue }
@@ -195,9 +197,10 @@ extension PassthroughFilesystem {
 
     // MARK: Content
 
-    /// The shared decrypted view of an encrypted inode, opened (key unwrapped) by the first handle.
+    /// How much of a stored file an open asks the disk for at once (header and first data).
     static let openReadAhead: Int64 = 128 * 1024
 
+    /// The shared decrypted view of an encrypted inode, opened (key unwrapped) by the first handle.
     func acquireContent(_ inode: Inode) throws(Errno) -> ProtectedContent {
         try inode.protectionState.withLock { (state) throws(Errno) -> ProtectedContent in
             if let content = state.content, !content.lease.isRevoked {

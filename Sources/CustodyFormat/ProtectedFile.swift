@@ -123,33 +123,33 @@ public final class ProtectedFile: @unchecked Sendable {
         let storedStart = layout.storedOffset(ofBlock: first)
         let storedEnd = layout.storedOffset(ofBlock: last) + layout.plaintextLength(ofBlock: last, fileSize: size) + UInt64(BlockLayout.overhead)
         return try Self.storedBuffers.withBuffer(byteCount: Int(storedEnd - storedStart)) { (stored) throws(FormatError) -> Int in
-        // One read for the whole range, then the parts decrypt in parallel. (Parts reading their own
-        // blocks looked to the kernel like two readers at unrelated offsets: its read-ahead of the
-        // stored file stopped working and cold sequential reads waited on the disk.)
-        if stored.count >= Self.prefetchThreshold, storedEnd < layout.storedSize(plaintextSize: size) {
-            // A large read is a stream: have the disk fetch the next stretch while this one is
-            // decrypted (the reads wait on the disk one after the other otherwise).
-            storage.willRead(at: storedEnd, length: storedEnd - storedStart)
-        }
-        let got = try storage.read(into: stored, at: storedStart)
-        guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
-        try processBlocks(first...last) { (blocks, worker) throws(FormatError) in
-            for index in blocks {
-                let blockStart = index * blockSize
-                let length = layout.plaintextLength(ofBlock: index, fileSize: size)
-                let source = UnsafeRawBufferPointer(start: stored.baseAddress! + Int((index - first) * layout.storedBlockSize),
-                                                    count: Int(length) + BlockLayout.overhead)
-                let wantStart = max(offset, blockStart), wantEnd = min(end, blockStart + length)
-                let destination = out + Int(wantStart - offset)
-                if wantStart == blockStart, wantEnd == blockStart + length {
-                    try openBlock(worker, index, final: index == finalBlock, source, into: destination)
-                } else {
-                    try openBlock(worker, index, final: index == finalBlock, source, into: worker.plaintext)
-                    destination.copyMemory(from: worker.plaintext + Int(wantStart - blockStart), byteCount: Int(wantEnd - wantStart))
+            // One read for the whole range, then the parts decrypt in parallel. (Parts reading their own
+            // blocks looked to the kernel like two readers at unrelated offsets: its read-ahead of the
+            // stored file stopped working and cold sequential reads waited on the disk.)
+            if stored.count >= Self.prefetchThreshold, storedEnd < layout.storedSize(plaintextSize: size) {
+                // A large read is a stream: have the disk fetch the next stretch while this one is
+                // decrypted (the reads wait on the disk one after the other otherwise).
+                storage.willRead(at: storedEnd, length: storedEnd - storedStart)
+            }
+            let got = try storage.read(into: stored, at: storedStart)
+            guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
+            try processBlocks(first...last) { (blocks, worker) throws(FormatError) in
+                for index in blocks {
+                    let blockStart = index * blockSize
+                    let length = layout.plaintextLength(ofBlock: index, fileSize: size)
+                    let source = UnsafeRawBufferPointer(start: stored.baseAddress! + Int((index - first) * layout.storedBlockSize),
+                                                        count: Int(length) + BlockLayout.overhead)
+                    let wantStart = max(offset, blockStart), wantEnd = min(end, blockStart + length)
+                    let destination = out + Int(wantStart - offset)
+                    if wantStart == blockStart, wantEnd == blockStart + length {
+                        try openBlock(worker, index, final: index == finalBlock, source, into: destination)
+                    } else {
+                        try openBlock(worker, index, final: index == finalBlock, source, into: worker.plaintext)
+                        destination.copyMemory(from: worker.plaintext + Int(wantStart - blockStart), byteCount: Int(wantEnd - wantStart))
+                    }
                 }
             }
-        }
-        return Int(end - offset)
+            return Int(end - offset)
         }
     }
 
@@ -263,47 +263,46 @@ public final class ProtectedFile: @unchecked Sendable {
         let storedCount = (range.upperBound - range.lowerBound) * layout.storedBlockSize
             + layout.plaintextLength(ofBlock: range.upperBound, fileSize: newSize) + UInt64(BlockLayout.overhead)
         try Self.storedBuffers.withBuffer(byteCount: Int(storedCount)) { (stored) throws(FormatError) in
-
-        try processBlocks(range) { (blocks, worker) throws(FormatError) in
-            // The nonces of all these blocks at once (see `Nonces`).
-            let nonces = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(blocks.upperBound - blocks.lowerBound + 1) * AESGCMKey.nonceSize, alignment: 8)
-            defer { nonces.deallocate() }
-            do throws(CryptoError) { try Nonces.fill(nonces) } catch { throw .crypto(error) }
-            for index in blocks {
-                let blockStart = index * blockSize
-                let newLength = layout.plaintextLength(ofBlock: index, fileSize: newSize)
-                let nonce = UnsafeRawBufferPointer(rebasing: nonces[(Int(index - blocks.lowerBound) * AESGCMKey.nonceSize)...].prefix(AESGCMKey.nonceSize))
-                let target = stored.baseAddress! + Int((index - range.lowerBound) * layout.storedBlockSize)
-                let coverStart = max(dataOffset, blockStart), coverEnd = min(dataEnd, blockStart + newLength)
-                let plaintext: UnsafeRawBufferPointer
-                if let data, coverStart == blockStart, coverEnd == blockStart + newLength {
-                    plaintext = UnsafeRawBufferPointer(start: data.baseAddress! + Int(blockStart - dataOffset), count: Int(newLength))
-                } else {
-                    var oldLength: UInt64 = 0
-                    if let oldFinal, index <= oldFinal {
-                        oldLength = index < oldFinal ? blockSize : oldSize - blockStart
-                        try readStoredBlock(index, length: oldLength, final: index == oldFinal, worker: worker)
+            try processBlocks(range) { (blocks, worker) throws(FormatError) in
+                // The nonces of all these blocks at once (see `Nonces`).
+                let nonces = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(blocks.upperBound - blocks.lowerBound + 1) * AESGCMKey.nonceSize, alignment: 8)
+                defer { nonces.deallocate() }
+                do throws(CryptoError) { try Nonces.fill(nonces) } catch { throw .crypto(error) }
+                for index in blocks {
+                    let blockStart = index * blockSize
+                    let newLength = layout.plaintextLength(ofBlock: index, fileSize: newSize)
+                    let nonce = UnsafeRawBufferPointer(rebasing: nonces[(Int(index - blocks.lowerBound) * AESGCMKey.nonceSize)...].prefix(AESGCMKey.nonceSize))
+                    let target = stored.baseAddress! + Int((index - range.lowerBound) * layout.storedBlockSize)
+                    let coverStart = max(dataOffset, blockStart), coverEnd = min(dataEnd, blockStart + newLength)
+                    let plaintext: UnsafeRawBufferPointer
+                    if let data, coverStart == blockStart, coverEnd == blockStart + newLength {
+                        plaintext = UnsafeRawBufferPointer(start: data.baseAddress! + Int(blockStart - dataOffset), count: Int(newLength))
+                    } else {
+                        var oldLength: UInt64 = 0
+                        if let oldFinal, index <= oldFinal {
+                            oldLength = index < oldFinal ? blockSize : oldSize - blockStart
+                            try readStoredBlock(index, length: oldLength, final: index == oldFinal, worker: worker)
+                        }
+                        if newLength > oldLength {
+                            (worker.plaintext + Int(oldLength)).initializeMemory(as: UInt8.self, repeating: 0, count: Int(newLength - oldLength))
+                        }
+                        if let data, coverStart < coverEnd {
+                            (worker.plaintext + Int(coverStart - blockStart)).copyMemory(
+                                from: data.baseAddress! + Int(coverStart - dataOffset), byteCount: Int(coverEnd - coverStart))
+                        }
+                        plaintext = UnsafeRawBufferPointer(start: worker.plaintext, count: Int(newLength))
                     }
-                    if newLength > oldLength {
-                        (worker.plaintext + Int(oldLength)).initializeMemory(as: UInt8.self, repeating: 0, count: Int(newLength - oldLength))
+                    do throws(CryptoError) {
+                        try cipher.seal(worker.lease.context, aad: worker.aad, index: index, final: index == newFinal,
+                                        plaintext: plaintext, into: target, nonce: nonce)
+                    } catch {
+                        throw .crypto(error)
                     }
-                    if let data, coverStart < coverEnd {
-                        (worker.plaintext + Int(coverStart - blockStart)).copyMemory(
-                            from: data.baseAddress! + Int(coverStart - dataOffset), byteCount: Int(coverEnd - coverStart))
-                    }
-                    plaintext = UnsafeRawBufferPointer(start: worker.plaintext, count: Int(newLength))
-                }
-                do throws(CryptoError) {
-                    try cipher.seal(worker.lease.context, aad: worker.aad, index: index, final: index == newFinal,
-                                    plaintext: plaintext, into: target, nonce: nonce)
-                } catch {
-                    throw .crypto(error)
                 }
             }
-        }
-        // One write for the whole range: a buffered write holds the file's lock, so writes from
-        // several parts would only wait for each other (measured: the parts spun on the lock).
-        try storage.write(UnsafeRawBufferPointer(stored), at: storedStart)
+            // One write for the whole range: a buffered write holds the file's lock, so writes from
+            // several parts would only wait for each other (measured: the parts spun on the lock).
+            try storage.write(UnsafeRawBufferPointer(stored), at: storedStart)
         }
     }
 

@@ -59,12 +59,7 @@ public final class BufferPool: Sendable {
         let count = max(byteCount, 1)
         let pooled = count <= capacity ? (free.withLock { $0.popLast()?.buffer } ?? Self.map(capacity)) : nil
         guard let buffer = pooled else {
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: count, alignment: 64)
-            defer {
-                if zeroesOnReturn { buffer.initializeMemory(as: UInt8.self, repeating: 0) }
-                buffer.deallocate()
-            }
-            return try body(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<byteCount]))
+            return try withHeapBuffer(byteCount: byteCount, zeroing: zeroesOnReturn, body)
         }
         defer {
             if zeroesOnReturn {

@@ -34,12 +34,7 @@ public enum ThreadScratch {
         let start = region.top
         let rounded = (max(byteCount, 1) + alignment - 1) & ~(alignment - 1)
         guard rounded <= regionSize - start else {
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(byteCount, 1), alignment: alignment)
-            defer {
-                if zeroing { buffer.initializeMemory(as: UInt8.self, repeating: 0) }
-                buffer.deallocate()
-            }
-            return try body(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<byteCount]))
+            return try withHeapBuffer(byteCount: byteCount, zeroing: zeroing, body)
         }
         let buffer = UnsafeMutableRawBufferPointer(start: region.base + start, count: byteCount)
         region.top = start + rounded
@@ -52,4 +47,16 @@ public enum ThreadScratch {
 
     /// Bytes of the calling thread's region in use (for tests).
     public static var bytesInUse: Int { regions.value.top }
+}
+
+/// Runs `body` with `byteCount` bytes from the heap (aligned to 64), zeroed before they are freed
+/// when `zeroing`: for buffers too large for a pool or a thread's scratch.
+func withHeapBuffer<R, E: Error>(byteCount: Int, zeroing: Bool,
+                                 _ body: (UnsafeMutableRawBufferPointer) throws(E) -> R) throws(E) -> R {
+    let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(byteCount, 1), alignment: 64)
+    defer {
+        if zeroing { buffer.initializeMemory(as: UInt8.self, repeating: 0) }
+        buffer.deallocate()
+    }
+    return try body(UnsafeMutableRawBufferPointer(rebasing: buffer[0..<byteCount]))
 }
