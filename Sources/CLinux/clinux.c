@@ -2,6 +2,10 @@
 #include "clinux.h"
 #include <fcntl.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <string.h>
 #include <stdio.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
@@ -86,5 +90,56 @@ int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
     *pid = credentials.pid;
     *uid = credentials.uid;
     *gid = credentials.gid;
+    return 0;
+}
+
+/* The copy in progress on this thread, if any: where its SIGBUS should land. */
+static __thread sigjmp_buf *copy_guard;
+static struct sigaction sigbus_before;
+static pthread_once_t copy_guard_once = PTHREAD_ONCE_INIT;
+static int copy_guard_result = -1;
+
+static void on_sigbus(int signal_number, siginfo_t *info, void *context) {
+    sigjmp_buf *jump = copy_guard;
+    if (jump != NULL) {
+        copy_guard = NULL;
+        siglongjmp(*jump, 1);
+    }
+    if ((sigbus_before.sa_flags & SA_SIGINFO) && sigbus_before.sa_sigaction != NULL) {
+        sigbus_before.sa_sigaction(signal_number, info, context);
+        return;
+    }
+    if (!(sigbus_before.sa_flags & SA_SIGINFO) && sigbus_before.sa_handler != SIG_DFL && sigbus_before.sa_handler != SIG_IGN) {
+        sigbus_before.sa_handler(signal_number);
+        return;
+    }
+    /* Nothing else wanted it: returning re-runs the faulting access, which now gets the default action. */
+    signal(SIGBUS, SIG_DFL);
+}
+
+static void install_copy_guard(void) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_sigbus;
+    sigemptyset(&action.sa_mask);
+    /* SA_NODEFER: the jump out of the handler leaves SIGBUS unblocked without saving the signal
+       mask in every copy (sigsetjmp with a mask costs a system call). */
+    action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    copy_guard_result = sigaction(SIGBUS, &action, &sigbus_before);
+}
+
+int clinux_install_copy_guard(void) {
+    pthread_once(&copy_guard_once, install_copy_guard);
+    return copy_guard_result;
+}
+
+int clinux_guarded_copy(void *destination, const void *source, size_t count) {
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 0) != 0) return -1;
+    copy_guard = &jump;
+    __asm__ volatile("" ::: "memory");
+    memcpy(destination, source, count);
+    __asm__ volatile("" ::: "memory");
+    copy_guard = NULL;
     return 0;
 }

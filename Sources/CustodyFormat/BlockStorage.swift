@@ -13,10 +13,14 @@ public protocol BlockStorage: AnyObject, Sendable {
     func sync() throws(FormatError)
     /// A hint that `length` bytes at `offset` will be read soon (may start fetching them).
     func willRead(at offset: UInt64, length: UInt64)
+    /// A read-only mapping of the first `length` bytes (which may run past the end), or nil if
+    /// this storage cannot be mapped.
+    func map(length: Int) -> FileMapping?
 }
 
 extension BlockStorage {
     public func willRead(at offset: UInt64, length: UInt64) {}
+    public func map(length: Int) -> FileMapping? { nil }
 }
 
 /// A file descriptor (not closed here unless `closeOnDeinit`).
@@ -63,6 +67,10 @@ public final class DescriptorStorage: BlockStorage {
 
     public func willRead(at offset: UInt64, length: UInt64) {
         Syscall.willNeed(fd, offset: Int64(clamping: offset), length: Int64(clamping: length))
+    }
+
+    public func map(length: Int) -> FileMapping? {
+        do throws(Errno) { return try FileMapping(fd: fd, length: length) } catch { return nil }
     }
 }
 

@@ -105,6 +105,16 @@ public final class ProtectedFile: @unchecked Sendable {
     /// Stored (encrypted) bytes of one request: a 1 MiB request at any offset fits. Kept for reuse,
     /// so large requests do not fault fresh memory in every time (see `BufferPool`).
     static let prefetchThreshold = 256 * 1024
+    /// Files of at least this many bytes serve small reads from a mapping (see `readMapped`).
+    static let mappingThreshold: UInt64 = 1 << 20
+    /// Stored bytes of the largest request served from the mapping.
+    static let mappedReadLimit = 64 << 10
+    private struct MappingState {
+        var mapping: FileMapping?
+        /// The storage could not be mapped: not tried again.
+        var unavailable = false
+    }
+    private let mapping = Mutex(MappingState())
     static let storedBuffers = BufferPool(capacity: (1 << 20) + (64 << 10), keep: 2, zeroesOnReturn: false, smallLimit: 64 << 10)
 
     /// Reads up to `buffer.count` plaintext bytes at `offset`; fewer only at the end of the file.
@@ -131,8 +141,10 @@ public final class ProtectedFile: @unchecked Sendable {
                 // decrypted (the reads wait on the disk one after the other otherwise).
                 storage.willRead(at: storedEnd, length: storedEnd - storedStart)
             }
-            let got = try storage.read(into: stored, at: storedStart)
-            guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
+            if !readMapped(into: stored, at: storedStart, fileSize: size) {
+                let got = try storage.read(into: stored, at: storedStart)
+                guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
+            }
             try processBlocks(first...last) { (blocks, worker) throws(FormatError) in
                 for index in blocks {
                     let blockStart = index * blockSize
@@ -151,6 +163,30 @@ public final class ProtectedFile: @unchecked Sendable {
             }
             return Int(end - offset)
         }
+    }
+
+    /// Copies stored bytes out of a mapping of the storage, for the small reads of a large file
+    /// (random access: a database, a disk image). False when that does not apply or fails (the
+    /// caller reads with `pread`): a small file, a large request (whose copy the system call's
+    /// cost is small next to, and which the kernel's read-ahead of the descriptor serves), storage
+    /// that cannot be mapped, or stored bytes that are not there (the file was cut underneath).
+    private func readMapped(into stored: UnsafeMutableRawBufferPointer, at storedStart: UInt64, fileSize: UInt64) -> Bool {
+        guard stored.count <= Self.mappedReadLimit, fileSize >= Self.mappingThreshold, let base = stored.baseAddress else { return false }
+        let end = storedStart + UInt64(stored.count)
+        let current: FileMapping? = mapping.withLock { state in
+            if let mapped = state.mapping, UInt64(mapped.length) >= end { return mapped }
+            guard !state.unavailable else { return nil }
+            // Room to grow into: the mapping is replaced only when the file doubles.
+            let stored = layout.storedSize(plaintextSize: fileSize)
+            guard stored <= UInt64(Int.max) / 2, let fresh = storage.map(length: Int(max(stored, end) * 2)) else {
+                state.unavailable = true
+                return nil
+            }
+            state.mapping = fresh
+            return fresh
+        }
+        guard let current else { return false }
+        return current.copy(into: base, from: Int(storedStart), count: stored.count)
     }
 
     /// Opens one stored block, telling a hole, a truncation and tampering apart (only once the tag

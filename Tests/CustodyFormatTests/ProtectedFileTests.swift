@@ -371,3 +371,76 @@ final class ProtectedFilePrefetchTests: XCTestCase {
         XCTAssertEqual(storage.recorded.count, 1)
     }
 }
+
+final class ProtectedFileMappingTests: XCTestCase {
+    func mapsOf(_ path: String) throws -> Int {
+        let maps = try String(contentsOfFile: "/proc/self/maps", encoding: .utf8)
+        return maps.split(separator: "\n").filter { $0.hasSuffix(" " + path) }.count
+    }
+
+    func testSmallReadsOfALargeFileComeFromAMappingAndAgreeWithTheFile() throws {
+        let (fd, path) = try temporaryFile()
+        defer { close(fd); unlink(path) }
+        var generator = SeededGenerator(seed: 0x6D61_7070)
+        var model = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ ($0 >> 12)) }
+        var file: ProtectedFile? = try ProtectedFile.create(on: DescriptorStorage(fd: fd), owner: try Owner("a@b"), protectionClass: .complete,
+                                                            classKey: try symmetricClassKey())
+        try file!.write(model, at: 0)
+        func check(_ count: Int, at offset: Int) throws {
+            let expected = offset < model.count ? Array(model[offset..<min(model.count, offset + count)]) : []
+            XCTAssertEqual(try file!.read(count, at: UInt64(offset)), expected, "\(count) bytes at \(offset)")
+        }
+
+        // A large read uses pread; the first small one maps the file.
+        _ = try file!.read(1 << 20, at: 0)
+        XCTAssertEqual(try mapsOf(path), 0)
+        for _ in 0..<300 { try check(Int.random(in: 1...9000, using: &generator), at: Int.random(in: 0..<model.count, using: &generator)) }
+        XCTAssertEqual(try mapsOf(path), 1)
+
+        // Writes in place are seen; growth past the mapping (2 × the size) gets a new one.
+        let patch = (0..<5000).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        try file!.write(patch, at: 4000)
+        model.replaceSubrange(4000..<9000, with: patch)
+        try check(6000, at: 3500)
+        let tail = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        try file!.write(tail, at: 9 << 20)
+        model += [UInt8](repeating: 0, count: (9 << 20) - model.count) + tail
+        try check(4096, at: 9 << 20)
+        try check(8192, at: (9 << 20) - 4096)
+        try check(100, at: 5 << 20)
+        XCTAssertEqual(try mapsOf(path), 1, "the old mapping went away with its last reader")
+
+        // Shrinking: nothing is read past the new end, and what is left is right.
+        try file!.truncate(to: 1_500_000)
+        model.removeLast(model.count - 1_500_000)
+        try check(4096, at: 1_499_000)
+        try check(4096, at: 1_600_000)
+        for _ in 0..<100 { try check(Int.random(in: 1...4096, using: &generator), at: Int.random(in: 0..<model.count, using: &generator)) }
+
+        // Cut underneath by someone else: reads past the cut fail cleanly (no SIGBUS), reads before it work.
+        let layout = BlockLayout()
+        let other = open(path, O_RDWR)
+        XCTAssertGreaterThanOrEqual(other, 0)
+        XCTAssertEqual(ftruncate(other, off_t(layout.storedOffset(ofBlock: 100))), 0)
+        close(other)
+        XCTAssertThrowsError(try file!.read(4096, at: 200 * 4096)) { XCTAssertEqual($0 as? FormatError, .corruptLength(layout.storedOffset(ofBlock: 200))) }
+        try check(4096, at: 10 * 4096)
+
+        file = nil
+        XCTAssertEqual(try mapsOf(path), 0, "the mapping goes with the file")
+    }
+
+    func testSmallFilesAndMemoryStorageAreNotMapped() throws {
+        let (fd, path) = try temporaryFile()
+        defer { close(fd); unlink(path) }
+        let content = (0..<((1 << 20) - 1)).map { UInt8(truncatingIfNeeded: $0 &* 3) }
+        let file = try ProtectedFile.create(on: DescriptorStorage(fd: fd), owner: try Owner("a@b"), protectionClass: .complete,
+                                            classKey: try symmetricClassKey())
+        try file.write(content, at: 0)
+        XCTAssertEqual(try file.read(100, at: 5000), Array(content[5000..<5100]))
+        XCTAssertEqual(try mapsOf(path), 0)
+        let inMemory = try ProtectedFile.create(on: MemoryStorage(), owner: try Owner("a@b"), protectionClass: .complete, classKey: try symmetricClassKey())
+        try inMemory.write(content + content, at: 0)
+        XCTAssertEqual(try inMemory.read(100, at: 5000), Array(content[5000..<5100]))
+    }
+}

@@ -171,4 +171,45 @@ final class SpeedFeatureTests: XCTestCase {
         let run = [UInt8](repeating: UInt8(ascii: "p"), count: 16)
         XCTAssertFalse(stored.indices.dropLast(15).contains { Array(stored[$0..<($0 + 16)]) == run }, "no plaintext on disk")
     }
+
+    /// The daemon's mappings of `path` (small reads of large encrypted files are copied out of one).
+    private func mappings(of path: String, in daemon: MountedDaemon) throws -> Int {
+        let maps = try String(contentsOfFile: "/proc/\(daemon.pid)/maps", encoding: .utf8)
+        return maps.split(separator: "\n").filter { $0.hasSuffix(" " + path) }.count
+    }
+
+    func testRandomReadsOfALargeEncryptedFileAndAFileCutBehindTheDaemon() throws {
+        let daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        defer { daemon.destroy() }
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        let path = daemon.mnt("image.bin")
+        var generator = SeededGenerator(seed: 0x5EED_3A9)
+        let content = (0..<(4 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        try writeFile(path, content)
+        XCTAssertEqual(xattr(path, "user.custody.encrypted"), "1")
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 8192, alignment: 4096)
+        defer { buffer.deallocate() }
+
+        let fd = try Syscall.open(path, O_RDONLY | Linux.O_DIRECT)
+        defer { close(fd) }
+        for _ in 0..<500 {
+            let offset = Int.random(in: 0..<1024, using: &generator) * 4096
+            let count = [4096, 8192].randomElement(using: &generator)!
+            XCTAssertEqual(try Syscall.pread(fd, buffer.baseAddress!, count, Int64(offset)), count)
+            XCTAssertTrue(buffer.prefix(count).elementsEqual(content[offset..<(offset + count)]), "\(count) bytes at \(offset)")
+        }
+        XCTAssertEqual(try mappings(of: daemon.back("image.bin"), in: daemon), 1, "small reads come from a mapping of the stored file")
+
+        // Someone cuts the stored file to its first MiB behind the daemon's back, while it is open
+        // and mapped: reads past the cut fail with EIO (they would raise SIGBUS in the mapping), the
+        // daemon lives on, and reads before the cut still return the content.
+        XCTAssertEqual(truncate(daemon.back("image.bin"), 1 << 20), 0)
+        XCTAssertEqual(errnoOf { _ = try Syscall.pread(fd, buffer.baseAddress!, 4096, 3 << 20) }, EIO)
+        XCTAssertEqual(errnoOf { _ = try Syscall.pread(fd, buffer.baseAddress!, 4096, 2 << 20) }, EIO)
+        XCTAssertEqual(try Syscall.pread(fd, buffer.baseAddress!, 4096, 8192), 4096)
+        XCTAssertTrue(buffer.prefix(4096).elementsEqual(content[8192..<12288]))
+        XCTAssertEqual(kill(daemon.pid, 0), 0, "the daemon is alive")
+        try writeFile(daemon.mnt("after.txt"), bytes("still serving"))
+        XCTAssertEqual(try readFile(daemon.mnt("after.txt")), bytes("still serving"))
+    }
 }
