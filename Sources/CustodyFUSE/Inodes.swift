@@ -141,6 +141,11 @@ final class InodeTable: @unchecked Sendable {
         }
     }
 
+    /// The directory and name `id` was last looked up by, if known.
+    func name(of id: UInt64) -> EntryName? {
+        state.withLock { $0.byID[id]?.name }
+    }
+
     /// The node ID the kernel knows a backing object by, if any.
     func id(device: UInt64, number: UInt64) -> UInt64? {
         state.withLock { $0.byKey[Key(device: device, number: number)] }

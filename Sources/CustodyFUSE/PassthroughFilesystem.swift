@@ -31,14 +31,29 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// The mount's read-ahead, set once after INIT (see `FUSEMount.run`).
     let readAheadPending = Atomic<Bool>(false)
     let pendingReadAhead = Mutex<(path: String, kibibytes: Int)?>(nil)
+    /// Fetches the next files of a directory that is being read file by file.
+    let directoryReadAhead: DirectoryReadAhead
 
     init(root: Inode, options: MountOptions, engine: Engine?, descriptorLimit: Int = InodePruner.descriptorLimit()) {
-        self.inodes = InodeTable(root: root)
+        let inodes = InodeTable(root: root)
+        self.inodes = inodes
+        directoryReadAhead = DirectoryReadAhead { ids in Self.fetchFirstBytes(of: ids, in: inodes) }
         self.options = options
         self.engine = engine
         wakeBoost = options.lowLatency ? WakeLatencyBoost.shared : nil
         inodeHighWater = max(64, descriptorLimit * 6 / 10)
         inodeLowWater = max(32, descriptorLimit * 4 / 10)
+    }
+
+    /// Has the disk start reading the first bytes of these regular files (see `DirectoryReadAhead`).
+    static func fetchFirstBytes(of ids: [UInt64], in inodes: InodeTable) {
+        for id in ids {
+            guard let inode = try? inodes.inode(id), inode.isRegularFile else { continue }
+            // Through the inode's own descriptor: the same file that was listed, whatever its name is now.
+            guard let fd = try? Syscall.open(inode.procPath, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC) else { continue }
+            Syscall.willNeed(fd, offset: 0, length: DirectoryReadAhead.length)
+            Syscall.close(fd)
+        }
     }
 
     /// True (and the pruner woken) when the kernel holds more inodes than the high-water mark.
@@ -429,6 +444,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
             setCaching(fi)
             if fuse_reply_open(req, fi) != 0 {
                 releaseHandle(fi.pointee.fh)
+            } else if inode.isRegularFile, fi.pointee.flags & O_ACCMODE == O_RDONLY, let parent = inodes.name(of: UInt64(id))?.parent {
+                directoryReadAhead.opened(UInt64(id), in: parent)
             }
         } catch {
             fuse_reply_err(req, error.rawValue)
@@ -726,6 +743,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
         }
         let buffer = UnsafeMutableRawPointer.allocate(byteCount: max(size, 1), alignment: 8)
         defer { buffer.deallocate() }
+        // The regular files listed, in order, for read-ahead across them.
+        var files: [UInt64] = []
         let (used, failure) = directory.stream.withLock { stream -> (Int, Int32) in
             if stream.offset != Int64(offset) {
                 seekdir(stream.dir, Int(offset))
@@ -761,6 +780,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
                     needed = fuse_add_direntry_plus(req, buffer + used, remaining, name, &entry, off_t(next))
                     if needed > remaining, entry.ino != 0 {
                         inodes.forget(UInt64(entry.ino), count: 1)
+                    } else if entry.ino != 0, entry.attr.st_mode & S_IFMT == S_IFREG {
+                        files.append(UInt64(entry.ino))
                     }
                 } else {
                     var attributes = stat()
@@ -781,6 +802,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             fuse_reply_err(req, failure)
         } else {
             fuse_reply_buf(req, buffer.assumingMemoryBound(to: CChar.self), used)
+            if plus { directoryReadAhead.listed(files, in: UInt64(id), fromStart: offset == 0) }
         }
     }
 

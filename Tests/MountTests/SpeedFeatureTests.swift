@@ -212,4 +212,55 @@ final class SpeedFeatureTests: XCTestCase {
         try writeFile(daemon.mnt("after.txt"), bytes("still serving"))
         XCTAssertEqual(try readFile(daemon.mnt("after.txt")), bytes("still serving"))
     }
+
+    /// Whether the first page of the file at `path` is in the page cache (mincore of a mapping).
+    private func firstPageCached(_ path: String) throws -> Bool {
+        let fd = try Syscall.open(path, O_RDONLY)
+        defer { close(fd) }
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        guard let map = mmap(nil, page, PROT_READ, MAP_SHARED, fd, 0), map != MAP_FAILED else { throw Errno.current }
+        defer { munmap(map, page) }
+        var resident: UInt8 = 0
+        guard mincore(map, page, &resident) == 0 else { throw Errno.current }
+        return resident & 1 != 0
+    }
+
+    func testReadingADirectorysFilesInOrderFetchesTheNextOnes() throws {
+        let daemon = try MountedDaemon()
+        defer { daemon.destroy() }
+        // Files made in the backing store (the mount has not seen them), then dropped from the page cache.
+        try FileManager.default.createDirectory(atPath: daemon.back("tree"), withIntermediateDirectories: false)
+        for index in 0..<40 { try writeFile(daemon.back("tree/file\(index)"), [UInt8](repeating: UInt8(index), count: 64 << 10)) }
+        try mustRun(["sync"])
+        for index in 0..<40 {
+            let fd = try Syscall.open(daemon.back("tree/file\(index)"), O_RDONLY)
+            XCTAssertEqual(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0)
+            close(fd)
+            XCTAssertFalse(try firstPageCached(daemon.back("tree/file\(index)")))
+        }
+
+        // The listing order, as a program reading the mount sees it.
+        let stream = try XCTUnwrap(opendir(daemon.mnt("tree")))
+        var names: [String] = []
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(cString: $0.bindMemory(to: CChar.self).baseAddress!) }
+            if name.hasPrefix("file") { names.append(name) }
+        }
+        closedir(stream)
+        XCTAssertEqual(names.count, 40)
+        let window = 16
+
+        // Reading the first file: the next `window` files are fetched, the rest is not.
+        XCTAssertEqual(try readFile(daemon.mnt("tree/\(names[0])")).count, 64 << 10)
+        let deadline = monotonicSeconds() + 5
+        while try !firstPageCached(daemon.back("tree/\(names[window])")), monotonicSeconds() < deadline { usleep(10_000) }
+        for index in 1...window { XCTAssertTrue(try firstPageCached(daemon.back("tree/\(names[index])")), "\(index) fetched") }
+        usleep(200_000)
+        for index in (window + 2)..<40 { XCTAssertFalse(try firstPageCached(daemon.back("tree/\(names[index])")), "\(index) not fetched") }
+
+        // A read out of order (a program picking one file) fetches nothing more.
+        XCTAssertEqual(try readFile(daemon.mnt("tree/\(names[30])")).first, UInt8(names[30].dropFirst(4))!)
+        usleep(200_000)
+        for index in 31..<40 { XCTAssertFalse(try firstPageCached(daemon.back("tree/\(names[index])")), "\(index) not fetched after a jump") }
+    }
 }
