@@ -93,16 +93,16 @@ int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
     return 0;
 }
 
-/* The copy in progress on this thread, if any: where its SIGBUS should land. */
-static __thread sigjmp_buf *copy_guard;
+/* The guarded call in progress on this thread, if any: where its SIGBUS should land. */
+static __thread sigjmp_buf *fault_guard;
 static struct sigaction sigbus_before;
-static pthread_once_t copy_guard_once = PTHREAD_ONCE_INIT;
-static int copy_guard_result = -1;
+static pthread_once_t fault_guard_once = PTHREAD_ONCE_INIT;
+static int fault_guard_result = -1;
 
 static void on_sigbus(int signal_number, siginfo_t *info, void *context) {
-    sigjmp_buf *jump = copy_guard;
+    sigjmp_buf *jump = fault_guard;
     if (jump != NULL) {
-        copy_guard = NULL;
+        fault_guard = NULL;
         siglongjmp(*jump, 1);
     }
     if ((sigbus_before.sa_flags & SA_SIGINFO) && sigbus_before.sa_sigaction != NULL) {
@@ -117,7 +117,7 @@ static void on_sigbus(int signal_number, siginfo_t *info, void *context) {
     signal(SIGBUS, SIG_DFL);
 }
 
-static void install_copy_guard(void) {
+static void install_fault_guard(void) {
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_sigbus;
@@ -125,21 +125,21 @@ static void install_copy_guard(void) {
     /* SA_NODEFER: the jump out of the handler leaves SIGBUS unblocked without saving the signal
        mask in every copy (sigsetjmp with a mask costs a system call). */
     action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-    copy_guard_result = sigaction(SIGBUS, &action, &sigbus_before);
+    fault_guard_result = sigaction(SIGBUS, &action, &sigbus_before);
 }
 
-int clinux_install_copy_guard(void) {
-    pthread_once(&copy_guard_once, install_copy_guard);
-    return copy_guard_result;
+int clinux_install_fault_guard(void) {
+    pthread_once(&fault_guard_once, install_fault_guard);
+    return fault_guard_result;
 }
 
-int clinux_guarded_copy(void *destination, const void *source, size_t count) {
+int clinux_guarded_call(void (*body)(void *), void *context) {
     sigjmp_buf jump;
     if (sigsetjmp(jump, 0) != 0) return -1;
-    copy_guard = &jump;
+    fault_guard = &jump;
     __asm__ volatile("" ::: "memory");
-    memcpy(destination, source, count);
+    body(context);
     __asm__ volatile("" ::: "memory");
-    copy_guard = NULL;
+    fault_guard = NULL;
     return 0;
 }

@@ -105,10 +105,8 @@ public final class ProtectedFile: @unchecked Sendable {
     /// Stored (encrypted) bytes of one request: a 1 MiB request at any offset fits. Kept for reuse,
     /// so large requests do not fault fresh memory in every time (see `BufferPool`).
     static let prefetchThreshold = 256 * 1024
-    /// Files of at least this many bytes serve small reads from a mapping (see `readMapped`).
+    /// Files of at least this many bytes are read through a mapping (see `readMapped`).
     static let mappingThreshold: UInt64 = 1 << 20
-    /// Stored bytes of the largest request served from the mapping.
-    static let mappedReadLimit = 64 << 10
     private struct MappingState {
         var mapping: FileMapping?
         /// The storage could not be mapped: not tried again.
@@ -132,32 +130,26 @@ public final class ProtectedFile: @unchecked Sendable {
 
         let storedStart = layout.storedOffset(ofBlock: first)
         let storedEnd = layout.storedOffset(ofBlock: last) + layout.plaintextLength(ofBlock: last, fileSize: size) + UInt64(BlockLayout.overhead)
+        if storedEnd - storedStart >= UInt64(Self.prefetchThreshold), storedEnd < layout.storedSize(plaintextSize: size) {
+            // A large read is a stream: have the disk fetch the next stretch while this one is
+            // decrypted (the reads wait on the disk one after the other otherwise).
+            storage.willRead(at: storedEnd, length: storedEnd - storedStart)
+        }
+        if try readMapped(first...last, into: out, from: offset, to: end, fileSize: size, storedEnd: storedEnd) {
+            return Int(end - offset)
+        }
         return try Self.storedBuffers.withBuffer(byteCount: Int(storedEnd - storedStart)) { (stored) throws(FormatError) -> Int in
             // One read for the whole range, then the parts decrypt in parallel. (Parts reading their own
             // blocks looked to the kernel like two readers at unrelated offsets: its read-ahead of the
             // stored file stopped working and cold sequential reads waited on the disk.)
-            if stored.count >= Self.prefetchThreshold, storedEnd < layout.storedSize(plaintextSize: size) {
-                // A large read is a stream: have the disk fetch the next stretch while this one is
-                // decrypted (the reads wait on the disk one after the other otherwise).
-                storage.willRead(at: storedEnd, length: storedEnd - storedStart)
-            }
-            if !readMapped(into: stored, at: storedStart, fileSize: size) {
-                let got = try storage.read(into: stored, at: storedStart)
-                guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
-            }
+            let got = try storage.read(into: stored, at: storedStart)
+            guard got == stored.count else { throw .corruptLength(storedStart + UInt64(got)) }
             try processBlocks(first...last) { (blocks, worker) throws(FormatError) in
                 for index in blocks {
-                    let blockStart = index * blockSize
-                    let length = layout.plaintextLength(ofBlock: index, fileSize: size)
                     let source = UnsafeRawBufferPointer(start: stored.baseAddress! + Int((index - first) * layout.storedBlockSize),
-                                                        count: Int(length) + BlockLayout.overhead)
-                    let wantStart = max(offset, blockStart), wantEnd = min(end, blockStart + length)
-                    let destination = out + Int(wantStart - offset)
-                    if wantStart == blockStart, wantEnd == blockStart + length {
-                        try openBlock(worker, index, final: index == finalBlock, source, into: destination)
-                    } else {
-                        try openBlock(worker, index, final: index == finalBlock, source, into: worker.plaintext)
-                        destination.copyMemory(from: worker.plaintext + Int(wantStart - blockStart), byteCount: Int(wantEnd - wantStart))
+                                                        count: Int(layout.plaintextLength(ofBlock: index, fileSize: size)) + BlockLayout.overhead)
+                    try deliver(index, of: worker, from: offset, to: end, into: out, fileSize: size) { (plaintext) throws(FormatError) in
+                        try openBlock(worker, index, final: index == finalBlock, source, into: plaintext)
                     }
                 }
             }
@@ -165,28 +157,73 @@ public final class ProtectedFile: @unchecked Sendable {
         }
     }
 
-    /// Copies stored bytes out of a mapping of the storage, for the small reads of a large file
-    /// (random access: a database, a disk image). False when that does not apply or fails (the
-    /// caller reads with `pread`): a small file, a large request (whose copy the system call's
-    /// cost is small next to, and which the kernel's read-ahead of the descriptor serves), storage
-    /// that cannot be mapped, or stored bytes that are not there (the file was cut underneath).
-    private func readMapped(into stored: UnsafeMutableRawBufferPointer, at storedStart: UInt64, fileSize: UInt64) -> Bool {
-        guard stored.count <= Self.mappedReadLimit, fileSize >= Self.mappingThreshold, let base = stored.baseAddress else { return false }
-        let end = storedStart + UInt64(stored.count)
-        let current: FileMapping? = mapping.withLock { state in
-            if let mapped = state.mapping, UInt64(mapped.length) >= end { return mapped }
+    /// Opens block `index` with `open` straight into the caller's buffer when the request covers
+    /// the whole block, else into the worker's scratch, and copies the requested part.
+    private func deliver(_ index: UInt64, of worker: BlockWorker, from offset: UInt64, to end: UInt64, into out: UnsafeMutableRawPointer,
+                         fileSize size: UInt64, _ open: (UnsafeMutableRawPointer) throws(FormatError) -> Void) throws(FormatError) {
+        let blockStart = index * layout.blockSize
+        let length = layout.plaintextLength(ofBlock: index, fileSize: size)
+        let wantStart = max(offset, blockStart), wantEnd = min(end, blockStart + length)
+        let destination = out + Int(wantStart - offset)
+        if wantStart == blockStart, wantEnd == blockStart + length {
+            try open(destination)
+        } else {
+            try open(worker.plaintext)
+            destination.copyMemory(from: worker.plaintext + Int(wantStart - blockStart), byteCount: Int(wantEnd - wantStart))
+        }
+    }
+
+    /// Decrypts blocks `range` straight out of a mapping of the storage (no `pread`, no copy into a
+    /// buffer first), for files of at least `mappingThreshold` bytes. False when that does not apply
+    /// or does not work out — storage that cannot be mapped, stored bytes that are not there (the
+    /// file was cut underneath: the guard caught the SIGBUS), a block that does not open (a hole, a
+    /// truncation, tampering) — and the caller then reads with `pread`, which tells those apart.
+    private func readMapped(_ range: ClosedRange<UInt64>, into out: UnsafeMutableRawPointer, from offset: UInt64, to end: UInt64,
+                            fileSize size: UInt64, storedEnd: UInt64) throws(FormatError) -> Bool {
+        guard size >= Self.mappingThreshold, let mapped = mapping(covering: storedEnd, fileSize: size) else { return false }
+        let finalBlock = (size - 1) / layout.blockSize
+        let failed = FailureFlag()
+        try processBlocks(range) { (blocks, worker) throws(FormatError) in
+            for index in blocks {
+                let stored = mapped.base + Int(layout.storedOffset(ofBlock: index))
+                let count = Int(layout.plaintextLength(ofBlock: index, fileSize: size))
+                cipher.fillAAD(worker.aad, index: index, final: index == finalBlock)
+                var opened = false
+                try deliver(index, of: worker, from: offset, to: end, into: out, fileSize: size) { (plaintext) throws(FormatError) in
+                    var job = MappedBlock(context: worker.lease.context, aad: worker.aad, stored: stored, count: count, plaintext: plaintext)
+                    opened = FileMapping.guarded(openMappedBlock, &job) && job.opened
+                    // Nothing decrypted from a block that did not verify leaves this call.
+                    if !opened { plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: count) }
+                }
+                if !opened {
+                    failed.raise()
+                    return
+                }
+            }
+        }
+        let storedStart = Int(layout.storedOffset(ofBlock: range.lowerBound))
+        if Int(storedEnd) - storedStart >= Self.prefetchThreshold {
+            // A stream: the pages it used stay in the page cache, not in the daemon's resident set.
+            mapped.release(offset: storedStart, count: Int(storedEnd) - storedStart)
+        }
+        return !failed.raised
+    }
+
+    /// The storage's mapping if it covers `storedEnd` bytes: made at the first mapped read, twice
+    /// the stored size so that the file can grow into it, replaced when a read needs more (readers
+    /// hold their own reference, so a replaced mapping stays valid for them).
+    private func mapping(covering storedEnd: UInt64, fileSize: UInt64) -> FileMapping? {
+        mapping.withLock { state in
+            if let mapped = state.mapping, mapped.contains(offset: 0, count: Int(storedEnd)) { return mapped }
             guard !state.unavailable else { return nil }
-            // Room to grow into: the mapping is replaced only when the file doubles.
             let stored = layout.storedSize(plaintextSize: fileSize)
-            guard stored <= UInt64(Int.max) / 2, let fresh = storage.map(length: Int(max(stored, end) * 2)) else {
+            guard stored <= UInt64(Int.max) / 4, let fresh = storage.map(length: Int(max(stored, storedEnd) * 2)) else {
                 state.unavailable = true
                 return nil
             }
             state.mapping = fresh
             return fresh
         }
-        guard let current else { return false }
-        return current.copy(into: base, from: Int(storedStart), count: stored.count)
     }
 
     /// Opens one stored block, telling a hole, a truncation and tampering apart (only once the tag
@@ -459,4 +496,39 @@ extension BlockStorage {
 struct UncheckedSendable<Value>: @unchecked Sendable {
     let value: Value
     init(_ value: Value) { self.value = value }
+}
+
+/// One block for `openMappedBlock`: trivial values only (see `FileMapping.guarded`).
+private struct MappedBlock {
+    let context: AESGCMContext
+    let aad: UnsafeMutableRawPointer
+    let stored: UnsafeRawPointer
+    let count: Int
+    let plaintext: UnsafeMutableRawPointer
+    var opened = false
+}
+
+/// Opens a block that lies in a mapping. Runs under the SIGBUS guard, which may abandon it while
+/// OpenSSL reads the mapped nonce, ciphertext or tag: it holds no references and allocates nothing
+/// until the decryption is over, and the cipher context it may leave half-used is set up afresh
+/// (new nonce) by its next use.
+private let openMappedBlock: @convention(c) (UnsafeMutableRawPointer?) -> Void = { raw in
+    guard let job = raw?.assumingMemoryBound(to: MappedBlock.self) else { return }
+    let stored = job.pointee.stored, count = job.pointee.count
+    do throws(CryptoError) {
+        try job.pointee.context.open(nonce: UnsafeRawBufferPointer(start: stored, count: AESGCMKey.nonceSize),
+                                     aad: UnsafeRawBufferPointer(start: job.pointee.aad, count: ContentCipher.aadSize),
+                                     ciphertext: UnsafeRawBufferPointer(start: stored + AESGCMKey.nonceSize, count: count),
+                                     tag: stored + AESGCMKey.nonceSize + count, plaintext: job.pointee.plaintext)
+        job.pointee.opened = true
+    } catch {
+        job.pointee.opened = false
+    }
+}
+
+/// Raised by any part of a request that met a block it could not open from the mapping.
+private final class FailureFlag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func raise() { value.store(true, ordering: .relaxed) }
+    var raised: Bool { value.load(ordering: .relaxed) }
 }

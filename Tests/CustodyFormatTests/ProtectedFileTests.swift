@@ -391,9 +391,10 @@ final class ProtectedFileMappingTests: XCTestCase {
             XCTAssertEqual(try file!.read(count, at: UInt64(offset)), expected, "\(count) bytes at \(offset)")
         }
 
-        // A large read uses pread; the first small one maps the file.
-        _ = try file!.read(1 << 20, at: 0)
+        // The first read maps the file.
         XCTAssertEqual(try mapsOf(path), 0)
+        XCTAssertEqual(try file!.read(1 << 20, at: 0), Array(model[0..<(1 << 20)]))
+        XCTAssertEqual(try mapsOf(path), 1)
         for _ in 0..<300 { try check(Int.random(in: 1...9000, using: &generator), at: Int.random(in: 0..<model.count, using: &generator)) }
         XCTAssertEqual(try mapsOf(path), 1)
 
@@ -442,5 +443,35 @@ final class ProtectedFileMappingTests: XCTestCase {
         let inMemory = try ProtectedFile.create(on: MemoryStorage(), owner: try Owner("a@b"), protectionClass: .complete, classKey: try symmetricClassKey())
         try inMemory.write(content + content, at: 0)
         XCTAssertEqual(try inMemory.read(100, at: 5000), Array(content[5000..<5100]))
+    }
+}
+
+final class ProtectedFileMappedReadTests: XCTestCase {
+    func testLargeReadsHolesAndTamperingThroughTheMapping() throws {
+        let (fd, path) = try temporaryFile()
+        defer { close(fd); unlink(path) }
+        var generator = SeededGenerator(seed: 0x1A26_E5ED)
+        let file = try ProtectedFile.create(on: DescriptorStorage(fd: fd), owner: try Owner("a@b"), protectionClass: .complete,
+                                            classKey: try symmetricClassKey())
+        var model = (0..<(3 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        try file.write(model, at: 0)
+        // A hole: written past the end, the blocks between read as zeros.
+        try file.write([1, 2, 3], at: 6 << 20)
+        model += [UInt8](repeating: 0, count: (6 << 20) - model.count) + [1, 2, 3]
+        for (offset, count) in [(0, 1 << 20), (4096 * 3 + 17, 700_000), (2 << 20, 3 << 20), ((6 << 20) - 5000, 9000), (5, 100)] {
+            let end = min(model.count, offset + count)
+            XCTAssertEqual(try file.read(count, at: UInt64(offset)), Array(model[offset..<end]), "\(count) at \(offset)")
+        }
+
+        // A flipped byte in a stored block: the mapped read fails over to pread, which names the block.
+        let layout = BlockLayout()
+        var byte: UInt8 = 0
+        let target = off_t(layout.storedOffset(ofBlock: 300) + 100)
+        XCTAssertEqual(pread(fd, &byte, 1, target), 1)
+        byte ^= 0x40
+        XCTAssertEqual(pwrite(fd, &byte, 1, target), 1)
+        XCTAssertThrowsError(try file.read(2 << 20, at: 0)) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 300)) }
+        XCTAssertThrowsError(try file.read(10, at: 300 * 4096 + 5)) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 300)) }
+        XCTAssertEqual(try file.read(4096, at: 301 * 4096), Array(model[(301 * 4096)..<(302 * 4096)]))
     }
 }

@@ -25,9 +25,14 @@ final class FileMappingTests: XCTestCase {
 
     func pattern(_ count: Int, seed: Int) -> [UInt8] { (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ seed) } }
 
+    /// Copies mapped bytes under the guard (nil if the copy faulted or the range is not mapped).
     func copy(_ mapping: FileMapping, from offset: Int, count: Int) -> [UInt8]? {
+        guard mapping.contains(offset: offset, count: count) else { return nil }
         var out = [UInt8](repeating: 0xEE, count: count)
-        let copied = out.withUnsafeMutableBytes { mapping.copy(into: $0.baseAddress!, from: offset, count: count) }
+        let copied = out.withUnsafeMutableBytes { buffer in
+            var job = CopyJob(destination: buffer.baseAddress!, source: mapping.base + offset, count: count)
+            return FileMapping.guarded(copyJob, &job)
+        }
         return copied ? out : nil
     }
 
@@ -43,6 +48,17 @@ final class FileMappingTests: XCTestCase {
         // Ranges outside the mapping are refused, not read.
         XCTAssertNil(copy(mapping, from: 8 * page - 1, count: 2))
         XCTAssertNil(copy(mapping, from: -1, count: 1))
+    }
+
+    func testReleasedPagesComeBackFromThePageCache() throws {
+        let content = pattern(64 * page, seed: 4)
+        try write(content, at: 0)
+        let mapping = try FileMapping(fd: fd, length: 64 * page)
+        XCTAssertEqual(copy(mapping, from: 0, count: content.count), content)
+        mapping.release(offset: 10, count: 40 * page)
+        XCTAssertEqual(copy(mapping, from: 0, count: content.count), content)
+        mapping.release(offset: 63 * page, count: 100 * page)
+        XCTAssertEqual(copy(mapping, from: 63 * page, count: page), Array(content[(63 * page)...]))
     }
 
     func testAFileCutUnderneathFailsTheCopyInsteadOfKillingTheProcess() throws {
@@ -82,8 +98,9 @@ final class FileMappingTests: XCTestCase {
             XCTAssertEqual(pthread_create(&thread, nil, { raw in
                 let box = Unmanaged<Box<(FileMapping, UnsafeMutablePointer<Int>)>>.fromOpaque(raw!).takeRetainedValue()
                 var byte: UInt8 = 0
-                for offset in stride(from: 0, to: box.value.0.length, by: 512) where box.value.0.copy(into: &byte, from: offset, count: 1) {
-                    box.value.1.pointee += 1
+                for offset in stride(from: 0, to: box.value.0.length, by: 512) {
+                    var job = CopyJob(destination: &byte, source: box.value.0.base + offset, count: 1)
+                    if FileMapping.guarded(copyJob, &job) { box.value.1.pointee += 1 }
                 }
                 return nil
             }, context), 0)
@@ -99,6 +116,17 @@ final class FileMappingTests: XCTestCase {
         XCTAssertThrowsError(try FileMapping(fd: writeOnly, length: page)) { XCTAssertEqual($0 as? Errno, Errno(EACCES)) }
         XCTAssertThrowsError(try FileMapping(fd: fd, length: 0))
     }
+}
+
+struct CopyJob {
+    let destination: UnsafeMutableRawPointer
+    let source: UnsafeRawPointer
+    let count: Int
+}
+
+let copyJob: @convention(c) (UnsafeMutableRawPointer?) -> Void = { raw in
+    let job = raw!.assumingMemoryBound(to: CopyJob.self).pointee
+    memcpy(job.destination, job.source, job.count)
 }
 
 final class Box<Value> {

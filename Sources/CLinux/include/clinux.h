@@ -49,12 +49,14 @@ int clinux_fsetxattr(int fd, const char *name, const void *value, size_t size, i
 ssize_t clinux_fgetxattr(int fd, const char *name, void *value, size_t size);
 int clinux_fremovexattr(int fd, const char *name);
 
-/* Copies out of a file mapping that may shrink underneath (see FileMapping.swift). The first call
-   installs a SIGBUS handler that, for a thread inside clinux_guarded_copy, abandons the copy;
+/* Work on a file mapping that may shrink underneath (see FileMapping.swift). The first call
+   installs a SIGBUS handler that, for a thread inside clinux_guarded_call, abandons the call;
    any other SIGBUS goes to the handler that was there before (or kills the process, as before).
-   Returns 0, or -1 when part of the source was not backed by the file. */
-int clinux_install_copy_guard(void);
-int clinux_guarded_copy(void *destination, const void *source, size_t count);
+   clinux_guarded_call returns 0 once body(context) has returned, or -1 when body touched a mapped
+   page that the file no longer backs (body was abandoned part-way: it must hold nothing that needs
+   releasing). */
+int clinux_install_fault_guard(void);
+int clinux_guarded_call(void (*body)(void *), void *context);
 
 /// The peer of a connected Unix socket (SO_PEERCRED); 0 on success, -1 with errno.
 int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
