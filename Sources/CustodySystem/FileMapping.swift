@@ -35,17 +35,6 @@ public final class FileMapping: @unchecked Sendable {
         offset >= 0 && count >= 0 && offset <= length && count <= length - offset
     }
 
-    /// Lets go of the pages of a range already used (the page cache keeps them): a long sequential
-    /// read would otherwise leave the whole file counted in the daemon's resident memory.
-    public func release(offset: Int, count: Int) {
-        let page = Self.pageSize
-        let start = offset / page * page, end = min(length, (offset + count + page - 1) / page * page)
-        guard contains(offset: start, count: end - start), end > start else { return }
-        _ = madvise(UnsafeMutableRawPointer(mutating: base + start), end - start, MADV_DONTNEED)
-    }
-
-    private static let pageSize = Int(sysconf(Int32(_SC_PAGESIZE)))
-
     /// Runs `body(context)` on this thread; false if it touched a page of a mapping that its file no
     /// longer backs. `body` is then abandoned part-way (a jump out of the signal handler), so it must
     /// hold nothing that needs releasing: no locks, no allocations, no object references — plain C

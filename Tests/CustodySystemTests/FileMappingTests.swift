@@ -50,17 +50,6 @@ final class FileMappingTests: XCTestCase {
         XCTAssertNil(copy(mapping, from: -1, count: 1))
     }
 
-    func testReleasedPagesComeBackFromThePageCache() throws {
-        let content = pattern(64 * page, seed: 4)
-        try write(content, at: 0)
-        let mapping = try FileMapping(fd: fd, length: 64 * page)
-        XCTAssertEqual(copy(mapping, from: 0, count: content.count), content)
-        mapping.release(offset: 10, count: 40 * page)
-        XCTAssertEqual(copy(mapping, from: 0, count: content.count), content)
-        mapping.release(offset: 63 * page, count: 100 * page)
-        XCTAssertEqual(copy(mapping, from: 63 * page, count: page), Array(content[(63 * page)...]))
-    }
-
     func testAFileCutUnderneathFailsTheCopyInsteadOfKillingTheProcess() throws {
         let content = pattern(4 * page, seed: 2)
         try write(content, at: 0)
