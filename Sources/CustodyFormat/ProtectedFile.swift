@@ -175,13 +175,14 @@ public final class ProtectedFile: @unchecked Sendable {
     }
 
     /// Decrypts blocks `range` straight out of a mapping of the storage (no `pread`, no copy into a
-    /// buffer first), for the requests under 256 KiB of files of at least `mappingThreshold` bytes:
+    /// buffer first), for requests under 256 KiB of files of at least `mappingThreshold` bytes:
     /// random access (a database, a disk image). Large requests keep `pread`: measured right after a
-    /// large write, a 512 MiB sequential read through the mapping took 1.0–1.6 s against 0.64 s with
-    /// `pread` and the read-ahead hint (its page faults wait on the disk one by one). False when that does not apply
-    /// or does not work out — storage that cannot be mapped, stored bytes that are not there (the
-    /// file was cut underneath: the guard caught the SIGBUS), a block that does not open (a hole, a
-    /// truncation, tampering) — and the caller then reads with `pread`, which tells those apart.
+    /// large write, a 512 MiB sequential read through the mapping took 1.0–1.6 s against 0.64 s
+    /// with `pread` and the read-ahead hint (its page faults waited on the disk one by one).
+    /// False when the storage cannot be mapped, or when a block does not open from the mapping —
+    /// stored bytes that are not there (the file was cut underneath: the guard caught the SIGBUS),
+    /// a hole, a truncation, tampering — and the caller then reads with `pread`, which tells those
+    /// apart.
     private func readMapped(_ range: ClosedRange<UInt64>, into out: UnsafeMutableRawPointer, from offset: UInt64, to end: UInt64,
                             fileSize size: UInt64, storedEnd: UInt64) throws(FormatError) -> Bool {
         guard size >= Self.mappingThreshold, let mapped = mapping(covering: storedEnd, fileSize: size) else { return false }
