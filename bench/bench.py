@@ -62,6 +62,10 @@ class System:
         self.process = None
 
     def start(self):
+        # A run that was killed (SIGKILL, a lost session) can leave a dead mount behind.
+        if mounted(self.mnt):
+            if subprocess.run(["fusermount3", "-u", self.mnt]).returncode != 0:
+                sh("fusermount3", "-u", "-z", self.mnt)
         shutil.rmtree(self.base, ignore_errors=True)
         os.makedirs(self.backing)
         os.makedirs(self.mnt)
@@ -187,7 +191,14 @@ def run_round(system, round_index, tarball, results, peaks):
     shutil.rmtree(work, ignore_errors=True)
 
 
+def stop_on_signal(signum, frame):
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so the mounts are undone and the daemons stopped.
+    raise SystemExit(128 + signum)
+
+
 def main():
+    signal.signal(signal.SIGTERM, stop_on_signal)
+    signal.signal(signal.SIGHUP, stop_on_signal)
     if os.geteuid() != 0:
         raise SystemExit("make bench needs root (to drop caches and mount)")
     if any(s.startswith("custody") for s in SYSTEMS) and not os.path.exists(CUSTODYD):
