@@ -461,13 +461,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             var flags = backingFlags(fi.pointee.flags) | O_CREAT | (fi.pointee.flags & O_EXCL)
             if wanted.isEncrypted { flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR }
+            // A tracked file starts empty: O_TRUNC empties one that appeared in the backing
+            // directory meanwhile (and does nothing to a file this open creates).
+            if wanted != .untracked { flags |= O_TRUNC }
             let fd = try withDescriptor { () throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
             let handle: OpenFile
             var content: ProtectedContent?
             do throws(Errno) {
                 try giveToCaller(req, parent: parent, name: nil, fd: fd, mode: mode)
                 if wanted != .untracked {
-                    content = try applyProtection(wanted, classKey: classKey, fd: fd, inode: nil)
+                    content = try applyProtection(wanted, classKey: classKey, fd: fd, inode: nil, isNew: true)
                 }
             } catch {
                 Syscall.close(fd)

@@ -154,45 +154,53 @@ extension PassthroughFilesystem {
 
     /// Writes a fresh protected form over the open backing file `fd` (emptied): a new header for
     /// an encrypted file, and the owner record (or none). Returns the shared content when encrypted.
-    func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?) throws(Errno) -> ProtectedContent? {
-        do throws(Errno) {
-            var content: ProtectedContent?
-            if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
-                // ProtectedFile.create empties the file itself.
-                let fileKey: SecretBytes
-                do throws(CryptoError) { fileKey = try SecretBytes.random(count: 32) } catch { throw Errno.ioError }
-                let duplicate = try Syscall.dup(fd)
-                let file: ProtectedFile
-                do throws(FormatError) {
-                    file = try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: owner, protectionClass: protectionClass,
-                                                    classKey: classKey, fileKey: fileKey)
-                } catch {
-                    Syscall.close(duplicate)
-                    throw error.errnoValue
-                }
-                let lease: FileKeyLease
-                do throws(EngineError) { lease = try engine.adoptFileKey(fileKey, header: file.header) } catch {
-                    Syscall.close(duplicate)
-                    throw error.errnoValue
-                }
-                content = ProtectedContent(fd: duplicate, file: file, lease: lease)
-            } else if try Syscall.fstat(fd).st_size != 0 {
-                // Only when there is something to cut: on ext4 a truncate to zero marks the file for
-                // writeback at close (auto_da_alloc), a disk write per new file.
-                try Syscall.ftruncate(fd, 0)
+    ///
+    /// `isNew`: `fd` is a file this request created and that is known to be empty (opened with
+    /// `O_CREAT | O_TRUNC`, or `O_TMPFILE`). The owner record then goes on first and nothing asks
+    /// the file's attributes before the header is written: on a file system with fine-grained
+    /// timestamps (ext4 since Linux 6.13) a change made after the times were looked at stamps them
+    /// to the nanosecond, the kernel's next `write()` to the mount then finds them behind its own
+    /// clock, and every new file cost one more SETATTR round trip when it was closed.
+    func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?, isNew: Bool = false) throws(Errno) -> ProtectedContent? {
+        if isNew, let record = protection.record {
+            do throws(FormatError) { try record.store(on: fd) } catch { throw error.errnoValue }
+        }
+        var content: ProtectedContent?
+        if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
+            // ProtectedFile.create empties the file itself (unless it is known to be empty).
+            let fileKey: SecretBytes
+            do throws(CryptoError) { fileKey = try SecretBytes.random(count: 32) } catch { throw Errno.ioError }
+            let duplicate = try Syscall.dup(fd)
+            let file: ProtectedFile
+            do throws(FormatError) {
+                file = try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: owner, protectionClass: protectionClass,
+                                                classKey: classKey, fileKey: fileKey, storageIsEmpty: isNew)
+            } catch {
+                Syscall.close(duplicate)
+                throw error.errnoValue
             }
+            let lease: FileKeyLease
+            do throws(EngineError) { lease = try engine.adoptFileKey(fileKey, header: file.header) } catch {
+                Syscall.close(duplicate)
+                throw error.errnoValue
+            }
+            content = ProtectedContent(fd: duplicate, file: file, lease: lease)
+        } else if !isNew, try Syscall.fstat(fd).st_size != 0 {
+            // Only when there is something to cut: on ext4 a truncate to zero marks the file for
+            // writeback at close (auto_da_alloc), a disk write per new file.
+            try Syscall.ftruncate(fd, 0)
+        }
+        if !isNew {
             if let record = protection.record {
                 do throws(FormatError) { try record.store(on: fd) } catch { throw error.errnoValue }
             } else {
                 do throws(FormatError) { try OwnerRecord.remove(from: fd) } catch { throw error.errnoValue }
             }
-            if let inode {
-                inode.protectionState.withLock { $0.protection = protection }
-            }
-            return content
-        } catch {
-            throw error
         }
+        if let inode {
+            inode.protectionState.withLock { $0.protection = protection }
+        }
+        return content
     }
 
     // MARK: Content

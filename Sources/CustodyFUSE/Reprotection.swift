@@ -136,7 +136,7 @@ extension PassthroughFilesystem {
         let staging = try Syscall.openat(directory, ".", Linux.O_TMPFILE | O_RDWR | O_CLOEXEC, attributes.st_mode & 0o7777)
         defer { Syscall.close(staging) }
         try Syscall.fchownat(staging, "", attributes.st_uid, attributes.st_gid, Linux.AT_EMPTY_PATH)
-        let target = try applyProtection(wanted, classKey: classKey, fd: staging, inode: nil)
+        let target = try applyProtection(wanted, classKey: classKey, fd: staging, inode: nil, isNew: true)
         defer { if let target { engine?.closeFileKey(target.lease) } }
 
         // Copy the plaintext across.

@@ -3,14 +3,15 @@ import CustodySystem
 import Glibc
 import Synchronization
 
-/// Random GCM nonces for block writes, drawn from OpenSSL's generator a batch at a time.
+/// Random GCM nonces for block writes (and new files' IDs), drawn from OpenSSL's generator a batch
+/// at a time.
 ///
 /// One RAND_bytes call costs 0.6–0.8 µs on the project's machine whatever its length (the DRBG's
 /// locking, fork check and parameter handling), as much as a third of encrypting a 4 KiB block.
 /// Each thread keeps 4 KiB of its output and hands it out in order, so a block write pays a copy.
-/// Every byte is handed out once. Nonces are public (they are stored next to each block), so
-/// keeping the next ones in memory reveals nothing that the file will not show; what matters is
-/// that they do not repeat, and a forked child discards its parent's batch.
+/// Every byte is handed out once. Nonces and file IDs are public (stored next to each block, and in
+/// the header), so keeping the next ones in memory reveals nothing that the file will not show;
+/// what matters is that they do not repeat, and a forked child discards its parent's batch.
 enum Nonces {
     static let batchSize = 4096
 

@@ -35,9 +35,11 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// A new, empty protected file: writes a fresh header over `storage`, wrapping `fileKey` (a new
     /// random key when nil; the engine passes one so that it can share it with later opens).
+    /// `storageIsEmpty`: the caller knows `storage` is empty (a file it has just created), so its
+    /// size is not asked before the header goes on.
     public static func create(on storage: BlockStorage, owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey,
                               fileKey suppliedKey: SecretBytes? = nil, blockSize: UInt32 = FileHeader.defaultBlockSize,
-                              parallelism: Int = defaultParallelism) throws(FormatError) -> ProtectedFile {
+                              parallelism: Int = defaultParallelism, storageIsEmpty: Bool = false) throws(FormatError) -> ProtectedFile {
         let fileKey: SecretBytes
         if let suppliedKey {
             fileKey = suppliedKey
@@ -48,7 +50,7 @@ public final class ProtectedFile: @unchecked Sendable {
                                               fileKey: fileKey, blockSize: blockSize)
         // Only when there is something to cut: on ext4 a truncate to zero marks the file for
         // writeback at close (auto_da_alloc), a disk write per new file.
-        if try storage.size() != 0 { try storage.truncate(to: 0) }
+        if !storageIsEmpty, try storage.size() != 0 { try storage.truncate(to: 0) }
         try storage.writeBytes(header.encoded(), at: 0)
         return try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism)
     }

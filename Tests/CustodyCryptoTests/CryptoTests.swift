@@ -1,4 +1,6 @@
 @testable import CustodyCrypto
+import Dispatch
+import Synchronization
 import XCTest
 
 func hex(_ string: String) -> [UInt8] {
@@ -126,6 +128,31 @@ final class KeyDerivationTests: XCTestCase {
         XCTAssertEqual(hexString(bytes(of: okm)), "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865")
         let sha512 = try HKDF.derive(.sha512, key: try secret([UInt8](repeating: 0x0b, count: 22)), salt: [], info: [], count: 32)
         XCTAssertNotEqual(bytes(of: sha512), Array(bytes(of: okm).prefix(32)))
+    }
+
+    /// RFC 5869 case 3 (no salt, no info), and SHA-512 outputs of one and of two blocks, as
+    /// OpenSSL's own HKDF (`openssl kdf ... HKDF`) gives them.
+    func testHKDFWithoutSaltAndWithSHA512() throws {
+        let key = try secret([UInt8](repeating: 0x0b, count: 22))
+        XCTAssertEqual(hexString(bytes(of: try HKDF.derive(.sha256, key: key, salt: [], info: [], count: 42))),
+                       "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8")
+        XCTAssertEqual(hexString(bytes(of: try HKDF.derive(.sha512, key: key, salt: [], info: [], count: 32))),
+                       "f5fa02b18298a72a8c23898a8703472c6eb179dc204c03425c970e3b164bf90f")
+        XCTAssertEqual(hexString(bytes(of: try HKDF.derive(.sha512, key: key, salt: hex("000102030405060708090a0b0c"),
+                                                            info: hex("f0f1f2f3f4f5f6f7f8f9"), count: 100))),
+                       "832390086cda71fb47625bb5ceb168e4c8e26a1a16ed34d9fc7fe92c1481579338da362cb8d9f925d7cbcce0dff7098769cf15959867d571c1715450cb530137be3fb62f3cf32b84feba8f1eb1b563e20d9749b8640b8264c4b69b14ad5199115e1d609c")
+        // RFC 5869 allows at most 255 blocks.
+        XCTAssertThrowsError(try HKDF.derive(.sha256, key: key, salt: [], info: [], count: 255 * 32 + 1))
+        // Derivations from many threads at once share the HMAC template and agree.
+        let expected = bytes(of: try HKDF.derive(.sha256, key: key, salt: [1, 2, 3], info: [4, 5], count: 32))
+        let mismatches = Atomic<Int>(0)
+        DispatchQueue.concurrentPerform(iterations: 8) { _ in
+            for _ in 0..<500 {
+                let derived = try? HKDF.derive(.sha256, key: key, salt: [1, 2, 3], info: [4, 5], count: 32)
+                if derived.map({ bytes(of: $0) }) != expected { mismatches.wrappingAdd(1, ordering: .relaxed) }
+            }
+        }
+        XCTAssertEqual(mismatches.load(ordering: .relaxed), 0)
     }
 
     func testArgon2idIsDeterministicAndSaltSensitive() throws {

@@ -172,6 +172,49 @@ final class SpeedFeatureTests: XCTestCase {
         XCTAssertFalse(stored.indices.dropLast(15).contains { Array(stored[$0..<($0 + 16)]) == run }, "no plaintext on disk")
     }
 
+    func testNewEncryptedFilesCostNoTimestampRequestAtCloseAndStartEmpty() throws {
+        let daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        defer { daemon.destroy() }
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+
+        // Files created, written and closed as `tar x` and `cp` do. The kernel keeps a written
+        // file's times itself and sends them back (a SETATTR) at close when the times the daemon
+        // reported at creation differ from its clock's; the header and owner record written during
+        // the create must leave the reported times as the create made them. (A file whose create
+        // and write straddle a clock tick gets one anyway, as on a plain mount: hence "a few".)
+        let count = 20
+        let requests = try requestsSent(to: daemon) {
+            for index in 0..<count {
+                try writeFile(daemon.mnt("new-\(index).txt"), bytes("file number \(index)"), flags: O_WRONLY | O_CREAT | O_EXCL)
+            }
+        }
+        XCTAssertEqual(requests["FUSE_CREATE"], count, "\(requests)")
+        XCTAssertLessThan(requests["FUSE_SETATTR", default: 0], count / 4, "\(requests)")
+        for index in 0..<count {
+            XCTAssertEqual(try readFile(daemon.mnt("new-\(index).txt")), bytes("file number \(index)"))
+            XCTAssertEqual(xattr(daemon.mnt("new-\(index).txt"), "user.custody.encrypted"), "1")
+            let stored = try readFile(daemon.back("new-\(index).txt"))
+            XCTAssertGreaterThan(stored.count, 256, "a header is on disk")
+            XCTAssertFalse(String(decoding: stored, as: UTF8.self).contains("file number"), "no plaintext on disk")
+        }
+
+        // A name the kernel holds as missing (it cached the failed lookup) appears in the backing
+        // directory before the program creates it: the create empties what was there.
+        var attributes = stat()
+        XCTAssertEqual(lstat(daemon.mnt("late.txt"), &attributes), -1)
+        XCTAssertEqual(errno, ENOENT)
+        try writeFile(daemon.back("late.txt"), [UInt8](repeating: UInt8(ascii: "A"), count: 10_000))
+        let late = try requestsSent(to: daemon) {
+            try writeFile(daemon.mnt("late.txt"), bytes("fresh"), flags: O_WRONLY | O_CREAT)
+        }
+        XCTAssertEqual(late["FUSE_CREATE"], 1, "the kernel created the file (\(late))")
+        XCTAssertEqual(try readFile(daemon.mnt("late.txt")), bytes("fresh"))
+        XCTAssertEqual(xattr(daemon.mnt("late.txt"), "user.custody.encrypted"), "1")
+        let stored = try readFile(daemon.back("late.txt"))
+        XCTAssertLessThan(stored.count, 4096, "nothing of the earlier 10,000 bytes is left")
+        XCTAssertFalse(stored.indices.dropLast(15).contains { stored[$0..<($0 + 16)].allSatisfy { $0 == UInt8(ascii: "A") } })
+    }
+
     /// The daemon's mappings of `path` (small reads of large encrypted files are copied out of one).
     private func mappings(of path: String, in daemon: MountedDaemon) throws -> Int {
         let maps = try String(contentsOfFile: "/proc/\(daemon.pid)/maps", encoding: .utf8)
