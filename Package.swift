@@ -23,7 +23,7 @@ let package = Package(
         // Typed wrappers over the syscalls (Errno, *at calls, xattrs, mount table).
         .target(name: "CustodySystem", dependencies: ["CLinux"]),
         // AEAD, key wrap, KDFs, X25519, secure memory.
-        .target(name: "CustodyCrypto", dependencies: ["COpenSSL", "CSodium"]),
+        .target(name: "CustodyCrypto", dependencies: ["COpenSSL", "CSodium", "CustodySystem"]),
         // The self-describing file format: header codec, block math, random-access protected files.
         .target(name: "CustodyFormat", dependencies: ["CustodyCrypto", "CustodySystem"]),
         // The engine: accounts, policy, identity resolution, keybags, locks, events. No FUSE, no HTTP.
@@ -56,7 +56,7 @@ let package = Package(
         .executableTarget(name: "custody-format-bench", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 
         .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
-        .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto"]),
+        .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),

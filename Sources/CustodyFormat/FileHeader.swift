@@ -167,10 +167,7 @@ public struct FileHeader: Equatable, Sendable {
 
     static func fileIDOrNew(_ fileID: [UInt8]?) throws(FormatError) -> [UInt8] {
         if let fileID { return fileID }
-        // Public and unique, like block nonces: from the same per-thread batch of generator output.
-        var fresh = [UInt8](repeating: 0, count: fileIDSize)
-        do throws(CryptoError) { try fresh.withMutableBytes { (bytes) throws(CryptoError) in try Nonces.fill(bytes) } } catch { throw .crypto(error) }
-        return fresh
+        do { return try Random.bytes(fileIDSize) } catch { throw .crypto(error) }
     }
 
     // MARK: Encoding

@@ -339,10 +339,10 @@ public final class ProtectedFile: @unchecked Sendable {
             + layout.plaintextLength(ofBlock: range.upperBound, fileSize: newSize) + UInt64(BlockLayout.overhead)
         try Self.storedBuffers.withBuffer(byteCount: Int(storedCount)) { (stored) throws(FormatError) in
             try processBlocks(range) { (blocks, worker) throws(FormatError) in
-                // The nonces of all these blocks at once (see `Nonces`).
+                // The nonces of all these blocks at once (see `Random`).
                 let nonces = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(blocks.upperBound - blocks.lowerBound + 1) * AESGCMKey.nonceSize, alignment: 8)
                 defer { nonces.deallocate() }
-                do throws(CryptoError) { try Nonces.fill(nonces) } catch { throw .crypto(error) }
+                do throws(CryptoError) { try Random.fill(nonces) } catch { throw .crypto(error) }
                 for index in blocks {
                     let blockStart = index * blockSize
                     let newLength = layout.plaintextLength(ofBlock: index, fileSize: newSize)
