@@ -39,24 +39,28 @@ public enum HKDF {
         withUnsafeTemporaryAllocation(byteCount: stateSize + 2 * length, alignment: 64) { scratch in
             defer { sodium_memzero(scratch.baseAddress, scratch.count) }
             let state = scratch.baseAddress!, prk = state + stateSize, block = prk + length
+            /// One HMAC with libsodium's functions for `State`.
+            func run<State>(_: State.Type, key: UnsafePointer<UInt8>, _ keyCount: Int, _ parts: [UnsafeRawBufferPointer], into out: UnsafeMutablePointer<UInt8>,
+                            _ initialize: (UnsafeMutablePointer<State>, UnsafePointer<UInt8>, Int) -> Int32,
+                            _ update: (UnsafeMutablePointer<State>, UnsafePointer<UInt8>, UInt64) -> Int32,
+                            _ finish: (UnsafeMutablePointer<State>, UnsafeMutablePointer<UInt8>) -> Int32) {
+                let context = state.assumingMemoryBound(to: State.self)
+                _ = initialize(context, key, keyCount)
+                for part in parts where part.count > 0 {
+                    _ = update(context, part.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
+                }
+                _ = finish(context, out)
+            }
             /// HMAC(key, parts…) into `out` (`length` bytes).
             func hmac(key: UnsafeRawPointer, _ keyCount: Int, _ parts: [UnsafeRawBufferPointer], into out: UnsafeMutableRawPointer) {
-                let keyBytes = key.assumingMemoryBound(to: UInt8.self)
+                let keyBytes = key.assumingMemoryBound(to: UInt8.self), outBytes = out.assumingMemoryBound(to: UInt8.self)
                 switch digest {
                 case .sha256:
-                    let context = state.assumingMemoryBound(to: crypto_auth_hmacsha256_state.self)
-                    _ = crypto_auth_hmacsha256_init(context, keyBytes, keyCount)
-                    for part in parts where part.count > 0 {
-                        _ = crypto_auth_hmacsha256_update(context, part.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
-                    }
-                    _ = crypto_auth_hmacsha256_final(context, out.assumingMemoryBound(to: UInt8.self))
+                    run(crypto_auth_hmacsha256_state.self, key: keyBytes, keyCount, parts, into: outBytes,
+                        crypto_auth_hmacsha256_init, crypto_auth_hmacsha256_update, crypto_auth_hmacsha256_final)
                 case .sha512:
-                    let context = state.assumingMemoryBound(to: crypto_auth_hmacsha512_state.self)
-                    _ = crypto_auth_hmacsha512_init(context, keyBytes, keyCount)
-                    for part in parts where part.count > 0 {
-                        _ = crypto_auth_hmacsha512_update(context, part.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
-                    }
-                    _ = crypto_auth_hmacsha512_final(context, out.assumingMemoryBound(to: UInt8.self))
+                    run(crypto_auth_hmacsha512_state.self, key: keyBytes, keyCount, parts, into: outBytes,
+                        crypto_auth_hmacsha512_init, crypto_auth_hmacsha512_update, crypto_auth_hmacsha512_final)
                 }
             }
             salt.withUnsafeBytes { saltBytes in
