@@ -14,10 +14,10 @@ import Synchronization
 /// other. Listings that are only looked at (`ls -lR`) fetch nothing, and each file is fetched at
 /// most once per listing.
 ///
-/// What is kept: the node IDs of the regular files of recent listings, in listing order, at most
-/// `maxFiles` in all (8 bytes each; the oldest listings go first). Listings are kept by count of
-/// files rather than of directories because a sweep may list a whole tree before it reads any of it
-/// (`find | xargs cat`: `find` runs far ahead).
+/// What is kept: the node IDs of the regular files of recent listings, in listing order and
+/// indexed by ID, at most `maxFiles` in all (about 30 bytes each; the oldest listings go first).
+/// Listings are kept by count of files rather than of directories because a sweep may list a whole
+/// tree before it reads any of it (`find | xargs cat`: `find` runs far ahead).
 final class DirectoryReadAhead: @unchecked Sendable {
     static let window = 16
     static let length: Int64 = 128 * 1024
@@ -25,6 +25,10 @@ final class DirectoryReadAhead: @unchecked Sendable {
 
     private struct Listing {
         var files: [UInt64] = []
+        /// Where each file first appears in `files`: an open anywhere in a large listing is found
+        /// without scanning it (a random open in a directory of 65,536 files scanned them all,
+        /// under the lock every open takes).
+        var positions: [UInt64: Int] = [:]
         /// Position of the file opened last (-1: none yet).
         var lastOpened = -1
         /// Files before this position have been fetched (or passed).
@@ -82,6 +86,9 @@ final class DirectoryReadAhead: @unchecked Sendable {
                 state.order.append((directory, state.serial))
             }
             let added = files.prefix(Self.maxFiles)
+            for (offset, file) in added.enumerated() where listing.positions[file] == nil {
+                listing.positions[file] = listing.files.count + offset
+            }
             listing.files.append(contentsOf: added)
             state.files += added.count
             state.listings[directory] = listing
@@ -101,7 +108,7 @@ final class DirectoryReadAhead: @unchecked Sendable {
             let position: Int
             if next < listing.files.count, listing.files[next] == file {
                 position = next
-            } else if let found = listing.files.firstIndex(of: file) {
+            } else if let found = listing.positions[file] {
                 position = found
             } else {
                 return []

@@ -39,6 +39,21 @@ final class DirectoryReadAheadTests: XCTestCase {
                                                  Array((132...(131 + UInt64(window))).filter { $0 < 140 })])
     }
 
+    func testOpensAnywhereInALargeListingAndRepeatedIDs() {
+        let (readAhead, _) = makeReadAhead()
+        let window = UInt64(DirectoryReadAhead.window)
+        readAhead.listed(Array(0..<UInt64(DirectoryReadAhead.maxFiles)), in: 3, fromStart: true)
+        for start in [UInt64(7), 40_000, 65_000] {
+            XCTAssertEqual(readAhead.opened(start, in: 3), [], "a jump is not a sweep")
+            XCTAssertEqual(readAhead.opened(start + 1, in: 3), Array((start + 2)...(start + 1 + window)))
+        }
+        // A file listed twice (hard links share a node ID) is where it first appears.
+        readAhead.listed([4, 5, 4, 6], in: 9, fromStart: true)
+        XCTAssertEqual(readAhead.opened(5, in: 9), [])
+        XCTAssertEqual(readAhead.opened(6, in: 9), [])
+        XCTAssertEqual(readAhead.opened(4, in: 9), [5, 4, 6], "found at position 0: the start of a sweep")
+    }
+
     func testAListingFromTheStartReplacesTheOldOne() {
         let (readAhead, _) = makeReadAhead()
         readAhead.listed([1, 2, 3], in: 7, fromStart: true)
