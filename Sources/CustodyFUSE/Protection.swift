@@ -162,9 +162,14 @@ extension PassthroughFilesystem {
     /// to the nanosecond, the kernel's next `write()` to the mount then finds them behind its own
     /// clock, and every new file cost one more SETATTR round trip when it was closed.
     func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?, isNew: Bool = false) throws(Errno) -> ProtectedContent? {
-        if isNew, let record = protection.record {
-            do throws(FormatError) { try record.store(on: fd) } catch { throw error.errnoValue }
+        func writeRecord() throws(Errno) {
+            do throws(FormatError) {
+                if let record = protection.record { try record.store(on: fd) } else { try OwnerRecord.remove(from: fd) }
+            } catch {
+                throw error.errnoValue
+            }
         }
+        if isNew { try writeRecord() }
         var content: ProtectedContent?
         if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
             // ProtectedFile.create empties the file itself (unless it is known to be empty).
@@ -190,13 +195,7 @@ extension PassthroughFilesystem {
             // writeback at close (auto_da_alloc), a disk write per new file.
             try Syscall.ftruncate(fd, 0)
         }
-        if !isNew {
-            if let record = protection.record {
-                do throws(FormatError) { try record.store(on: fd) } catch { throw error.errnoValue }
-            } else {
-                do throws(FormatError) { try OwnerRecord.remove(from: fd) } catch { throw error.errnoValue }
-            }
-        }
+        if !isNew { try writeRecord() }
         if let inode {
             inode.protectionState.withLock { $0.protection = protection }
         }
