@@ -6,7 +6,7 @@ BIN := .build/debug
 RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
-BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libssl-dev libsodium-dev
+BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libsodium-dev
 TEST_PACKAGES := attr sqlite3 util-linux curl rsync git
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 

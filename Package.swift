@@ -12,18 +12,20 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
         .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
+        // For the BoringSSL it builds: CustodyCrypto calls its C module (AES-256-GCM AEAD, random,
+        // SHA-256) directly, which is not swift-crypto's public API, so the version is pinned.
+        .package(url: "https://github.com/apple/swift-crypto", exact: "4.5.2"),
     ],
     targets: [
         // System-library and C shims.
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
-        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .target(name: "CLinux"),
 
         // Typed wrappers over the syscalls (Errno, *at calls, xattrs, mount table).
         .target(name: "CustodySystem", dependencies: ["CLinux"]),
         // AEAD, key wrap, KDFs, X25519, secure memory.
-        .target(name: "CustodyCrypto", dependencies: ["COpenSSL", "CSodium", "CustodySystem"]),
+        .target(name: "CustodyCrypto", dependencies: ["CSodium", "CustodySystem", .product(name: "Crypto", package: "swift-crypto")]),
         // The self-describing file format: header codec, block math, random-access protected files.
         .target(name: "CustodyFormat", dependencies: ["CustodyCrypto", "CustodySystem"]),
         // The engine: accounts, policy, identity resolution, keybags, locks, events. No FUSE, no HTTP.

@@ -1,4 +1,4 @@
-import COpenSSL
+import CCryptoBoringSSL
 import CSodium
 import CustodySystem
 import Glibc
@@ -7,9 +7,9 @@ import Synchronization
 /// Non-secret randomness: GCM nonces, key-wrap nonces, salts, file IDs. (Secret keys use
 /// `SecretBytes.random`.)
 ///
-/// Drawn from OpenSSL's generator a batch at a time. One `RAND_bytes` call costs 0.6–0.8 µs on the
-/// project's machine in a loop whatever its length (the DRBG's locking, fork check and parameter
-/// handling), and 4–8 µs inside the daemon, where its code and locks are cold: as much as
+/// Drawn from BoringSSL's generator a batch at a time. One call to a generator costs a fixed price
+/// whatever its length (OpenSSL's `RAND_bytes` took 0.6–0.8 µs in a loop on the project's machine,
+/// and 4–8 µs inside the daemon, where its code and locks are cold): as much as
 /// encrypting a 4 KiB block, or a tenth of creating a file. Each thread keeps 4 KiB of its output
 /// and hands it out in order, so a request of up to 1 KiB pays a copy; larger ones go to the
 /// generator. Every byte is handed out once. What comes from here is public (stored next to each
@@ -59,9 +59,11 @@ public enum Random {
         return result
     }
 
-    /// Straight from OpenSSL's generator (its per-thread DRBG: no system call each).
+    /// Straight from BoringSSL's generator (a per-thread DRBG seeded from `getrandom`, reseeded
+    /// after a fork; it aborts the process rather than return bytes it could not make).
     private static func generate(_ buffer: UnsafeMutableRawBufferPointer) throws(CryptoError) {
-        guard RAND_bytes(buffer.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(buffer.count)) == 1 else {
+        guard let base = buffer.baseAddress else { return }
+        guard CCryptoBoringSSL_RAND_bytes(base.assumingMemoryBound(to: UInt8.self), buffer.count) == 1 else {
             throw .library("RAND_bytes failed")
         }
     }
@@ -76,13 +78,12 @@ extension Random {
 public func constantTimeEquals(_ a: UnsafeRawBufferPointer, _ b: UnsafeRawBufferPointer) -> Bool {
     guard a.count == b.count else { return false }
     guard a.count > 0 else { return true }
-    return CRYPTO_memcmp(a.baseAddress, b.baseAddress, a.count) == 0
+    return CCryptoBoringSSL_CRYPTO_memcmp(a.baseAddress, b.baseAddress, a.count) == 0
 }
 
 /// SHA-256 of a buffer.
 public func sha256(_ data: UnsafeRawBufferPointer) -> [UInt8] {
     var digest = [UInt8](repeating: 0, count: 32)
-    var length: UInt32 = 0
-    _ = EVP_Digest(data.baseAddress, data.count, &digest, &length, EVP_sha256(), nil)
+    _ = CCryptoBoringSSL_SHA256(data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count, &digest)
     return digest
 }

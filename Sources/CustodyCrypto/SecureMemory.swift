@@ -63,19 +63,24 @@ public final class SecretBytes: @unchecked Sendable, CustomStringConvertible, Cu
     public var customMirror: Mirror { Mirror(self, children: [:]) }
 }
 
-/// Slabs of libsodium secure memory, cut into fixed slots for small secrets.
+/// Slabs of libsodium secure memory, cut into fixed slots for small secrets: 64-byte slots for
+/// keys, 1 KiB slots for keyed cipher states (an AES-GCM context holds the key schedule).
 final class SecurePool: @unchecked Sendable {
     static let shared = SecurePool()
-    static let slotSize = 64
+    static let slotSizes = [64, 1024]
     static let slabSize = 16384
+    /// The largest secret that shares a slab.
+    static var slotSize: Int { slotSizes[slotSizes.count - 1] }
 
     struct Allocation: Sendable {
         nonisolated(unsafe) let pointer: UnsafeMutableRawPointer
-        let pooled: Bool
+        /// The slot size it came from; 0 for an allocation of its own.
+        let slot: Int
     }
 
     private struct State {
-        var free: [UnsafeMutableRawPointer] = []
+        /// Free slots, one list per entry of `slotSizes`.
+        var free: [[UnsafeMutableRawPointer]] = SecurePool.slotSizes.map { _ in [] }
         var slabs = 0
     }
 
@@ -84,30 +89,29 @@ final class SecurePool: @unchecked Sendable {
     /// Secure memory for `count` bytes; nil when libsodium is unusable or memory is exhausted.
     func allocate(_ count: Int) -> Allocation? {
         guard sodiumReady else { return nil }
-        if count > Self.slotSize {
-            return sodium_malloc(count).map { Allocation(pointer: $0, pooled: false) }
+        guard let sizeClass = Self.slotSizes.firstIndex(where: { count <= $0 }) else {
+            return sodium_malloc(count).map { Allocation(pointer: $0, slot: 0) }
         }
+        let slot = Self.slotSizes[sizeClass]
         let pointer: UnsafeMutableRawPointer? = state.withLock { state in
-            if let slot = state.free.popLast() { return slot }
+            if let free = state.free[sizeClass].popLast() { return free }
             guard let slab = sodium_malloc(Self.slabSize) else { return nil }
             state.slabs += 1
-            let slots = Self.slabSize / Self.slotSize
-            for index in 1..<slots { state.free.append(slab + index * Self.slotSize) }
+            for index in 1..<(Self.slabSize / slot) { state.free[sizeClass].append(slab + index * slot) }
             return slab
         }
-        return pointer.map { Allocation(pointer: $0, pooled: true) }
+        return pointer.map { Allocation(pointer: $0, slot: slot) }
     }
 
     func release(_ allocation: Allocation) {
-        if allocation.pooled {
-            sodium_memzero(allocation.pointer, Self.slotSize)
-            state.withLock { $0.free.append(allocation.pointer) }
-        } else {
+        guard allocation.slot > 0, let sizeClass = Self.slotSizes.firstIndex(of: allocation.slot) else {
             sodium_free(allocation.pointer)
+            return
         }
+        sodium_memzero(allocation.pointer, allocation.slot)
+        state.withLock { $0.free[sizeClass].append(allocation.pointer) }
     }
 
     /// Slabs allocated so far (for tests).
     var slabCount: Int { state.withLock { $0.slabs } }
 }
-

@@ -197,7 +197,7 @@ public final class ProtectedFile: @unchecked Sendable {
                 cipher.fillAAD(worker.aad, index: index, final: index == finalBlock)
                 var opened = false
                 try deliver(index, of: worker, from: offset, to: end, into: out, fileSize: size) { (plaintext) throws(FormatError) in
-                    var job = MappedBlock(context: worker.lease.context, aad: worker.aad, stored: stored, count: count, plaintext: plaintext)
+                    var job = MappedBlock(context: worker.context, aad: worker.aad, stored: stored, count: count, plaintext: plaintext)
                     opened = FileMapping.guarded(openMappedBlock, &job) && job.opened
                     // Nothing decrypted from a block that did not verify leaves this call.
                     if !opened { plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: count) }
@@ -232,7 +232,7 @@ public final class ProtectedFile: @unchecked Sendable {
     /// has failed, so the normal path pays nothing for it).
     private func openBlock(_ worker: BlockWorker, _ index: UInt64, final: Bool, _ stored: UnsafeRawBufferPointer, into plaintext: UnsafeMutableRawPointer) throws(FormatError) {
         do {
-            try cipher.open(worker.lease.context, aad: worker.aad, index: index, final: final, stored: stored, into: plaintext)
+            try cipher.open(worker.context, aad: worker.aad, index: index, final: final, stored: stored, into: plaintext)
             return
         } catch where error == .authenticationFailed {
         } catch {
@@ -244,7 +244,7 @@ public final class ProtectedFile: @unchecked Sendable {
             plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: length)
             return
         }
-        if final, (try? cipher.open(worker.lease.context, aad: worker.aad, index: index, final: false, stored: stored, into: plaintext)) != nil {
+        if final, (try? cipher.open(worker.context, aad: worker.aad, index: index, final: false, stored: stored, into: plaintext)) != nil {
             plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: length)
             throw .truncated(lastBlock: index)
         }
@@ -368,7 +368,7 @@ public final class ProtectedFile: @unchecked Sendable {
                         plaintext = UnsafeRawBufferPointer(start: worker.plaintext, count: Int(newLength))
                     }
                     do throws(CryptoError) {
-                        try cipher.seal(worker.lease.context, aad: worker.aad, index: index, final: index == newFinal,
+                        try cipher.seal(worker.context, aad: worker.aad, index: index, final: index == newFinal,
                                         plaintext: plaintext, into: target, nonce: nonce)
                     } catch {
                         throw .crypto(error)
@@ -447,18 +447,21 @@ public final class ProtectedFile: @unchecked Sendable {
     }
 }
 
-/// Per-thread state for processing blocks: a leased cipher context and scratch buffers (from the
+/// Per-thread state for processing blocks: the file's cipher context and scratch buffers (from the
 /// thread's scratch: a 4 KiB request pays for a worker on every call).
 final class BlockWorker {
-    let lease: AESGCMLease
+    /// Keeps the content key, and so `context`, alive while the worker runs.
+    private let key: AESGCMKey
+    let context: AESGCMContext
     let stored: UnsafeMutableRawPointer
     let aad: UnsafeMutableRawPointer
     private let scratch: UnsafeMutableRawPointer
     /// Whether the scratch plaintext was handed out (and so may hold a block of the file).
     private(set) var plaintextUsed = false
 
-    private init(lease: AESGCMLease, scratch: UnsafeMutableRawPointer, blockSize: Int, storedSize: Int) {
-        self.lease = lease
+    private init(key: AESGCMKey, scratch: UnsafeMutableRawPointer, blockSize: Int, storedSize: Int) {
+        self.key = key
+        context = key.context
         self.scratch = scratch
         stored = scratch + blockSize
         aad = stored + storedSize
@@ -466,12 +469,10 @@ final class BlockWorker {
 
     /// Runs `body` with a worker for `file`; its scratch plaintext is cleared afterwards if used.
     static func with(_ file: ProtectedFile, _ body: (BlockWorker) throws(FormatError) -> Void) throws(FormatError) {
-        let lease: AESGCMLease
-        do { lease = try file.cipher.key.lease() } catch { throw .crypto(error) }
         let blockSize = Int(file.layout.blockSize)
         let storedSize = (Int(file.layout.storedBlockSize) + 63) & ~63
         try ThreadScratch.withBuffer(byteCount: blockSize + storedSize + 64, zeroing: false) { (scratch) throws(FormatError) in
-            let worker = BlockWorker(lease: lease, scratch: scratch.baseAddress!, blockSize: blockSize, storedSize: storedSize)
+            let worker = BlockWorker(key: file.cipher.key, scratch: scratch.baseAddress!, blockSize: blockSize, storedSize: storedSize)
             // Requests that decrypt or encrypt whole blocks in place never touch the scratch plaintext.
             defer { if worker.plaintextUsed { scratch.baseAddress!.initializeMemory(as: UInt8.self, repeating: 0, count: blockSize) } }
             try body(worker)
@@ -511,9 +512,9 @@ private struct MappedBlock {
 }
 
 /// Opens a block that lies in a mapping. Runs under the SIGBUS guard, which may abandon it while
-/// OpenSSL reads the mapped nonce, ciphertext or tag: it holds no references and allocates nothing
-/// until the decryption is over, and the cipher context it may leave half-used is set up afresh
-/// (new nonce) by its next use.
+/// BoringSSL reads the mapped nonce, ciphertext or tag: it holds no references and allocates
+/// nothing until the decryption is over, and the cipher context is only ever read (each call
+/// keeps its state on its own stack), so abandoning a call leaves nothing to repair.
 private let openMappedBlock: @convention(c) (UnsafeMutableRawPointer?) -> Void = { raw in
     guard let job = raw?.assumingMemoryBound(to: MappedBlock.self) else { return }
     let stored = job.pointee.stored, count = job.pointee.count

@@ -148,11 +148,10 @@ final class FormatVectorTests: XCTestCase {
             var stored = [UInt8](repeating: 0, count: plaintext.count + 28)
             let aad = UnsafeMutableRawPointer.allocate(byteCount: 32, alignment: 8)
             defer { aad.deallocate() }
-            let lease = try cipher.key.lease()
             try hex(f("nonce")).withUnsafeBytes { nonce in
                 try plaintext.withUnsafeBytes { p in
                     try stored.withUnsafeMutableBytes { s in
-                        try cipher.seal(lease.context, aad: aad, index: index, final: final, plaintext: p, into: s.baseAddress!, nonce: nonce)
+                        try cipher.seal(cipher.key.context, aad: aad, index: index, final: final, plaintext: p, into: s.baseAddress!, nonce: nonce)
                     }
                 }
             }
