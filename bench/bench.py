@@ -158,6 +158,9 @@ def run_round(system, round_index, tarball, results, peaks):
     record = lambda name, value: results.setdefault(system.name, {}).setdefault(name, []).append(value)
 
     if "dd_write" in WORKLOADS or "dd_read_cold" in WORKLOADS:
+        # Like every other workload, the write starts from clean caches: without this it also paid
+        # for the write-back of whatever the previous system's fio run left dirty.
+        drop_caches()
         record("dd_write", timed(lambda: sh("dd", "if=/dev/zero", f"of={big}", "bs=1M", "count=512",
                                               "conv=fsync", "status=none")))
         drop_caches()
