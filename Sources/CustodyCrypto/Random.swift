@@ -1,5 +1,4 @@
 import CCryptoBoringSSL
-import CSodium
 import CustodySystem
 import Glibc
 import Synchronization

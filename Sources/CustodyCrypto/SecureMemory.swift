@@ -69,13 +69,11 @@ final class SecurePool: @unchecked Sendable {
     static let shared = SecurePool()
     static let slotSizes = [64, 1024]
     static let slabSize = 16384
-    /// The largest secret that shares a slab.
-    static var slotSize: Int { slotSizes[slotSizes.count - 1] }
 
     struct Allocation: Sendable {
         nonisolated(unsafe) let pointer: UnsafeMutableRawPointer
-        /// The slot size it came from; 0 for an allocation of its own.
-        let slot: Int
+        /// The entry of `slotSizes` whose slabs it came from; nil for an allocation of its own.
+        let sizeClass: Int?
     }
 
     private struct State {
@@ -90,7 +88,7 @@ final class SecurePool: @unchecked Sendable {
     func allocate(_ count: Int) -> Allocation? {
         guard sodiumReady else { return nil }
         guard let sizeClass = Self.slotSizes.firstIndex(where: { count <= $0 }) else {
-            return sodium_malloc(count).map { Allocation(pointer: $0, slot: 0) }
+            return sodium_malloc(count).map { Allocation(pointer: $0, sizeClass: nil) }
         }
         let slot = Self.slotSizes[sizeClass]
         let pointer: UnsafeMutableRawPointer? = state.withLock { state in
@@ -100,15 +98,15 @@ final class SecurePool: @unchecked Sendable {
             for index in 1..<(Self.slabSize / slot) { state.free[sizeClass].append(slab + index * slot) }
             return slab
         }
-        return pointer.map { Allocation(pointer: $0, slot: slot) }
+        return pointer.map { Allocation(pointer: $0, sizeClass: sizeClass) }
     }
 
     func release(_ allocation: Allocation) {
-        guard allocation.slot > 0, let sizeClass = Self.slotSizes.firstIndex(of: allocation.slot) else {
+        guard let sizeClass = allocation.sizeClass else {
             sodium_free(allocation.pointer)
             return
         }
-        sodium_memzero(allocation.pointer, allocation.slot)
+        sodium_memzero(allocation.pointer, Self.slotSizes[sizeClass])
         state.withLock { $0.free[sizeClass].append(allocation.pointer) }
     }
 

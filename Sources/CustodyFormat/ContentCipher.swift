@@ -46,9 +46,17 @@ final class ContentCipher: @unchecked Sendable {
         let length = stored.count - BlockLayout.overhead
         guard length > 0, let base = stored.baseAddress else { throw .invalidLength(what: "stored block", expected: BlockLayout.overhead + 1, actual: stored.count) }
         fillAAD(aad, index: index, final: final)
-        try context.open(nonce: UnsafeRawBufferPointer(start: base, count: AESGCMKey.nonceSize),
-                         aad: UnsafeRawBufferPointer(start: aad, count: Self.aadSize),
-                         ciphertext: UnsafeRawBufferPointer(start: base + AESGCMKey.nonceSize, count: length),
-                         tag: base + AESGCMKey.nonceSize + length, plaintext: plaintext)
+        try Self.open(context, aad: aad, stored: base, length: length, into: plaintext)
+    }
+
+    /// Opens the stored block at `stored` (`nonce ‖ ciphertext ‖ tag`, `length` bytes of
+    /// ciphertext) with associated data already in `aad`. Holds no references and allocates
+    /// nothing, so work under `FileMapping.guarded` may call it.
+    static func open(_ context: AESGCMContext, aad: UnsafeRawPointer, stored: UnsafeRawPointer, length: Int,
+                     into plaintext: UnsafeMutableRawPointer) throws(CryptoError) {
+        try context.open(nonce: UnsafeRawBufferPointer(start: stored, count: AESGCMKey.nonceSize),
+                         aad: UnsafeRawBufferPointer(start: aad, count: aadSize),
+                         ciphertext: UnsafeRawBufferPointer(start: stored + AESGCMKey.nonceSize, count: length),
+                         tag: stored + AESGCMKey.nonceSize + length, plaintext: plaintext)
     }
 }

@@ -517,12 +517,9 @@ private struct MappedBlock {
 /// keeps its state on its own stack), so abandoning a call leaves nothing to repair.
 private let openMappedBlock: @convention(c) (UnsafeMutableRawPointer?) -> Void = { raw in
     guard let job = raw?.assumingMemoryBound(to: MappedBlock.self) else { return }
-    let stored = job.pointee.stored, count = job.pointee.count
     do throws(CryptoError) {
-        try job.pointee.context.open(nonce: UnsafeRawBufferPointer(start: stored, count: AESGCMKey.nonceSize),
-                                     aad: UnsafeRawBufferPointer(start: job.pointee.aad, count: ContentCipher.aadSize),
-                                     ciphertext: UnsafeRawBufferPointer(start: stored + AESGCMKey.nonceSize, count: count),
-                                     tag: stored + AESGCMKey.nonceSize + count, plaintext: job.pointee.plaintext)
+        try ContentCipher.open(job.pointee.context, aad: job.pointee.aad, stored: job.pointee.stored, length: job.pointee.count,
+                               into: job.pointee.plaintext)
         job.pointee.opened = true
     } catch {
         job.pointee.opened = false

@@ -143,7 +143,7 @@ final class KeyDerivationTests: XCTestCase {
                        "832390086cda71fb47625bb5ceb168e4c8e26a1a16ed34d9fc7fe92c1481579338da362cb8d9f925d7cbcce0dff7098769cf15959867d571c1715450cb530137be3fb62f3cf32b84feba8f1eb1b563e20d9749b8640b8264c4b69b14ad5199115e1d609c")
         // RFC 5869 allows at most 255 blocks.
         XCTAssertThrowsError(try HKDF.derive(.sha256, key: key, salt: [], info: [], count: 255 * 32 + 1))
-        // Derivations from many threads at once share the HMAC template and agree.
+        // Derivations from many threads at once agree (each keeps its HMAC state on its own stack).
         let expected = bytes(of: try HKDF.derive(.sha256, key: key, salt: [1, 2, 3], info: [4, 5], count: 32))
         let mismatches = Atomic<Int>(0)
         DispatchQueue.concurrentPerform(iterations: 8) { _ in
