@@ -32,6 +32,14 @@ static inline ssize_t custody_copy_bufvec_to_memory(struct fuse_bufvec *in, void
     return fuse_buf_copy(&out, in, (enum fuse_buf_copy_flags)0);
 }
 
+/// The bytes of a write request that libfuse received into its own memory (one buffer, none of it
+/// consumed yet), or NULL when they are in a pipe or spread over several buffers.
+static inline void *custody_bufvec_memory(const struct fuse_bufvec *in) {
+    if (in->count != 1 || in->idx != 0 || in->off != 0) return NULL;
+    if (in->buf[0].flags & FUSE_BUF_IS_FD) return NULL;
+    return in->buf[0].mem;
+}
+
 static const int custody_SET_ATTR_MODE = FUSE_SET_ATTR_MODE;
 static const int custody_SET_ATTR_UID = FUSE_SET_ATTR_UID;
 static const int custody_SET_ATTR_GID = FUSE_SET_ATTR_GID;

