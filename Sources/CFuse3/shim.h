@@ -7,15 +7,6 @@
 #include <stddef.h>
 #include <fuse3/fuse_lowlevel.h>
 
-/// Replies to a read with `size` bytes of `fd` at `pos`; libfuse may splice them into /dev/fuse.
-static inline int custody_reply_fd_data(fuse_req_t req, int fd, off_t pos, size_t size) {
-    struct fuse_bufvec v = FUSE_BUFVEC_INIT(size);
-    v.buf[0].flags = (enum fuse_buf_flags)(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-    v.buf[0].fd = fd;
-    v.buf[0].pos = pos;
-    return fuse_reply_data(req, &v, FUSE_BUF_SPLICE_MOVE);
-}
-
 /// Copies a write request's buffers (memory or a pipe) into `fd` at `pos`.
 static inline ssize_t custody_copy_bufvec_to_fd(struct fuse_bufvec *in, int fd, off_t pos) {
     struct fuse_bufvec out = FUSE_BUFVEC_INIT(fuse_buf_size(in));

@@ -86,9 +86,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
         }
         want(FUSE_CAP_WRITEBACK_CACHE, options.writebackCache)
+        // Replies are always sent from memory (see `readPlain`), so only receiving may splice.
         want(FUSE_CAP_SPLICE_READ, options.splice)
-        want(FUSE_CAP_SPLICE_WRITE, options.splice)
-        want(FUSE_CAP_SPLICE_MOVE, options.splice)
+        want(FUSE_CAP_SPLICE_WRITE, false)
+        want(FUSE_CAP_SPLICE_MOVE, false)
         want(FUSE_CAP_ASYNC_READ)
         want(FUSE_CAP_PARALLEL_DIROPS)
         want(FUSE_CAP_AUTO_INVAL_DATA)
@@ -515,7 +516,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         let content: ProtectedContent
         do throws(Errno) {
             guard let live = try liveContent(file) else {
-                _ = custody_reply_fd_data(req, file.fd, offset, size)
+                readPlain(req, file.fd, size, offset)
                 return
             }
             content = live
@@ -530,6 +531,25 @@ final class PassthroughFilesystem: @unchecked Sendable {
             } catch {
                 log("read of an encrypted file failed: \(error)")
                 fuse_reply_err(req, error.errnoValue.rawValue)
+            }
+        }
+    }
+
+    /// Buffers for reads of plain files (up to 1 MiB), kept for reuse; not zeroed, as the same
+    /// bytes lie unencrypted in the backing file.
+    static let passthroughBuffers = BufferPool(capacity: 1 << 20, keep: 2, zeroesOnReturn: false, smallLimit: 64 << 10)
+
+    /// A plain file's bytes are read into a kept buffer and sent from there. Handing libfuse the
+    /// descriptor (`fuse_reply_data`) would splice only replies of 8 KiB or more that a pipe holds
+    /// whole, never a 1 MiB read without `CAP_SYS_RESOURCE`, and otherwise reads into memory
+    /// allocated for each request: 256 fresh pages per MiB (see `docs/performance.md`).
+    private func readPlain(_ req: fuse_req_t, _ fd: Int32, _ size: Int, _ offset: off_t) {
+        Self.passthroughBuffers.withBuffer(byteCount: size) { buffer in
+            do throws(Errno) {
+                let count = try buffer.baseAddress.map { (base) throws(Errno) in try Syscall.preadAll(fd, base, size, Int64(offset)) } ?? 0
+                fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
+            } catch {
+                fuse_reply_err(req, error.rawValue)
             }
         }
     }

@@ -37,15 +37,7 @@ public final class DescriptorStorage: BlockStorage {
 
     public func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int {
         guard let base = buffer.baseAddress else { return 0 }
-        var done = 0
-        do {
-            while done < buffer.count {
-                let n = try Syscall.pread(fd, base + done, buffer.count - done, Int64(offset) + Int64(done))
-                if n == 0 { break }
-                done += n
-            }
-        } catch { throw .io(error) }
-        return done
+        do { return try Syscall.preadAll(fd, base, buffer.count, Int64(offset)) } catch { throw .io(error) }
     }
 
     public func write(_ data: UnsafeRawBufferPointer, at offset: UInt64) throws(FormatError) {

@@ -165,6 +165,18 @@ public enum Syscall {
         try retryingOnInterrupt { Glibc.pwrite(fd, buffer, count, off_t(offset)) }
     }
 
+    /// Reads up to `count` bytes, looping over short reads until `count` or the end of the file;
+    /// returns how many were read.
+    public static func preadAll(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int, _ offset: Int64) throws(Errno) -> Int {
+        var done = 0
+        while done < count {
+            let n = try pread(fd, buffer + done, count - done, offset + Int64(done))
+            if n == 0 { break }
+            done += n
+        }
+        return done
+    }
+
     /// Writes all of `count` bytes, looping over short writes.
     public static func pwriteAll(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: Int64) throws(Errno) {
         var done = 0

@@ -27,6 +27,21 @@ final class SyscallTests: XCTestCase {
         XCTAssertEqual(try valueOrErrno(Int32(5)), 5)
     }
 
+    func testPreadAllStopsAtTheEndOfTheFile() throws {
+        let bytes = (0..<10_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let fd = try Syscall.open(directory + "/data", O_RDWR | O_CREAT, 0o600)
+        defer { close(fd) }
+        try Syscall.pwriteAll(fd, bytes, bytes.count, 0)
+        var buffer = [UInt8](repeating: 0xAA, count: 16_384)
+        XCTAssertEqual(try Syscall.preadAll(fd, &buffer, buffer.count, 0), 10_000)
+        XCTAssertEqual(Array(buffer[0..<10_000]), bytes)
+        XCTAssertEqual(buffer[10_000], 0xAA, "nothing is written past what was read")
+        XCTAssertEqual(try Syscall.preadAll(fd, &buffer, buffer.count, 9_000), 1_000)
+        XCTAssertEqual(Array(buffer[0..<1_000]), Array(bytes[9_000...]))
+        XCTAssertEqual(try Syscall.preadAll(fd, &buffer, 100, 20_000), 0)
+        XCTAssertThrowsError(try Syscall.preadAll(-1, &buffer, 1, 0)) { XCTAssertEqual($0 as? Errno, Errno(EBADF)) }
+    }
+
     func testRenameFlags() throws {
         let dir = try Syscall.open(directory, O_RDONLY | O_DIRECTORY)
         defer { close(dir) }

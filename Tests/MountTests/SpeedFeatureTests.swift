@@ -149,6 +149,66 @@ final class SpeedFeatureTests: XCTestCase {
         }
     }
 
+    /// Plain reads go through kept buffers shared by the request threads: eight readers at once,
+    /// cold, with direct and buffered reads of several sizes (scratch, pooled and whole-MiB
+    /// requests), must each get their own file's bytes, and short reads at the end of a file
+    /// must return exactly what is left.
+    func testConcurrentColdReadsOfPlainFilesReturnTheirOwnBytes() throws {
+        let daemon = try MountedDaemon()
+        defer { daemon.destroy() }
+        let size = (3 << 20) + 4_321
+        let contents: [[UInt8]] = (0..<8).map { worker in
+            var generator = SeededGenerator(seed: 0xBEEF + UInt64(worker))
+            return (0..<size).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        }
+        for worker in 0..<8 { try writeFile(daemon.back("plain\(worker)"), contents[worker]) }
+        try mustRun(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+        // (request size, direct I/O, first offset) per reader; the odd offset needs buffered I/O.
+        let plans: [(chunk: Int, direct: Bool, start: Int)] = [
+            (1 << 20, true, 0), (1 << 20, false, 777), (96 << 10, true, 0), (4 << 10, true, 0),
+            (1 << 20, false, 0), (200_000, false, 0), (1 << 20, true, 0), (64 << 10, false, 4_097),
+        ]
+        let mountPoint = daemon.mountPoint
+        let failures = Mutex<[String]>([])
+        let results = Mutex<[Int: [UInt8]]>([:])
+        DispatchQueue.concurrentPerform(iterations: 8) { worker in
+            let plan = plans[worker]
+            do {
+                let fd = try Syscall.open(mountPoint + "/plain\(worker)", O_RDONLY | (plan.direct ? Linux.O_DIRECT : 0))
+                defer { close(fd) }
+                let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: plan.chunk, alignment: 4096)
+                defer { buffer.deallocate() }
+                var bytes = [UInt8](repeating: 0, count: size)
+                // The tail from `start`, then the head before it; every read but the last is full.
+                for (from, to) in [(plan.start, size), (0, plan.start)] where from < to {
+                    var offset = from
+                    while offset < to {
+                        let n = try Syscall.pread(fd, buffer.baseAddress!, plan.chunk, Int64(offset))
+                        let expected = min(plan.chunk, size - offset)
+                        if n != expected { throw Errno(EIO) }
+                        let used = min(n, to - offset)
+                        bytes.withUnsafeMutableBytes { $0.baseAddress!.advanced(by: offset).copyMemory(from: buffer.baseAddress!, byteCount: used) }
+                        offset += used
+                    }
+                }
+                // At the end of the file: a read that straddles it, and one past it.
+                if plan.direct {
+                    let tail = size & ~4095
+                    if try Syscall.pread(fd, buffer.baseAddress!, 4096, Int64(tail)) != size - tail { throw Errno(ERANGE) }
+                    if try Syscall.pread(fd, buffer.baseAddress!, 4096, Int64(tail + 4096)) != 0 { throw Errno(ERANGE) }
+                }
+                results.withLock { $0[worker] = bytes }
+            } catch {
+                failures.withLock { $0.append("reader \(worker): \(error)") }
+            }
+        }
+        XCTAssertEqual(failures.withLock { $0 }, [])
+        let read = results.withLock { $0 }
+        for worker in 0..<8 {
+            XCTAssertTrue(read[worker] == contents[worker], "reader \(worker) (\(plans[worker])) got its own file's bytes")
+        }
+    }
+
     /// Counts, by opcode name, the FUSE requests the kernel sends to `daemon`'s mount while `body`
     /// runs: the fuse:fuse_request_send tracepoint, in a trace instance of this test's own.
     private func requestsSent(to daemon: MountedDaemon, during body: () throws -> Void) throws -> [String: Int] {
