@@ -208,7 +208,7 @@ extension Engine {
         var bytes = [UInt8](repeating: 0, count: FileHeader.length)
         let count: Int
         do {
-            count = try bytes.withMutableBytes { (buffer) throws(Errno) in try Syscall.pread(fd, buffer.baseAddress!, buffer.count, 0) }
+            count = try bytes.withMutableBytes { (buffer) throws(Errno) in try Syscall.preadAll(fd, buffer.baseAddress!, buffer.count, 0) }
         } catch {
             throw .io(file: path, error)
         }
