@@ -63,7 +63,7 @@ let package = Package(
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
-        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient"]),
+        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient", "CLinux"]),
         .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyConfig", "CustodyCore", "CustodyFormat"]),
     ]
 )

@@ -14,6 +14,10 @@
 #include <linux/falloc.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <errno.h>
+#include <linux/landlock.h>
 
 const int clinux_O_PATH = O_PATH;
 const int clinux_O_DIRECT = O_DIRECT;
@@ -142,4 +146,97 @@ int clinux_guarded_call(void (*body)(void *), void *context) {
     __asm__ volatile("" ::: "memory");
     fault_guard = NULL;
     return 0;
+}
+
+int clinux_send_descriptors(int socket, const int *fds, int count) {
+    if (count < 1 || count > 4) { errno = EINVAL; return -1; }
+    unsigned char byte = 1;
+    struct iovec vector = { .iov_base = &byte, .iov_len = 1 };
+    union { char buffer[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } control;
+    memset(&control, 0, sizeof(control));
+    struct msghdr message = { .msg_iov = &vector, .msg_iovlen = 1, .msg_control = control.buffer,
+                              .msg_controllen = CMSG_SPACE(count * sizeof(int)) };
+    struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(count * sizeof(int));
+    memcpy(CMSG_DATA(header), fds, count * sizeof(int));
+    ssize_t sent;
+    do { sent = sendmsg(socket, &message, MSG_NOSIGNAL); } while (sent < 0 && errno == EINTR);
+    return sent == 1 ? 0 : -1;
+}
+
+int clinux_receive_descriptors(int socket, unsigned char *byte, int *fds, int capacity) {
+    if (capacity < 1 || capacity > 4) { errno = EINVAL; return -1; }
+    struct iovec vector = { .iov_base = byte, .iov_len = 1 };
+    union { char buffer[CMSG_SPACE(4 * sizeof(int))]; struct cmsghdr align; } control;
+    struct msghdr message = { .msg_iov = &vector, .msg_iovlen = 1, .msg_control = control.buffer,
+                              .msg_controllen = sizeof(control.buffer) };
+    ssize_t got;
+    do { got = recvmsg(socket, &message, MSG_CMSG_CLOEXEC); } while (got < 0 && errno == EINTR);
+    if (got <= 0) return (int)got;
+    int count = 0;
+    for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header)) {
+        if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+        int n = (int)((header->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int received[4];
+        if (n > 4) n = 4;
+        memcpy(received, CMSG_DATA(header), n * sizeof(int));
+        for (int i = 0; i < n; i++) {
+            if (count < capacity) fds[count++] = received[i];
+            else close(received[i]);
+        }
+    }
+    /* A message whose descriptors were cut (MSG_CTRUNC) is refused: close what came. */
+    if (message.msg_flags & MSG_CTRUNC) {
+        for (int i = 0; i < count; i++) close(fds[i]);
+        errno = EMSGSIZE;
+        return -1;
+    }
+    return count;
+}
+
+void clinux_close_from(int first) {
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, (unsigned int)first, ~0U, 0) == 0) return;
+#endif
+    long limit = sysconf(_SC_OPEN_MAX);
+    if (limit < 0 || limit > 65536) limit = 65536;
+    for (int fd = first; fd < limit; fd++) close(fd);
+}
+
+int clinux_die_with_parent(void) { return prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0); }
+
+int clinux_no_new_privileges(void) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+int clinux_landlock_deny_filesystem(void) {
+#if defined(SYS_landlock_create_ruleset) && defined(SYS_landlock_restrict_self)
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 0) return -1;
+    struct landlock_ruleset_attr attributes = { 0 };
+    attributes.handled_access_fs = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE |
+        LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR | LANDLOCK_ACCESS_FS_REMOVE_DIR |
+        LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR |
+        LANDLOCK_ACCESS_FS_MAKE_REG | LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |
+        LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM;
+#ifdef LANDLOCK_ACCESS_FS_REFER
+    if (abi >= 2) attributes.handled_access_fs |= LANDLOCK_ACCESS_FS_REFER;
+#endif
+#ifdef LANDLOCK_ACCESS_FS_TRUNCATE
+    if (abi >= 3) attributes.handled_access_fs |= LANDLOCK_ACCESS_FS_TRUNCATE;
+#endif
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attributes, sizeof(attributes), 0);
+    if (ruleset < 0) return -1;
+    int result = (int)syscall(SYS_landlock_restrict_self, ruleset, 0);
+    int saved = errno;
+    close(ruleset);
+    errno = saved;
+    return result == 0 ? (int)abi : -1;
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
 }

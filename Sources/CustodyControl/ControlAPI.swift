@@ -32,6 +32,7 @@ struct ControlAPI: Sendable {
         var code: Int
         var name: String
         var message: String
+        var headers: [String: String] = [:]
     }
 
     struct ErrorBody: Encodable { var code: Int; var name: String; var message: String }
@@ -50,8 +51,8 @@ struct ControlAPI: Sendable {
         case .invalidIdentity, .invalidPolicy, .passphraseRequired: status = 400
         case .rateLimited: status = 429
         case .locked: status = 423
-        case .io(_, let errno) where errno.rawValue == EACCES || errno.rawValue == EPERM: status = 403
-        case .corruptState, .io, .crypto, .format: status = 500
+        case .io(_, let errno): status = Self.status(for: errno)
+        case .corruptState, .crypto, .format: status = 500
         case .invalidPath, .identityNotManaged: status = 400
         case .fileNotEncrypted, .fileAlreadyEncrypted, .fileBusy: status = 409
         case .failedToEncryptFile, .failedToDecryptFile, .failedToProtectData, .failedToUnprotectData: status = 422
@@ -59,15 +60,31 @@ struct ControlAPI: Sendable {
         return Failure(status: status, code: error.code, name: error.name, message: error.description)
     }
 
+    /// The answer for a file system error met on a caller's behalf: what the caller asked for
+    /// (a path that is not there, not theirs, busy) is a 4xx; only the daemon's own trouble is 5xx.
+    static func status(for errno: Errno) -> Int {
+        switch errno.rawValue {
+        case EACCES, EPERM, EROFS: return 403
+        case ENOENT, ENOTDIR, ELOOP, ENAMETOOLONG, EISDIR, EINVAL, EXDEV, ENXIO, ENODEV, EFBIG, EOPNOTSUPP, ENOTEMPTY: return 400
+        case EEXIST, EBUSY, ETXTBSY, EMLINK: return 409
+        case ENOSPC, EDQUOT: return 507
+        default: return 500
+        }
+    }
+
     static func notAuthorized(_ what: String) -> Failure {
         Failure(status: 403, code: 401, name: "NotAuthorized", message: "not allowed to \(what)")
     }
 
     func decode<T: Decodable>(_ type: T.Type, _ request: HTTPRequest) throws(Failure) -> T {
+        try Self.decode(type, request)
+    }
+
+    static func decode<T: Decodable>(_ type: T.Type, _ request: HTTPRequest) throws(Failure) -> T {
         do {
             return try JSONDecoder().decode(T.self, from: Data(request.body.isEmpty ? Array("{}".utf8) : request.body))
         } catch {
-            throw Failure(status: 400, code: 400, name: "BadRequest", message: "invalid JSON body: \(Self.describe(error))")
+            throw badRequest("invalid JSON body: \(Self.describe(error))")
         }
     }
 
@@ -92,12 +109,22 @@ struct ControlAPI: Sendable {
         return HTTPResponse(status: status, body: body)
     }
 
+    static func badRequest(_ message: String) -> Failure {
+        Failure(status: 400, code: 400, name: "BadRequest", message: message)
+    }
+
     func handle(_ request: HTTPRequest, from caller: Caller) -> HTTPResponse {
         do throws(Failure) {
             return try route(request, caller)
         } catch {
-            return Self.failure(error.status, error.code, error.name, error.message)
+            return Self.answer(error)
         }
+    }
+
+    static func answer(_ error: Failure) -> HTTPResponse {
+        var response = failure(error.status, error.code, error.name, error.message)
+        response.headers = error.headers
+        return response
     }
 
     // MARK: Routes
@@ -135,17 +162,66 @@ struct ControlAPI: Sendable {
     ]
 
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        var pathMatched = false
-        for spec in Self.routes {
+        let (spec, parameters) = try Self.match(request)
+        try Self.checkQuery(request)
+        return try dispatch(spec, parameters, request, caller)
+    }
+
+    /// The route a request asks for and its path parameters; 404 for an unknown path, 405 (with
+    /// `Allow`, RFC 9110 15.5.6) for a known path and a method it does not serve.
+    static func match(_ request: HTTPRequest) throws(Failure) -> (RouteSpec, [String: String]) {
+        var allowed: [String] = []
+        for spec in routes {
             guard let parameters = spec.match(request.path) else { continue }
-            pathMatched = true
-            guard spec.method == request.method else { continue }
-            return try dispatch(spec, parameters, request, caller)
+            if spec.method == request.method { return (spec, parameters) }
+            allowed.append(spec.method)
         }
-        if pathMatched {
-            throw Failure(status: 405, code: 405, name: "MethodNotAllowed", message: "\(request.method) is not served on \(request.path)")
+        guard allowed.isEmpty else {
+            throw Failure(status: 405, code: 405, name: "MethodNotAllowed", message: "\(request.method) is not served on \(request.path)",
+                          headers: ["Allow": allowed.joined(separator: ", ")])
         }
-        throw unknownRoute(request)
+        throw Failure(status: 404, code: 404, name: "UnknownRoute", message: "no route \(request.method) \(request.path)")
+    }
+
+    /// Query parameters the routes read, checked for shape (unknown ones are ignored).
+    static func checkQuery(_ request: HTTPRequest) throws(Failure) {
+        for name in ["wait", "wipe", "follow"] {
+            if let value = request.query[name], value != "true", value != "false" {
+                throw badRequest("query parameter \(name) must be true or false, not \(value)")
+            }
+        }
+        if let after = request.query["after"], after != "latest", UInt64(after) == nil {
+            throw badRequest("query parameter after must be a sequence number or latest, not \(after)")
+        }
+    }
+
+    /// Everything about a request that can be checked without the engine: the route, its path
+    /// and query parameters, and its body's shape. The control front runs this before it forwards
+    /// anything, so malformed requests are answered without reaching the daemon.
+    static func check(_ request: HTTPRequest) throws(Failure) {
+        let (spec, parameters) = try match(request)
+        try checkQuery(request)
+        if let pid = parameters["pid"] { _ = try processID(pid) }
+        switch (spec.method, spec.pattern) {
+        case ("POST", "/v1/accounts"):
+            let body = try decode(EnrollRequest.self, request)
+            if let passphrase = body.passphrase { try checkPassphrase(passphrase) }
+        case ("POST", "/v1/accounts/{identity}/unlock"):
+            if let passphrase = try decode(UnlockRequest.self, request).passphrase { try checkPassphrase(passphrase) }
+        case ("PUT", "/v1/accounts/{identity}/policy"): _ = try decode(Policy.self, request)
+        case ("POST", "/v1/bindings"): _ = try decode(BindRequest.self, request)
+        case ("POST", "/v1/files/info"), ("POST", "/v1/files/is-encrypted"): _ = try decode(PathRequest.self, request)
+        case ("POST", "/v1/files/protect"): _ = try decode(ProtectRequest.self, request)
+        case ("POST", "/v1/files/encrypt"), ("POST", "/v1/files/can-receive"): _ = try decode(EncryptRequest.self, request)
+        case ("POST", "/v1/files/decrypt"): _ = try decode(DecryptRequest.self, request)
+        case ("POST", "/v1/data/protect"), ("POST", "/v1/data/unprotect"), ("POST", "/v1/data/info"): _ = try decodeData(try decode(DataRequest.self, request))
+        default: break
+        }
+    }
+
+    /// A passphrase is at least one byte (an account without one is enrolled by leaving it out).
+    static func checkPassphrase(_ text: String) throws(Failure) {
+        guard !text.isEmpty else { throw badRequest("passphrase must not be empty; leave it out for an account without one") }
     }
 
     func dispatch(_ spec: RouteSpec, _ p: [String: String], _ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
@@ -157,7 +233,9 @@ struct ControlAPI: Sendable {
             return json(engine.accounts().map(AccountView.init))
         case ("POST", "/v1/accounts"):
             guard caller.isAdmin else { throw Self.notAuthorized("enroll accounts") }
-            return try enroll(try decode(EnrollRequest.self, request))
+            let body = try decode(EnrollRequest.self, request)
+            if let passphrase = body.passphrase { try Self.checkPassphrase(passphrase) }
+            return try enroll(body)
         case ("GET", "/v1/accounts/{identity}"):
             return try run { () throws(EngineError) in json(AccountView(try engine.account(identity))) }
         case ("POST", "/v1/accounts/{identity}/lock"):
@@ -169,6 +247,7 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/accounts/{identity}/unlock"):
             try authorize(caller, forAccount: identity, "unlock \(identity)")
             let body = try decode(UnlockRequest.self, request)
+            if let passphrase = body.passphrase { try Self.checkPassphrase(passphrase) }
             return try run { () throws(EngineError) in
                 let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
                 try engine.unlock(identity, passphrase: passphrase)
@@ -205,14 +284,14 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/bindings"):
             return try bind(try decode(BindRequest.self, request), caller)
         case ("DELETE", "/v1/bindings/{pid}"):
-            let pid = try processID(p["pid"] ?? "")
+            let pid = try Self.processID(p["pid"] ?? "")
             try authorizeProcess(caller, pid, "unbind process \(pid)")
             return try run { () throws(EngineError) in
                 try engine.unbindProcess(pid)
                 return HTTPResponse(status: 204, body: [])
             }
         case ("GET", "/v1/processes/{pid}/identity"):
-            let pid = try processID(p["pid"] ?? "")
+            let pid = try Self.processID(p["pid"] ?? "")
             let processes = LinuxProcessTable()
             guard processes.startTime(of: pid) != nil else { throw Self.failure(.noSuchProcess(pid)) }
             let resolved = engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
@@ -235,7 +314,7 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/data/unprotect"):
             return try unprotectData(try decode(DataRequest.self, request), caller)
         case ("POST", "/v1/data/info"):
-            let bytes = try decodeData(try decode(DataRequest.self, request))
+            let bytes = try Self.decodeData(try decode(DataRequest.self, request))
             return try run { () throws(EngineError) in json(try engine.dataProtectionInfo(bytes)) }
         case ("GET", "/v1/jobs"):
             return json(jobs.all.map(\.snapshot))
@@ -254,7 +333,7 @@ struct ControlAPI: Sendable {
         }
     }
 
-    func processID(_ text: String) throws(Failure) -> Int32 {
+    static func processID(_ text: String) throws(Failure) -> Int32 {
         guard let pid = Int32(text), pid > 0 else { throw Failure(status: 400, code: 400, name: "BadRequest", message: "not a process ID: \(text)") }
         return pid
     }

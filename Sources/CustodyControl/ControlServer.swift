@@ -25,13 +25,22 @@ public enum ControlError: Error, CustomStringConvertible {
     }
 }
 
-/// The control socket: HTTP/1.1 and JSON over a Unix socket, one thread per connection (at most
-/// `maxConnections`), a request per connection, with size limits and read timeouts, so that a slow
-/// or broken client never holds the daemon up.
+/// The control socket, split as OpenSSH splits sshd (privilege separation). The daemon binds the
+/// socket and keeps it; a separate, unprivileged process — the control front
+/// (`CustodyControlFront`), started from this executable — accepts connections, parses HTTP,
+/// checks each request (`ControlAPI.check`) and hands it over. Whatever input makes the front
+/// trap kills only the front: the daemon, its keys and its mounts go on, and the daemon starts a
+/// new front at once (connections wait in the socket's backlog meanwhile).
+///
+/// For each request the front sends the daemon, over a socket pair made at start (SCM_RIGHTS),
+/// the client's connection and one end of a fresh pair. The daemon asks the kernel who the
+/// client is (SO_PEERCRED on that connection, so the front cannot make a caller up), closes it,
+/// reads the typed request from the pair (`Forwarding.swift`) and answers on it.
 public final class ControlServer: @unchecked Sendable {
     public let path: String
-    public static let maxConnections = 64
     public static let timeoutSeconds = 10
+    /// Requests the daemon serves at once (the front limits its connections as well).
+    public static let maxRequests = 128
 
     private let listener: Int32
     /// False for a socket passed by the service manager (it owns the file).
@@ -39,10 +48,12 @@ public final class ControlServer: @unchecked Sendable {
     let api: ControlAPI
     private let active = Atomic<Int>(0)
     private let stopping = Atomic<Bool>(false)
-    private var acceptThread: pthread_t?
+    private let front: FrontSupervisor
 
-    /// Binds the socket (mode 0660 by default, group `group` when given) and starts serving.
-    public init(path: String, engine: Engine, mode: mode_t = 0o660, group: gid_t? = nil, adminGroup: gid_t? = nil) throws(ControlError) {
+    /// Binds the socket (mode 0660 by default, group `group` when given); `start()` serves it.
+    /// `frontCommand` starts the control front (default: this executable with `--control-front`).
+    public init(path: String, engine: Engine, mode: mode_t = 0o660, group: gid_t? = nil, adminGroup: gid_t? = nil,
+                frontCommand: [String] = ControlServer.defaultFrontCommand) throws(ControlError) {
         self.path = path
         self.api = ControlAPI(engine: engine, adminGroup: adminGroup)
         if (try? Syscall.lstat(path)) != nil {
@@ -65,15 +76,29 @@ public final class ControlServer: @unchecked Sendable {
         }
         listener = fd
         ownsSocketFile = true
+        front = FrontSupervisor(listener: fd, command: frontCommand)
+        api.diagnostics.frontProcess.withLock { [front] in $0 = { front.processID } }
     }
 
     /// Serves a socket that is already listening (socket activation: systemd passed it).
-    public init(listening fd: Int32, engine: Engine, adminGroup: gid_t? = nil) {
+    public init(listening fd: Int32, engine: Engine, adminGroup: gid_t? = nil, frontCommand: [String] = ControlServer.defaultFrontCommand) {
         self.api = ControlAPI(engine: engine, adminGroup: adminGroup)
         self.listener = fd
         self.ownsSocketFile = false
         self.path = Self.boundPath(of: fd) ?? ""
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        front = FrontSupervisor(listener: fd, command: frontCommand)
+        api.diagnostics.frontProcess.withLock { [front] in $0 = { front.processID } }
     }
+
+    /// The running executable (even if its file was replaced since) in its front role.
+    public static let defaultFrontCommand = ["/proc/self/exe", "--control-front"]
+
+    /// Where the daemon's notes about the front go (it sets its logger here).
+    public func setLog(_ log: @escaping @Sendable (String) -> Void) { front.setLog(log) }
+
+    /// The control front's process ID (0 while none runs).
+    public var frontProcessID: Int32 { front.processID }
 
     static func boundPath(of fd: Int32) -> String? {
         var address = sockaddr_un()
@@ -88,7 +113,7 @@ public final class ControlServer: @unchecked Sendable {
 
     /// True when the socket answers a status request within two seconds (for the watchdog).
     public var isAccepting: Bool {
-        guard !path.isEmpty else { return !stopping.load(ordering: .acquiring) }
+        guard !path.isEmpty else { return !stopping.load(ordering: .acquiring) && front.processID > 0 }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return false }
         defer { Glibc.close(fd) }
@@ -103,76 +128,80 @@ public final class ControlServer: @unchecked Sendable {
         return count == 12 && String(decoding: answer, as: UTF8.self) == "HTTP/1.1 200"
     }
 
+    /// Starts the front (and keeps one running) and serves what it forwards.
     public func start() {
-        acceptThread = startThread { [self] in self.acceptLoop() }
+        front.start { [self] channel in self.serveChannel(channel) }
     }
 
-    /// Stops accepting, closes the socket and removes its file.
+    /// Stops the front, closes the socket and removes its file.
     public func stop() {
         stopping.store(true, ordering: .releasing)
-        shutdown(listener, Int32(SHUT_RDWR))
-        if let acceptThread { pthread_join(acceptThread, nil) }
+        front.stop()
         Glibc.close(listener)
         if ownsSocketFile { _ = unlink(path) }
     }
 
-    private func acceptLoop() {
-        while !stopping.load(ordering: .acquiring) {
-            let connection = accept(listener, nil, nil)
-            if connection < 0 {
-                if errno == EINTR || errno == ECONNABORTED { continue }
-                if stopping.load(ordering: .acquiring) { return }
-                usleep(10_000)
+    /// Takes the front's hand-overs until its end of the channel closes (it exited).
+    private func serveChannel(_ channel: Int32) {
+        while true {
+            var byte: UInt8 = 0
+            var fds: [Int32] = [-1, -1]
+            let count = fds.withUnsafeMutableBufferPointer { clinux_receive_descriptors(channel, &byte, $0.baseAddress, 2) }
+            if count < 0, errno == EINTR || errno == EMSGSIZE { continue }
+            if count <= 0 { return }
+            guard count == 2 else {
+                for fd in fds.prefix(Int(count)) { Glibc.close(fd) }
                 continue
             }
-            _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
-            if active.wrappingAdd(1, ordering: .acquiringAndReleasing).newValue > Self.maxConnections {
+            let (connection, pair) = (fds[0], fds[1])
+            var pid: pid_t = 0, uid: uid_t = 0, gid: gid_t = 0
+            let known = clinux_peer_credentials(connection, &pid, &uid, &gid) == 0 && pid > 0
+            Glibc.close(connection)
+            guard known else {
+                Glibc.close(pair)
+                continue
+            }
+            let caller = api.caller(pid: pid, uid: uid, gid: gid)
+            if active.wrappingAdd(1, ordering: .acquiringAndReleasing).newValue > Self.maxRequests {
                 active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
-                send(connection, ControlAPI.failure(503, 503, "ServiceBusy", "too many connections; try again"))
-                Glibc.close(connection)
+                _ = FrameChannel(fd: pair, maxPayload: 0).send(.response, ControlAPI.failure(503, 503, "ServiceBusy", "too many requests; try again").forwardedPayload())
+                Glibc.close(pair)
                 continue
             }
             if startThread(detached: true, { [self] in
-                self.serve(connection)
+                self.serve(pair, caller)
                 self.active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
             }) == nil {
                 active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
-                Glibc.close(connection)
+                Glibc.close(pair)
             }
         }
     }
 
-    private func serve(_ connection: Int32) {
-        defer { Glibc.close(connection) }
+    /// One forwarded request: read it from the pair, answer it there.
+    private func serve(_ pair: Int32, _ caller: Caller) {
+        defer { Glibc.close(pair) }
         var timeout = timeval(tv_sec: Self.timeoutSeconds, tv_usec: 0)
-        setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var pid: pid_t = 0, uid: uid_t = 0, gid: gid_t = 0
-        guard clinux_peer_credentials(connection, &pid, &uid, &gid) == 0 else { return }
-        let caller = api.caller(pid: pid, uid: uid, gid: gid)
-        let response: HTTPResponse
-        do {
-            let request = try HTTPReader(fd: connection).read()
-            response = api.handle(request, from: caller)
+        setsockopt(pair, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(pair, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        let channel = FrameChannel(fd: pair, maxPayload: HTTPParser.maxBodyBytes + 64 * 1024)
+        let request: HTTPRequest
+        do throws(ForwardingError) {
+            let (kind, payload) = try channel.receive()
+            guard kind == .request else { return }
+            request = try HTTPRequest(forwarded: payload)
         } catch {
-            switch error {
-            case .closed: return
-            case .timedOut: response = ControlAPI.failure(408, 408, "RequestTimeout", "no complete request within \(Self.timeoutSeconds) s")
-            case .headersTooLarge: response = ControlAPI.failure(431, 431, "HeadersTooLarge", "request headers over \(HTTPReader.maxHeaderBytes) bytes")
-            case .bodyTooLarge: response = ControlAPI.failure(413, 413, "RequestTooLarge", "request body over \(HTTPReader.maxBodyBytes) bytes")
-            case .malformed(let reason): response = ControlAPI.failure(400, 400, "BadRequest", reason)
-            }
+            return
         }
-        send(connection, response)
-        if let stream = response.stream {
-            let writer = StreamWriter(fd: connection)
-            stream(writer)
-            writer.finish()
+        let response = api.handle(request, from: caller)
+        guard let stream = response.stream else {
+            channel.send(.response, response.forwardedPayload())
+            return
         }
-    }
-
-    private func send(_ connection: Int32, _ response: HTTPResponse) {
-        sendAll(connection, response.serialized())
+        guard channel.send(.streamHead, response.forwardedPayload()) else { return }
+        let writer = StreamWriter(fd: pair)
+        stream(writer)
+        writer.finish()
     }
 
     static func withAddress<R>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) throws(Errno) -> R) throws(Errno) -> R {

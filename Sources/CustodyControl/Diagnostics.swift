@@ -13,6 +13,9 @@ public final class DiagnosticsHooks: Sendable {
         hooks.withLock { $0 = (configuration, scrub) }
     }
 
+    /// The control front's PID (set by the server).
+    let frontProcess = Mutex<(@Sendable () -> Int32)?>(nil)
+
     var configuration: String { hooks.withLock { $0.configuration }() }
     func scrub(_ text: String) -> String { hooks.withLock { $0.scrub }(text) }
 }
@@ -48,6 +51,7 @@ extension ControlAPI {
         ]
         let daemon = [
             "pid": "\(getpid())",
+            "controlFrontPid": "\(diagnostics.frontProcess.withLock { $0 }?() ?? 0)",
             "uid": "\(geteuid())",
             "openFileKeys": "\(engine.openFileKeyCount())",
             "stateDirectory": engine.stateDirectory,

@@ -216,7 +216,7 @@ extension ControlAPI {
 
     // MARK: data
 
-    func decodeData(_ body: DataRequest) throws(Failure) -> [UInt8] {
+    static func decodeData(_ body: DataRequest) throws(Failure) -> [UInt8] {
         switch (body.data, body.string) {
         case (let data?, nil):
             guard let bytes = Data(base64Encoded: data) else {
@@ -233,13 +233,13 @@ extension ControlAPI {
     func protectData(_ body: DataRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         guard let identity = body.identity else { throw Failure(status: 400, code: 400, name: "BadRequest", message: "missing field identity") }
         try authorizeIdentity(caller, identity, "protect data")
-        let bytes = try decodeData(body)
+        let bytes = try Self.decodeData(body)
         let protected = try engineCall { () throws(EngineError) in try engine.protectData(bytes, for: identity) }
         return json(DataView(data: Data(protected).base64EncodedString(), string: nil, size: protected.count))
     }
 
     func unprotectData(_ body: DataRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        let bytes = try decodeData(body)
+        let bytes = try Self.decodeData(body)
         let info = try engineCall { () throws(EngineError) in try engine.dataProtectionInfo(bytes) }
         if let owner = info.owner { try authorizeIdentity(caller, owner, "unprotect data") }
         let plain = try engineCall { () throws(EngineError) in try engine.unprotectData(bytes) }

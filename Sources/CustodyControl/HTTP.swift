@@ -14,8 +14,10 @@ public struct HTTPResponse: Sendable {
     public var status: Int
     public var body: [UInt8]
     public var contentType = "application/json"
-    /// A streamed body (chunked): the server calls it with a writer after the headers, on the
-    /// connection's thread, and closes the connection when it returns.
+    /// Headers beyond the ones every answer has (e.g. `Allow` on a 405).
+    public var headers: [String: String] = [:]
+    /// A streamed body (chunked): the daemon calls it with a writer after the head, on the
+    /// request's thread, and the connection closes when it returns.
     var stream: (@Sendable (StreamWriter) -> Void)?
 
     public init(status: Int, body: [UInt8], contentType: String = "application/json") {
@@ -42,21 +44,37 @@ public struct HTTPResponse: Sendable {
         case 429: return "Too Many Requests"
         case 431: return "Request Header Fields Too Large"
         case 500: return "Internal Server Error"
+        case 502: return "Bad Gateway"
         case 503: return "Service Unavailable"
+        case 507: return "Insufficient Storage"
         default: return "Status"
         }
     }
 
-    func serialized() -> [UInt8] {
-        if stream != nil {
-            return Array("HTTP/1.1 \(status) \(Self.reason(status))\r\nContent-Type: \(contentType)\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n".utf8)
-        }
-        let head = "HTTP/1.1 \(status) \(Self.reason(status))\r\nContent-Type: \(contentType)\r\nContent-Length: \(body.count)\r\nConnection: close\r\n\r\n"
-        return Array(head.utf8) + body
+    /// The status line and headers; a streamed answer announces chunked transfer.
+    func serializedHead(streamed: Bool) -> [UInt8] {
+        var head = "HTTP/1.1 \(status) \(Self.reason(status))\r\nContent-Type: \(Self.clean(contentType))\r\n"
+        for (name, value) in headers.sorted(by: { $0.key < $1.key }) { head += "\(Self.clean(name)): \(Self.clean(value))\r\n" }
+        head += streamed ? "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n" : "Content-Length: \(body.count)\r\n"
+        head += "Connection: close\r\n\r\n"
+        return Array(head.utf8)
+    }
+
+    func serialized() -> [UInt8] { serializedHead(streamed: false) + body }
+
+    /// A header field without line breaks or other control characters.
+    private static func clean(_ text: String) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7f }))
+    }
+
+    /// One chunk of a chunked body (RFC 9112 7.1); the last one is `chunk([])`.
+    static func chunk(_ bytes: [UInt8]) -> [UInt8] {
+        Array((String(bytes.count, radix: 16) + "\r\n").utf8) + bytes + [13, 10]
     }
 }
 
-/// Writes the chunks of a streamed response, and tells whether the client is still there.
+/// Writes the chunks of a streamed answer to the front (as "C" frames), and tells whether the
+/// client is still there (the front closes its end when the client goes).
 final class StreamWriter: @unchecked Sendable {
     let fd: Int32
     private(set) var failed = false
@@ -67,27 +85,26 @@ final class StreamWriter: @unchecked Sendable {
     @discardableResult
     func send(_ bytes: [UInt8]) -> Bool {
         guard !bytes.isEmpty else { return !failed }
-        let chunk = Array((String(bytes.count, radix: 16) + "\r\n").utf8) + bytes + [13, 10]
-        return write(chunk)
+        return write(.chunk, bytes)
     }
 
-    /// Ends the stream (the zero-length chunk).
-    func finish() { _ = write(Array("0\r\n\r\n".utf8)) }
+    /// Ends the stream.
+    func finish() { _ = write(.end, []) }
 
-    /// True when the client has closed its end (checked without waiting).
+    /// True when the other end has closed (checked without waiting).
     var clientClosed: Bool {
         if failed { return true }
         var poller = pollfd(fd: fd, events: Int16(POLLIN) | Int16(0x2000), revents: 0)
         guard poll(&poller, 1, 0) > 0 else { return false }
         if poller.revents & (Int16(0x2000) | Int16(POLLHUP) | Int16(POLLERR)) != 0 { return true }
-        // Data after the request: read and ignore it; end of file means closed.
+        // Nothing is sent this way after the request: read and ignore it; end of file means closed.
         var scratch = [UInt8](repeating: 0, count: 512)
         return scratch.withUnsafeMutableBytes { Glibc.recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) } == 0
     }
 
-    private func write(_ bytes: [UInt8]) -> Bool {
+    private func write(_ kind: FrameKind, _ bytes: [UInt8]) -> Bool {
         guard !failed else { return false }
-        if !sendAll(fd, bytes) { failed = true }
+        if !FrameChannel(fd: fd, maxPayload: 0).send(kind, bytes) { failed = true }
         return !failed
     }
 }
@@ -97,7 +114,7 @@ final class StreamWriter: @unchecked Sendable {
 func sendAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
     var offset = 0
     while offset < bytes.count {
-        let sent = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }
+        let sent = bytes.withUnsafeBytes { raw in Glibc.send(fd, raw.baseAddress.map { $0 + offset }, raw.count - offset, Int32(MSG_NOSIGNAL)) }
         if sent < 0, errno == EINTR { continue }
         if sent <= 0 { return false }
         offset += sent
@@ -106,7 +123,7 @@ func sendAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
 }
 
 /// Why a request could not be read; each becomes an error response (or a dropped connection).
-enum HTTPReadError: Error {
+public enum HTTPReadError: Error, Equatable {
     case closed
     case timedOut
     case headersTooLarge
@@ -114,11 +131,133 @@ enum HTTPReadError: Error {
     case malformed(String)
 }
 
+/// The head of a request: what comes before the blank line, parsed and checked.
+public struct HTTPRequestHead: Sendable, Equatable {
+    public var method: String
+    /// The path as sent (percent escapes kept, so an escaped "/" cannot make a new segment).
+    public var path: String
+    public var query: [String: String]
+    public var headers: [String: String]
+    public var contentLength: Int
+}
+
+/// The request grammar of the control socket (RFC 9112, the subset a JSON API needs): pure
+/// functions over bytes, so the fuzzer drives them without a socket. Every input gives a head or
+/// an `HTTPReadError`; none traps.
+public enum HTTPParser {
+    public static let maxHeaderBytes = 16 * 1024
+    public static let maxBodyBytes = 1024 * 1024
+    static let maxHeaders = 64
+
+    /// Parses the bytes before the blank line (without it).
+    public static func parseHead(_ bytes: ArraySlice<UInt8>) throws(HTTPReadError) -> HTTPRequestHead {
+        guard bytes.count <= maxHeaderBytes else { throw .headersTooLarge }
+        guard let head = String(validating: bytes, as: UTF8.self) else { throw .malformed("headers are not UTF-8") }
+        var lines = head.split(separator: "\r\n", omittingEmptySubsequences: false)[...]
+        // RFC 9112 2.2: empty lines before the request line are ignored.
+        while let first = lines.first, first.isEmpty { lines = lines.dropFirst() }
+        guard let requestLine = lines.popFirst() else { throw .malformed("empty request") }
+        let parts = requestLine.split(separator: " ", omittingEmptySubsequences: false)
+        guard parts.count == 3 else { throw .malformed("bad request line") }
+        let method = String(parts[0]), target = String(parts[1]), version = parts[2]
+        guard !method.isEmpty, method.utf8.count <= 16, method.utf8.allSatisfy(isTokenByte) else { throw .malformed("bad method") }
+        guard version == "HTTP/1.1" || version == "HTTP/1.0" else { throw .malformed("unsupported HTTP version") }
+        guard target.hasPrefix("/"), target.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7f }) else { throw .malformed("bad request target") }
+        var headers: [String: String] = [:]
+        var count = 0
+        for line in lines where !line.isEmpty {
+            count += 1
+            guard count <= maxHeaders else { throw .headersTooLarge }
+            guard let colon = line.firstIndex(of: ":") else { throw .malformed("bad header line") }
+            let name = line[..<colon]
+            guard !name.isEmpty, name.utf8.allSatisfy(isTokenByte) else { throw .malformed("bad header name") }
+            let value = line[line.index(after: colon)...].trimmingCharacters(in: " \t")
+            guard value.utf8.allSatisfy({ $0 == 0x09 || $0 >= 0x20 && $0 != 0x7f }) else { throw .malformed("bad header value") }
+            let key = name.lowercased()
+            if let earlier = headers[key] {
+                // Repeated Content-Length values must agree (RFC 9110 8.6); others are joined.
+                if key == "content-length" {
+                    guard earlier == value else { throw .malformed("conflicting Content-Length") }
+                    continue
+                }
+                headers[key] = earlier + ", " + value
+            } else {
+                headers[key] = value
+            }
+        }
+        if headers["transfer-encoding"] != nil { throw .malformed("chunked bodies are not accepted; send Content-Length") }
+        var length = 0
+        if let text = headers["content-length"] {
+            guard !text.isEmpty, text.utf8.count <= 9, text.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let value = Int(text) else {
+                throw .malformed("bad Content-Length")
+            }
+            length = value
+        }
+        guard length <= maxBodyBytes else { throw .bodyTooLarge }
+        let (path, queryText) = splitTarget(target)
+        return HTTPRequestHead(method: method, path: path, query: parseQuery(queryText), headers: headers, contentLength: length)
+    }
+
+    /// Path and query of an origin-form target ("/a/b?x=1"); the query is "" when absent.
+    static func splitTarget(_ target: String) -> (String, Substring) {
+        guard let mark = target.firstIndex(of: "?") else { return (target, "") }
+        return (String(target[..<mark]), target[target.index(after: mark)...])
+    }
+
+    /// "a=1&b&c=" → [a: 1, b: "", c: ""]; empty pairs and names are skipped, escapes decoded,
+    /// the first of repeated names wins.
+    static func parseQuery(_ text: Substring) -> [String: String] {
+        var query: [String: String] = [:]
+        for pair in text.split(separator: "&") {
+            let name: Substring, value: Substring
+            if let equals = pair.firstIndex(of: "=") {
+                name = pair[..<equals]
+                value = pair[pair.index(after: equals)...]
+            } else {
+                (name, value) = (pair, "")
+            }
+            let key = String(name).removingPercentEncoding
+            guard !key.isEmpty, query[key] == nil else { continue }
+            query[key] = String(value).removingPercentEncoding
+        }
+        return query
+    }
+
+    static func isTokenByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"): return true
+        default: return Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
+        }
+    }
+
+    /// Where the blank line ending the head starts in `bytes`, searching from `from`.
+    static func endOfHead(_ bytes: [UInt8], from: Int) -> Int? {
+        var index = max(0, from)
+        while index + 3 < bytes.count {
+            if bytes[index] == 13, bytes[index + 1] == 10, bytes[index + 2] == 13, bytes[index + 3] == 10 { return index }
+            index += 1
+        }
+        return nil
+    }
+
+    /// A whole request in one buffer (the fuzzer's entry; the socket reader does the same in steps).
+    public static func parse(_ bytes: [UInt8]) throws(HTTPReadError) -> HTTPRequest {
+        guard let end = endOfHead(bytes, from: 0) else { throw bytes.count > maxHeaderBytes ? .headersTooLarge : .malformed("no end of headers") }
+        let head = try parseHead(bytes[..<end])
+        let body = bytes[(end + 4)...]
+        guard body.count >= head.contentLength else { throw .malformed("connection closed inside the body") }
+        return HTTPRequest(head: head, body: Array(body.prefix(head.contentLength)))
+    }
+}
+
+extension HTTPRequest {
+    public init(head: HTTPRequestHead, body: [UInt8]) {
+        self.init(method: head.method, path: head.path, query: head.query, headers: head.headers, body: body)
+    }
+}
+
 /// Reads one request from `fd` within the limits (the socket has a receive timeout set).
 struct HTTPReader {
-    static let maxHeaderBytes = 16 * 1024
-    static let maxBodyBytes = 1024 * 1024
-
     let fd: Int32
 
     func read() throws(HTTPReadError) -> HTTPRequest {
@@ -129,45 +268,22 @@ struct HTTPReader {
             let count = receive(&chunk)
             if count == 0 { throw buffer.isEmpty ? .closed : .malformed("connection closed inside the headers") }
             if count < 0 { throw errno == EAGAIN || errno == EWOULDBLOCK ? .timedOut : .closed }
+            let searchFrom = buffer.count - 3
             buffer += chunk[0..<count]
-            headerEnd = Self.find([13, 10, 13, 10], in: buffer)
-            if headerEnd == nil, buffer.count > Self.maxHeaderBytes { throw .headersTooLarge }
+            headerEnd = HTTPParser.endOfHead(buffer, from: searchFrom)
+            if headerEnd == nil, buffer.count > HTTPParser.maxHeaderBytes { throw .headersTooLarge }
         }
         guard let end = headerEnd else { throw .malformed("no end of headers") }
-        if end > Self.maxHeaderBytes { throw .headersTooLarge }
-        guard let head = String(validating: buffer[0..<end], as: UTF8.self) else { throw .malformed("headers are not UTF-8") }
-        var lines = head.split(separator: "\r\n", omittingEmptySubsequences: false)
-        guard !lines.isEmpty else { throw .malformed("empty request") }
-        let requestLine = lines.removeFirst().split(separator: " ")
-        guard requestLine.count == 3, requestLine[2].hasPrefix("HTTP/1.") else { throw .malformed("bad request line") }
-        var headers: [String: String] = [:]
-        for line in lines where !line.isEmpty {
-            guard let colon = line.firstIndex(of: ":") else { throw .malformed("bad header line") }
-            headers[line[..<colon].lowercased()] = line[line.index(after: colon)...].trimmingCharacters(in: " \t")
-        }
-        if headers["transfer-encoding"] != nil { throw .malformed("chunked bodies are not accepted; send Content-Length") }
-        let length = Int(headers["content-length"] ?? "0") ?? -1
-        guard length >= 0 else { throw .malformed("bad Content-Length") }
-        guard length <= Self.maxBodyBytes else { throw .bodyTooLarge }
+        let head = try HTTPParser.parseHead(buffer[..<end])
         var body = Array(buffer[(end + 4)...])
-        while body.count < length {
+        while body.count < head.contentLength {
             let count = receive(&chunk)
             if count == 0 { throw .malformed("connection closed inside the body") }
             if count < 0 { throw errno == EAGAIN || errno == EWOULDBLOCK ? .timedOut : .closed }
             body += chunk[0..<count]
         }
-        if body.count > length { body.removeLast(body.count - length) }
-        let target = String(requestLine[1])
-        let parts = target.split(separator: "?", maxSplits: 1)
-        var query: [String: String] = [:]
-        if parts.count == 2 {
-            for pair in parts[1].split(separator: "&") {
-                let kv = pair.split(separator: "=", maxSplits: 1)
-                query[String(kv[0]).removingPercentEncoding] = kv.count > 1 ? String(kv[1]).removingPercentEncoding : ""
-            }
-        }
-        return HTTPRequest(method: String(requestLine[0]), path: String(parts.first ?? "/").removingPercentEncoding,
-                           query: query, headers: headers, body: body)
+        if body.count > head.contentLength { body.removeLast(body.count - head.contentLength) }
+        return HTTPRequest(head: head, body: body)
     }
 
     private func receive(_ chunk: inout [UInt8]) -> Int {
@@ -176,14 +292,6 @@ struct HTTPReader {
             if count < 0, errno == EINTR { continue }
             return count
         }
-    }
-
-    static func find(_ needle: [UInt8], in haystack: [UInt8]) -> Int? {
-        guard haystack.count >= needle.count else { return nil }
-        for index in 0...(haystack.count - needle.count) where haystack[index] == needle[0] {
-            if Array(haystack[index..<(index + needle.count)]) == needle { return index }
-        }
-        return nil
     }
 }
 
@@ -194,13 +302,23 @@ extension String {
         var bytes: [UInt8] = []
         var utf8 = Array(self.utf8)[...]
         while let byte = utf8.popFirst() {
-            if byte == UInt8(ascii: "%"), utf8.count >= 2, let value = UInt8(String(decoding: utf8.prefix(2), as: UTF8.self), radix: 16) {
-                bytes.append(value)
+            if byte == UInt8(ascii: "%"), utf8.count >= 2, let high = Self.hexValue(utf8[utf8.startIndex]),
+               let low = Self.hexValue(utf8[utf8.startIndex + 1]) {
+                bytes.append(high << 4 | low)
                 utf8 = utf8.dropFirst(2)
             } else {
                 bytes.append(byte)
             }
         }
         return String(decoding: bytes, as: UTF8.self)
+    }
+
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): return byte - UInt8(ascii: "A") + 10
+        default: return nil
+        }
     }
 }

@@ -11,7 +11,8 @@ public struct RouteSpec: Sendable, Hashable, CustomStringConvertible {
 
     public var description: String { "\(method) \(pattern)" }
 
-    /// The values of the pattern's parameters when `path` matches it, else nil.
+    /// The values of the pattern's parameters when `path` (as sent, escapes kept) matches it,
+    /// else nil. Segments are split before escapes are decoded, so "%2F" stays inside one.
     func match(_ path: String) -> [String: String]? {
         let want = pattern.split(separator: "/")
         let have = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().filter { _ in true }
@@ -20,8 +21,9 @@ public struct RouteSpec: Sendable, Hashable, CustomStringConvertible {
         var parameters: [String: String] = [:]
         for (pattern, value) in zip(want, segments) {
             if pattern.hasPrefix("{") {
-                guard !value.isEmpty else { return nil }
-                parameters[String(pattern.dropFirst().dropLast())] = String(value)
+                let decoded = String(value).removingPercentEncoding
+                guard !decoded.isEmpty else { return nil }
+                parameters[String(pattern.dropFirst().dropLast())] = decoded
             } else if pattern != value {
                 return nil
             }

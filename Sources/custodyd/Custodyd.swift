@@ -210,6 +210,13 @@ struct Custodyd: ParsableCommand {
         return (configuration, path)
     }
 
+    /// `custodyd --control-front` is the daemon's own control front (started by the daemon, never
+    /// by hand; see ControlFront): it is recognised before any option parsing.
+    static func main() {
+        if CommandLine.arguments.dropFirst().first == "--control-front" { Glibc.exit(ControlFront.run()) }
+        main(nil)
+    }
+
     func run() throws {
         if let checkConfig { throw ExitCode(check(checkConfig)) }
         // Signals are taken by the main thread (sigtimedwait): blocked before any thread starts.

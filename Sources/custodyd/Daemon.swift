@@ -128,6 +128,7 @@ final class Daemon: @unchecked Sendable {
                                        group: socketGroup, adminGroup: adminGroup)
             logger.info("control socket \(path)")
         }
+        server.setLog { [logger] message in logger.warning("\(message)") }
         updateScrubbing()
         let path = configurationPath
         server.diagnostics.set(configuration: {

@@ -61,4 +61,21 @@ int clinux_guarded_call(void (*body)(void *), void *context);
 /// The peer of a connected Unix socket (SO_PEERCRED); 0 on success, -1 with errno.
 int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
+/* Sends one byte with `count` descriptors (SCM_RIGHTS) on a Unix socket; 0, or -1 with errno. */
+int clinux_send_descriptors(int socket, const int *fds, int count);
+/* Receives one message of at most one byte and up to `capacity` descriptors (close-on-exec).
+   Returns the number of descriptors (0 at end of file), or -1 with errno; `*byte` gets the byte. */
+int clinux_receive_descriptors(int socket, unsigned char *byte, int *fds, int capacity);
+
+/* Closes every descriptor from `first` up (close_range, or a loop where it is missing). */
+void clinux_close_from(int first);
+/* The calling process gets SIGKILL when its parent dies (PR_SET_PDEATHSIG). */
+int clinux_die_with_parent(void);
+/* PR_SET_NO_NEW_PRIVS and no core dumps (PR_SET_DUMPABLE 0). */
+int clinux_no_new_privileges(void);
+/* Takes every file system access away from the process (a Landlock ruleset that handles all
+   access rights and allows none). Returns the Landlock ABI version used, or -1 with errno
+   (ENOSYS or EOPNOTSUPP: the kernel has no Landlock). */
+int clinux_landlock_deny_filesystem(void);
+
 #endif

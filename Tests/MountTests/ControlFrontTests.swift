@@ -1,0 +1,224 @@
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// The control plane runs in a process of its own (the control front): nothing sent to the
+/// socket, and no crash of that process, reaches the mounts.
+final class ControlFrontTests: XCTestCase {
+    var daemon: MountedDaemon!
+
+    override func setUpWithError() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--socket-mode", "0666"])
+    }
+
+    override func tearDown() {
+        daemon?.destroy()
+        daemon = nil
+    }
+
+    /// The daemon's children: its control front (one, while it runs).
+    func frontPIDs() -> [pid_t] {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        return entries.compactMap { Int32($0) }.filter { pid in
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+                  let close = stat.lastIndex(of: ")") else { return false }
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            return fields.count > 2 && Int32(fields[1]) == daemon.pid
+        }
+    }
+
+    func front() throws -> pid_t {
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline {
+            let pids = frontPIDs()
+            // Once it has confined itself (before that it may still be starting).
+            if pids.count == 1, let pid = pids.first,
+               (try? String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8))?.contains("--control-front") == true,
+               (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8))?.contains("NoNewPrivs:\t1") == true { return pid }
+            usleep(10_000)
+        }
+        let children = frontPIDs().map { "\($0): " + ((try? String(contentsOfFile: "/proc/\($0)/cmdline", encoding: .utf8)) ?? "") }
+        throw HarnessError("the daemon's children are not one control front: \(children) \(daemon.log)")
+    }
+
+    /// Sends raw bytes on a fresh connection and returns what comes back before the close.
+    func raw(_ bytes: [UInt8], halfClose: Bool = true) throws -> String {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("socket: \(Errno.current)") }
+        defer { close(fd) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(daemon.socket.utf8)) }
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard connected == 0 else { throw HarnessError("connect: \(Errno.current)") }
+        var timeout = timeval(tv_sec: 15, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        if halfClose { shutdown(fd, Int32(SHUT_WR)) }
+        var answer: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if count <= 0 { break }
+            answer += buffer[0..<count]
+        }
+        return String(decoding: answer, as: UTF8.self)
+    }
+
+    /// Seconds until the socket answers a status request with 200 (nil after `limit`).
+    func secondsUntilServing(limit: Double = 10) -> Double? {
+        let start = Date()
+        while Date().timeIntervalSince(start) < limit {
+            if (try? daemon.api("GET", "/v1/status").status) == 200 { return Date().timeIntervalSince(start) }
+            usleep(5_000)
+        }
+        return nil
+    }
+
+    func post(_ path: String, _ body: String) -> String {
+        "POST \(path) HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+    }
+
+    func testHostileRequestsAreAnsweredByTheFrontAndNothingCrashes() throws {
+        let pid = try front()
+        let cases: [(String, String)] = [
+            ("GET /v1/status?= HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200"),
+            ("GET /v1/status?&&=&a==b&%zz=%%&=x HTTP/1.1\r\n\r\n", "HTTP/1.1 200"),
+            ("GET /v1/accounts/%2F..%2F/lock HTTP/1.1\r\n\r\n", "HTTP/1.1 405"),
+            ("POST /v1/accounts/%00/lock HTTP/1.1\r\n\r\n", "HTTP/1.1 404"),
+            ("GET /v1/status HTTP/1.1\r\nContent-Length: -1\r\n\r\n", "HTTP/1.1 400"),
+            ("GET /v1/status HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n", "HTTP/1.1 400"),
+            ("GET /v1/status HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "HTTP/1.1 400"),
+            ("GET /v1/status HTTP/1.1\r\n folded: header\r\n\r\n", "HTTP/1.1 400"),
+            ("GET  /v1/status HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+            ("G\u{0}T /v1/status HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+            ("GET v1/status HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+            ("GET /v1/status HTTP/2.0\r\n\r\n", "HTTP/1.1 400"),
+            ("\r\n\r\n", "HTTP/1.1 400"),
+            ("GET /v1/status HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "HTTP/1.1 400"),
+            (post("/v1/accounts", "\u{ff}\u{fe}{}}"), "HTTP/1.1 400"),
+            (post("/v1/bindings", #"{"pid": 99999999999999999, "identity": "a"}"#), "HTTP/1.1 400"),
+            (post("/v1/bindings", #"{"pid": 1, "identity": 1}"#), "HTTP/1.1 400"),
+            (post("/v1/accounts", #"{"id": "a", "upn": "a@b", "passphrase": ""}"#), "HTTP/1.1 400"),
+            (post("/v1/accounts/a@b/unlock", #"{"passphrase": ""}"#), "HTTP/1.1 400"),
+            (post("/v1/data/protect", #"{"identity": "a@b", "data": "@@not base64@@"}"#), "HTTP/1.1 400"),
+            ("DELETE /v1/bindings/-1 HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+            ("DELETE /v1/bindings/4294967296 HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+            ("GET /v1/events?after=-5&follow=false HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+            ("POST /v1/accounts/x/wipe?wait=maybe HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+        ]
+        for (request, expected) in cases {
+            let answer = try raw(Array(request.utf8))
+            XCTAssertTrue(answer.hasPrefix(expected), "\(request.debugDescription) → \(answer.prefix(200).debugDescription)")
+        }
+        // Random bytes, and a head over the limit.
+        var generator = SystemRandomNumberGenerator()
+        for length in [1, 7, 100, 4096, 70_000] {
+            _ = try raw((0..<length).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        }
+        _ = try raw(Array(("GET /v1/status HTTP/1.1\r\n" + String(repeating: "X-A: b\r\n", count: 5000) + "\r\n").utf8))
+        XCTAssertEqual(try front(), pid, "no input crashed the front")
+        XCTAssertTrue(daemon.isMounted)
+        XCTAssertFalse(daemon.log.contains("control front (pid"), daemon.log)
+    }
+
+    func testEveryMethodARouteDoesNotServeIs405WithAllow() throws {
+        let answer = try raw(Array("PATCH /v1/accounts/alice HTTP/1.1\r\n\r\n".utf8))
+        XCTAssertTrue(answer.hasPrefix("HTTP/1.1 405"), answer)
+        XCTAssertTrue(answer.contains("\r\nAllow: GET, DELETE\r\n"), answer)
+        let status = try raw(Array("POST /v1/status HTTP/1.1\r\n\r\n".utf8))
+        XCTAssertTrue(status.contains("\r\nAllow: GET\r\n"), status)
+    }
+
+    func testTheFrontIsUnprivilegedAndConfined() throws {
+        let pid = try front()
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        let line = { (name: String) in status.split(separator: "\n").first { $0.hasPrefix(name + ":") }.map(String.init) ?? "" }
+        if geteuid() == 0 {
+            let uid = line("Uid").split(separator: "\t").dropFirst().compactMap { UInt32($0) }
+            XCTAssertEqual(uid.count, 4, line("Uid"))
+            XCTAssertFalse(uid.contains(0), "the front gave up root: \(line("Uid"))")
+            XCTAssertEqual(line("Groups").trimmingCharacters(in: " \t"), "Groups:", "no supplementary groups")
+        }
+        XCTAssertEqual(line("NoNewPrivs"), "NoNewPrivs:\t1")
+        // Nothing but the standard descriptors, the channel and the listener.
+        let descriptors = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").compactMap { Int($0) }.sorted()
+        XCTAssertEqual(descriptors, [0, 1, 2, 3, 4])
+        XCTAssertTrue(try String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8).contains("--control-front"))
+    }
+
+    /// The front dies (killed, or trapping on a request as a parsing bug would: test builds have a
+    /// header for that) while files are being written through the mount: every write completes,
+    /// the mount never drops, and the socket answers again within a second.
+    func testTheFrontCrashingNeverReachesTheMounts() throws {
+        let stopFlag = daemon.root + "/stop-writing"
+        let writerLog = daemon.root + "/writer.log"
+        // Writes 1 MiB files one after another and checks each right away.
+        let script = """
+            i=0; head -c 1048576 /dev/urandom > '\(daemon.root)/pattern'
+            while [ ! -e '\(stopFlag)' ]; do
+              i=$((i+1)); cp '\(daemon.root)/pattern' '\(daemon.mountPoint)/file-'$i || { echo "write $i failed"; exit 1; }
+              cmp -s '\(daemon.root)/pattern' '\(daemon.mountPoint)/file-'$i || { echo "file $i differs"; exit 1; }
+            done; echo "wrote $i"
+            """
+        let writer = try spawn("/bin/sh", ["-c", script], stdoutPath: writerLog, stderrPath: writerLog)
+        defer { kill(writer, SIGKILL); waitForExit(writer, seconds: 5) }
+        usleep(200_000)
+        var previous = try front()
+        for signal in [SIGKILL, SIGTRAP, SIGKILL, SIGTRAP] {
+            if signal == SIGTRAP {
+                let answer = try raw(Array("GET /v1/status HTTP/1.1\r\nX-Custody-Test-Trap: index-out-of-range\r\n\r\n".utf8))
+                XCTAssertEqual(answer, "", "the front died on the request")
+            } else {
+                XCTAssertEqual(kill(previous, signal), 0)
+            }
+            let seconds = secondsUntilServing()
+            XCTAssertNotNil(seconds, "the socket answers again after signal \(signal)")
+            XCTAssertLessThan(seconds ?? 99, 1.0, "within a second after signal \(signal)")
+            let next = try front()
+            XCTAssertNotEqual(next, previous, "a new front: \((try? String(contentsOfFile: "/proc/\(next)/status", encoding: .utf8)) ?? "") \(daemon.log)")
+            previous = next
+            XCTAssertTrue(daemon.isMounted, "the mount stays after signal \(signal)")
+            usleep(100_000)
+        }
+        XCTAssertTrue(FileManager.default.createFile(atPath: stopFlag, contents: Data()))
+        var status: Int32 = 0
+        XCTAssertTrue(waitForExit(writer, seconds: 60, status: &status))
+        let output = (try? String(contentsOfFile: writerLog, encoding: .utf8)) ?? ""
+        XCTAssertEqual(status, 0, output)
+        XCTAssertTrue(output.hasPrefix("wrote "), output)
+        XCTAssertGreaterThan(Int(output.dropFirst(6).trimmingCharacters(in: "\n")) ?? 0, 2, output)
+        XCTAssertTrue(daemon.log.contains("was killed by signal 9; starting a new one"), daemon.log)
+        XCTAssertTrue(daemon.log.contains("trapping on request"), daemon.log)
+        XCTAssertEqual(daemon.log.components(separatedBy: "; starting a new one").count - 1, 4, daemon.log)
+        // The daemon itself still answers everything, and the mount still serves.
+        XCTAssertEqual(try daemon.api("GET", "/v1/accounts").status, 200)
+        try writeFile(daemon.mnt("after"), Array("after".utf8))
+        XCTAssertEqual(try readFile(daemon.mnt("after")), Array("after".utf8))
+    }
+
+    /// A daemon killed outright takes its front with it: nothing is left holding the socket.
+    func testTheFrontEndsWithTheDaemon() throws {
+        let pid = try front()
+        daemon.killHard()
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline, kill(pid, 0) == 0 { usleep(10_000) }
+        XCTAssertNotEqual(kill(pid, 0), 0, "the front (\(pid)) is gone")
+        XCTAssertNotEqual((try? daemon.api("GET", "/v1/status").status) ?? 0, 200)
+    }
+
+    /// An event stream crosses the front (chunked), and ends for the daemon when its client goes.
+    func testEventStreamsCrossTheFront() throws {
+        let log = daemon.root + "/stream.log"
+        let stream = try spawn("curl", ["-s", "-N", "--unix-socket", daemon.socket, "http://localhost/v1/events?after=latest"], stdoutPath: log)
+        defer { kill(stream, SIGKILL); waitForExit(stream, seconds: 5) }
+        usleep(300_000)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "a-oid", "upn": "a@contoso.com", "enroll": false}"#).status, 201)
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline, !((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("registered") { usleep(20_000) }
+        XCTAssertTrue(((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains(#""kind":"registered""#))
+    }
+}
