@@ -7,12 +7,14 @@ RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
 BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libsodium-dev
-TEST_PACKAGES := attr sqlite3 util-linux curl rsync git
+TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3-pip
+# From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon.
+PIP_TEST_PACKAGES := schemathesis==4.32.5
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps bench-deps build release static run test test-install install uninstall bench bench-format bench-wipe fuzz clean
+.PHONY: all deps pip-deps bench-deps build release static run test test-install install uninstall bench bench-format bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -38,6 +40,11 @@ endef
 deps:
 	$(call install_missing,$(BUILD_PACKAGES) $(TEST_PACKAGES))
 
+# Python packages the tests use, installed for the python3 on the PATH when missing.
+pip-deps:
+	@python3 -c 'import schemathesis' 2>/dev/null || { echo "installing from PyPI: $(PIP_TEST_PACKAGES)"; \
+		python3 -m pip install --quiet $(PIP_TEST_PACKAGES) 2>/dev/null || python3 -m pip install --quiet --break-system-packages $(PIP_TEST_PACKAGES); }
+
 bench-deps: deps
 	$(call install_missing,$(BENCH_PACKAGES))
 
@@ -57,8 +64,10 @@ run: build
 	@echo "Control it with: CUSTODY_SOCKET=$(DEMO_DIR)/control.sock $(BIN)/custodyctl status"
 	$(BIN)/custodyd --state "$(DEMO_DIR)/state" --socket "$(DEMO_DIR)/control.sock" "$(DEMO_DIR)/backing" "$(DEMO_DIR)/Work"
 
-test: build
+test: build pip-deps
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
+	$(BIN)/custody-fuzz-http fuzz/http
+	bash tests/api-fuzz.sh
 	$(MAKE) --no-print-directory test-install
 
 # Installs into a temporary DESTDIR, verifies the systemd units there and runs the installed
@@ -120,3 +129,12 @@ fuzz: deps
 		--sanitize=fuzzer -Xswiftc -parse-as-library -Xswiftc -DFUZZING
 	mkdir -p fuzz/corpus
 	.build-fuzz/release/custody-fuzz fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 -print_final_stats=1
+
+# Fuzzes the control plane's input (HTTP parser, request checks, every route's JSON body, the
+# front-daemon frames) with libFuzzer, starting from the committed corpus fuzz/http; new inputs go
+# to fuzz/http-found (not committed). `make test` replays fuzz/http.
+fuzz-http: deps
+	$(SWIFT) build -c release --scratch-path .build-fuzz --product custody-fuzz-http \
+		--sanitize=fuzzer -Xswiftc -parse-as-library -Xswiftc -DFUZZING
+	mkdir -p fuzz/http-found
+	.build-fuzz/release/custody-fuzz-http fuzz/http-found fuzz/http -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 -print_final_stats=1

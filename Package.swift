@@ -54,6 +54,8 @@ let package = Package(
 
         // libFuzzer target for the format (see `make fuzz`); an ordinary build replays inputs.
         .executableTarget(name: "custody-fuzz", dependencies: ["CustodyFormat", "CustodyCrypto"]),
+        // libFuzzer target for the control plane's input (see `make fuzz-http`); an ordinary build replays inputs.
+        .executableTarget(name: "custody-fuzz-http", dependencies: ["CustodyControl"]),
         // Throughput of the format (see `make bench-format`).
         .executableTarget(name: "custody-format-bench", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 

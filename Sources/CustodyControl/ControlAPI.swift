@@ -162,8 +162,9 @@ struct ControlAPI: Sendable {
     ]
 
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        // The front has checked it; the daemon checks again rather than trust another process.
+        try Self.check(request)
         let (spec, parameters) = try Self.match(request)
-        try Self.checkQuery(request)
         return try dispatch(spec, parameters, request, caller)
     }
 
@@ -190,7 +191,7 @@ struct ControlAPI: Sendable {
                 throw badRequest("query parameter \(name) must be true or false, not \(value)")
             }
         }
-        if let after = request.query["after"], after != "latest", UInt64(after) == nil {
+        if let after = request.query["after"], !after.isEmpty, after != "latest", UInt64(after) == nil {
             throw badRequest("query parameter after must be a sequence number or latest, not \(after)")
         }
     }
@@ -212,7 +213,8 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/bindings"): _ = try decode(BindRequest.self, request)
         case ("POST", "/v1/files/info"), ("POST", "/v1/files/is-encrypted"): _ = try decode(PathRequest.self, request)
         case ("POST", "/v1/files/protect"): _ = try decode(ProtectRequest.self, request)
-        case ("POST", "/v1/files/encrypt"), ("POST", "/v1/files/can-receive"): _ = try decode(EncryptRequest.self, request)
+        case ("POST", "/v1/files/encrypt"), ("POST", "/v1/files/can-receive"):
+            guard !(try decode(EncryptRequest.self, request)).identity.isEmpty else { throw badRequest("identity must not be empty") }
         case ("POST", "/v1/files/decrypt"): _ = try decode(DecryptRequest.self, request)
         case ("POST", "/v1/data/protect"), ("POST", "/v1/data/unprotect"), ("POST", "/v1/data/info"): _ = try decodeData(try decode(DataRequest.self, request))
         default: break

@@ -189,3 +189,35 @@ public enum ControlFront {
         sendAll(connection, ControlAPI.failure(502, 502, "DaemonError", "the daemon gave no answer").serialized())
     }
 }
+
+/// Where untrusted bytes enter the control plane, for the fuzzer (`make fuzz-http`) and its
+/// replay in `make test`: each function takes any bytes and must return, never trap.
+public enum ControlInputs {
+    /// A whole request as the front reads it: parsed, then checked as the front checks it.
+    /// The status the front would answer with (200 when it would hand the request over).
+    @discardableResult
+    public static func parseAndCheck(_ bytes: [UInt8]) -> Int {
+        guard let request = try? HTTPParser.parse(bytes) else { return 400 }
+        do throws(ControlAPI.Failure) {
+            try ControlAPI.check(request)
+            return 200
+        } catch {
+            return error.status
+        }
+    }
+
+    /// The bytes as the body of every route that takes one (JSON decoding and body checks).
+    public static func checkAsEveryBody(_ bytes: [UInt8]) {
+        for route in ControlAPI.routes where route.method != "GET" {
+            let path = route.pattern.split(separator: "/").map { $0.hasPrefix("{") ? "1" : String($0) }.joined(separator: "/")
+            _ = try? ControlAPI.check(HTTPRequest(method: route.method, path: "/" + path, query: [:], headers: [:], body: bytes))
+        }
+    }
+
+    /// The bytes as a frame payload the daemon or the front decodes.
+    public static func decodeFrames(_ bytes: [UInt8]) {
+        _ = try? HTTPRequest(forwarded: bytes)
+        _ = try? HTTPResponse(forwarded: bytes, streamed: false)
+        _ = try? HTTPResponse(forwarded: bytes, streamed: true)
+    }
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# schemathesis against a live custodyd, driven by docs/openapi.yaml: a bounded run (examples,
+# coverage, fuzzing and stateful phases) that must find no 5xx, no undocumented status, no answer
+# that breaks the schema, 405 with Allow for methods a route does not serve, and leave the daemon,
+# its control front and its mount alive and serving.
+#
+# The HTTP client is a non-root member of the daemon's admin group (so admin routes are reached,
+# while file routes act with that user's harmless credentials). schemathesis speaks TCP, so socat,
+# running as that user, bridges a loopback port to the Unix socket; the daemon sees the user's
+# credentials on every connection. Every process started here is stopped by PID on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.build/debug}
+EXAMPLES=${API_FUZZ_EXAMPLES:-40}
+SEED=${API_FUZZ_SEED:-$RANDOM}
+fail() { echo "api-fuzz: FAIL: $*" >&2; exit 1; }
+
+# The script pip installed beside the python3 on the PATH (make pip-deps), else any on the PATH.
+SCHEMATHESIS=$(python3 -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "schemathesis"))')
+[ -x "$SCHEMATHESIS" ] || SCHEMATHESIS=$(command -v schemathesis) || fail "schemathesis is not installed (make pip-deps)"
+
+GROUP=custody-fuzzers USER_NAME=custody-fuzz
+getent group "$GROUP" >/dev/null || groupadd --system "$GROUP"
+id "$USER_NAME" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin -G "$GROUP" "$USER_NAME"
+
+WORK=$(mktemp -d /tmp/custody-api-fuzz.XXXXXX)
+chmod 0755 "$WORK"
+mkdir -p "$WORK/backing" "$WORK/mnt"
+DAEMON= BRIDGE=
+cleanup() {
+    [ -n "$BRIDGE" ] && kill "$BRIDGE" 2>/dev/null && wait "$BRIDGE" 2>/dev/null || true
+    if mountpoint -q "$WORK/mnt"; then fusermount3 -u "$WORK/mnt" || fusermount3 -uz "$WORK/mnt" || true; fi
+    if [ -n "$DAEMON" ]; then
+        for _ in $(seq 100); do kill -0 "$DAEMON" 2>/dev/null || break; sleep 0.1; done
+        kill "$DAEMON" 2>/dev/null && wait "$DAEMON" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+"$BIN/custodyd" --state "$WORK/state" --socket "$WORK/control.sock" --socket-mode 0666 --admin-group "$GROUP" \
+    --multi-identity --lock-grace-period 0 "$WORK/backing" "$WORK/mnt" 2>"$WORK/custodyd.log" &
+DAEMON=$!
+for _ in $(seq 150); do mountpoint -q "$WORK/mnt" && [ -S "$WORK/control.sock" ] && break; sleep 0.1; done
+mountpoint -q "$WORK/mnt" || fail "custodyd did not mount: $(cat "$WORK/custodyd.log")"
+
+# A free loopback port for the bridge.
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+setpriv --reuid="$USER_NAME" --regid="$USER_NAME" --init-groups \
+    socat "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$WORK/control.sock" &
+BRIDGE=$!
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/v1/status" >/dev/null && break; sleep 0.1; done
+curl -sf "http://127.0.0.1:$PORT/v1/status" >/dev/null || fail "the bridge does not answer"
+
+# A plain file in the mount, read back at the end.
+echo "before the fuzzer" > "$WORK/mnt/canary"
+
+echo "api-fuzz: schemathesis, $EXAMPLES examples per operation, seed $SEED"
+status=0
+timeout 300 "$SCHEMATHESIS" --config-file tests/schemathesis.toml run docs/openapi.yaml \
+    --url "http://127.0.0.1:$PORT" --checks all --exclude-checks positive_data_acceptance \
+    --phases examples,coverage,fuzzing,stateful --max-examples "$EXAMPLES" --seed "$SEED" \
+    --continue-on-failure --no-color >"$WORK/schemathesis.log" 2>&1 || status=$?
+if [ "$status" != 0 ]; then
+    cat "$WORK/schemathesis.log"
+    fail "schemathesis found failures (exit $status; replay with API_FUZZ_SEED=$SEED)"
+fi
+grep -E "passed|failed|error" "$WORK/schemathesis.log" | tail -1
+
+# Everything is still there: the daemon, the front it started (never restarted), the mount.
+kill -0 "$DAEMON" 2>/dev/null || fail "the daemon died: $(cat "$WORK/custodyd.log")"
+if grep -q "control front (pid" "$WORK/custodyd.log"; then fail "the control front died: $(cat "$WORK/custodyd.log")"; fi
+code=$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$WORK/control.sock" http://localhost/v1/status)
+[ "$code" = 200 ] || fail "status answers $code after the run"
+mountpoint -q "$WORK/mnt" || fail "the mount is gone"
+[ "$(cat "$WORK/mnt/canary")" = "before the fuzzer" ] || fail "the canary file changed"
+echo "after the fuzzer" > "$WORK/mnt/canary2" && [ "$(cat "$WORK/mnt/canary2")" = "after the fuzzer" ] || fail "the mount does not write"
+echo "api-fuzz: 1 passed, 0 failed"
