@@ -127,6 +127,11 @@ public final class FUSEMount: @unchecked Sendable {
             filesystem.readAheadPending.store(true, ordering: .releasing)
         }
 
+        filesystem.storageEdges.attach(session)
+        defer {
+            filesystem.storageEdges.attach(nil)
+            filesystem.storageEdges.drain()
+        }
         let pruner = InodePruner(filesystem: filesystem, session: session)
         pruner.start()
         defer { pruner.stop() }

@@ -33,6 +33,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
     let pendingReadAhead = Mutex<(path: String, kibibytes: Int)?>(nil)
     /// Fetches the next files of a directory that is being read file by file.
     let directoryReadAhead: DirectoryReadAhead
+    /// Space of removed files, and what the kernel caches after a failed write (`FullDisk.swift`).
+    let storageEdges: StorageEdges
 
     init(root: Inode, options: MountOptions, engine: Engine?, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)
@@ -43,6 +45,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         wakeBoost = options.lowLatency ? WakeLatencyBoost.shared : nil
         inodeHighWater = max(64, descriptorLimit * 6 / 10)
         inodeLowWater = max(32, descriptorLimit * 4 / 10)
+        storageEdges = StorageEdges(backingRoot: root.fd)
     }
 
     /// Has the disk start reading the first bytes of these regular files (see `DirectoryReadAhead`).
@@ -355,11 +358,23 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     func unlink(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
-            try Syscall.unlinkat(try inodes.inode(UInt64(parentID)).fd, name, 0)
+            let parent = try inodes.inode(UInt64(parentID))
+            let victim = knownRegularFile(in: parent, name)
+            try Syscall.unlinkat(parent.fd, name, 0)
             fuse_reply_err(req, 0)
+            if let victim { storageEdges.releaseIfUnlinked(victim) }
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
+    }
+
+    /// The inode the kernel knows for a regular file `name` in `parent`, if any (before it is
+    /// removed or replaced, so its space can be let go at once: `StorageEdges`).
+    private func knownRegularFile(in parent: Inode, _ name: UnsafePointer<CChar>) -> Inode? {
+        guard storageEdges.placeholder >= 0, let attributes = try? Syscall.fstatat(parent.fd, name, AT_SYMLINK_NOFOLLOW),
+              attributes.st_mode & S_IFMT == S_IFREG,
+              let id = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)) else { return nil }
+        return try? inodes.inode(id)
     }
 
     func rmdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
@@ -376,8 +391,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
             guard flags & Linux.RENAME_WHITEOUT == 0 else { throw Errno.invalidArgument }
             let parent = try inodes.inode(UInt64(parentID))
             let newParent = try inodes.inode(UInt64(newParentID))
+            let replaced = flags & Linux.RENAME_EXCHANGE == 0 ? knownRegularFile(in: newParent, newName) : nil
             try Syscall.renameat2(parent.fd, name, newParent.fd, newName, flags)
             fuse_reply_err(req, 0)
+            if let replaced { storageEdges.releaseIfUnlinked(replaced) }
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
@@ -501,11 +518,17 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     /// Ends a handle: closes its descriptor, or releases its share of the encrypted content.
     private func releaseHandle(_ fh: UInt64) {
-        guard let file = HandleBox.release(fh, as: OpenFile.self) else { return }
-        if let inode = file.inode {
-            inode.protectionState.withLock { $0.openHandles -= 1 }
+        /// Ends the handle (its descriptor closes with it); the inode if it was removed meanwhile.
+        func end() -> Inode? {
+            guard let file = HandleBox.release(fh, as: OpenFile.self), let inode = file.inode else { return nil }
+            let unlinked = inode.protectionState.withLock { state -> Bool in
+                state.openHandles -= 1
+                return state.releaseWhenClosed && state.openHandles == 0
+            }
             if let content = file.content { releaseContent(content, of: inode) }
+            return unlinked ? inode : nil
         }
+        if let removed = end() { storageEdges.releaseIfUnlinked(removed) }
     }
 
     func read(_ req: fuse_req_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
@@ -579,6 +602,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
                 if written < 0 {
                     fuse_reply_err(req, Int32(-written))
+                    writeFailed(file.inode)
                 } else {
                     fuse_reply_write(req, Int(written))
                     writeBehind(file.fd, written: Int(written))
@@ -597,7 +621,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             // request, and fresh pages whenever more writes were in flight than the pool keeps
             // buffers: 21,000–28,000 page faults per 512 MiB written, against about 2,400 now in a
             // fresh mount's first such write (the pools filling) and a few dozen after.
-            writeEncrypted(content, UnsafeRawBufferPointer(start: memory, count: size), offset, req)
+            writeEncrypted(content, UnsafeRawBufferPointer(start: memory, count: size), offset, req, file.inode)
             memory.initializeMemory(as: UInt8.self, repeating: 0, count: size)
             return
         }
@@ -607,11 +631,11 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 fuse_reply_err(req, Int32(-copied))
                 return
             }
-            writeEncrypted(content, UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), offset, req)
+            writeEncrypted(content, UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), offset, req, file.inode)
         }
     }
 
-    private func writeEncrypted(_ content: ProtectedContent, _ data: UnsafeRawBufferPointer, _ offset: off_t, _ req: fuse_req_t) {
+    private func writeEncrypted(_ content: ProtectedContent, _ data: UnsafeRawBufferPointer, _ offset: off_t, _ req: fuse_req_t, _ inode: Inode?) {
         do throws(FormatError) {
             try content.file.write(data, at: UInt64(offset))
             fuse_reply_write(req, data.count)
@@ -619,7 +643,26 @@ final class PassthroughFilesystem: @unchecked Sendable {
         } catch {
             log("write to an encrypted file failed: \(error)")
             fuse_reply_err(req, error.errnoValue.rawValue)
+            // The file stays a clean prefix of what was written (see ProtectedFile).
+            content.file.settleAfterFailedWrite(error)
+            writeFailed(inode)
         }
+    }
+
+    /// After a failed write the kernel's cache and size are ahead of the disk: drop them now,
+    /// and again when the file is flushed (pages written meanwhile may have failed too).
+    func writeFailed(_ inode: Inode?) {
+        guard let inode, let id = inodes.id(device: inode.device, number: inode.number) else { return }
+        inode.protectionState.withLock { $0.writeFailed = true }
+        storageEdges.invalidate(id)
+    }
+
+    /// At flush and fsync: if a write of the file failed since the last time, drop the kernel's
+    /// cache of it once more (after the reply: invalidation waits for write-back).
+    func afterFlush(_ inode: Inode?) {
+        guard let inode, inode.protectionState.withLock({ state in defer { state.writeFailed = false }; return state.writeFailed }),
+              let id = inodes.id(device: inode.device, number: inode.number) else { return }
+        storageEdges.invalidate(id)
     }
 
     func flush(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
@@ -632,6 +675,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let duplicate = try Syscall.dup(file.backingFD)
             let result = Glibc.close(duplicate)
             fuse_reply_err(req, result == -1 ? errno : 0)
+            afterFlush(file.inode)
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
@@ -655,6 +699,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         } catch {
             fuse_reply_err(req, error.rawValue)
         }
+        afterFlush(file.inode)
     }
 
     func fallocate(_ req: fuse_req_t, _ mode: Int32, _ offset: off_t, _ length: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {

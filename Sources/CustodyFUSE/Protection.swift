@@ -76,6 +76,12 @@ struct InodeProtection {
     var openHandles = 0
     /// The latest plain handle opened, while it lives: its descriptor serves attribute reads.
     weak var plainHandle: OpenFile?
+    /// Unlinked while handles were open: see at the last close whether its storage can go.
+    var releaseWhenClosed = false
+    /// Its descriptor points at the placeholder: the file is gone (`StorageEdges`).
+    var storageReleased = false
+    /// A write failed since the last flush: the kernel's cache is dropped again then.
+    var writeFailed = false
 }
 
 extension EngineError {

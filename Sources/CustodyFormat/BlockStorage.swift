@@ -11,6 +11,13 @@ public protocol BlockStorage: AnyObject, Sendable {
     func size() throws(FormatError) -> UInt64
     func truncate(to size: UInt64) throws(FormatError)
     func sync() throws(FormatError)
+    /// Allocates space for `length` bytes at `offset` without changing the size, so that a write
+    /// there cannot run out of space part-way; throws ENOSPC (or EDQUOT) when the space is not
+    /// there. Storage that cannot reserve does nothing.
+    func reserve(at offset: UInt64, length: UInt64) throws(FormatError)
+    /// Makes `length` bytes at `offset` a hole again (reads as zeros; frees the space where it
+    /// can). Needs no new space.
+    func punchHole(at offset: UInt64, length: UInt64) throws(FormatError)
     /// A hint that `length` bytes at `offset` will be read soon (may start fetching them).
     func willRead(at offset: UInt64, length: UInt64)
     /// A read-only mapping of the first `length` bytes (which may run past the end), or nil if
@@ -19,6 +26,8 @@ public protocol BlockStorage: AnyObject, Sendable {
 }
 
 extension BlockStorage {
+    public func punchHole(at offset: UInt64, length: UInt64) throws(FormatError) { throw .unsupported("punching holes") }
+    public func reserve(at offset: UInt64, length: UInt64) throws(FormatError) {}
     public func willRead(at offset: UInt64, length: UInt64) {}
     public func map(length: Int) -> FileMapping? { nil }
 }
@@ -55,6 +64,25 @@ public final class DescriptorStorage: BlockStorage {
 
     public func sync() throws(FormatError) {
         do { try Syscall.fdatasync(fd) } catch { throw .io(error) }
+    }
+
+    public func punchHole(at offset: UInt64, length: UInt64) throws(FormatError) {
+        do {
+            try Syscall.fallocate(fd, Linux.FALLOC_FL_PUNCH_HOLE | Linux.FALLOC_FL_KEEP_SIZE, Int64(clamping: offset), Int64(clamping: length))
+        } catch {
+            throw .io(error)
+        }
+    }
+
+    public func reserve(at offset: UInt64, length: UInt64) throws(FormatError) {
+        guard length > 0 else { return }
+        do {
+            try Syscall.fallocate(fd, Linux.FALLOC_FL_KEEP_SIZE, Int64(clamping: offset), Int64(clamping: length))
+        } catch where error == .noSpace || error.rawValue == EDQUOT {
+            throw .io(error)
+        } catch {
+            // No fallocate here (EOPNOTSUPP, a pipe, …): write without reserving.
+        }
     }
 
     public func willRead(at offset: UInt64, length: UInt64) {
@@ -105,4 +133,12 @@ public final class MemoryStorage: BlockStorage {
     }
 
     public func sync() throws(FormatError) {}
+
+    public func punchHole(at offset: UInt64, length: UInt64) throws(FormatError) {
+        storage.withLock { bytes in
+            guard offset < UInt64(bytes.count) else { return }
+            let end = Int(min(UInt64(bytes.count), offset + length))
+            for index in Int(offset)..<end { bytes[index] = 0 }
+        }
+    }
 }

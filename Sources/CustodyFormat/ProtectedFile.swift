@@ -27,6 +27,13 @@ public final class ProtectedFile: @unchecked Sendable {
     private static let stripeCount = 64
 
     private var plaintextSize: UInt64
+    /// Where the file stops being whole after a write failed (the disk filled up), until
+    /// `settleAfterFailedWrite` cuts it there; guarded by `failureLock`.
+    private var failedAt: UInt64?
+    private let failureLock = Mutex<Void>(())
+    /// Set once a failed write was settled: writes that would leave a gap are refused (with the
+    /// error that failed the first), so the file stays a clean prefix. Guarded by the size lock.
+    private var refusingGaps: FormatError?
     // Allocated in init only after every step that can throw: a throwing init skips deinit.
     private let sizeLock: UnsafeMutablePointer<pthread_rwlock_t>
     private let stripes: UnsafeMutablePointer<pthread_mutex_t>
@@ -268,26 +275,137 @@ public final class ProtectedFile: @unchecked Sendable {
         defer { pthread_rwlock_unlock(sizeLock) }
 
         let oldSize = plaintextSize, newSize = max(oldSize, end)
+        if let refusingGaps, offset > oldSize { throw refusingGaps }
         let blockSize = layout.blockSize
         let first = offset / blockSize, last = (end - 1) / blockSize
         let locked = exclusive ? 0 : lockStripes(first...last)
         defer { unlockStripes(locked) }
 
         var rangeStart = first
-        if oldSize > 0 {
-            let oldFinal = (oldSize - 1) / blockSize
-            if oldFinal < first {
-                // The old final block stays below the write: it becomes a full, non-final block.
-                // Next to the write it goes in the same pwrite; otherwise on its own, first.
-                if oldFinal + 1 == first {
-                    rangeStart = oldFinal
-                } else {
-                    try storeBlocks(oldFinal...oldFinal, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
+        do throws(FormatError) {
+            var apart: UInt64?
+            if oldSize > 0 {
+                let oldFinal = (oldSize - 1) / blockSize
+                if oldFinal < first {
+                    // The old final block stays below the write: it becomes a full, non-final block.
+                    // Next to the write it goes in the same pwrite; otherwise on its own, first.
+                    if oldFinal + 1 == first { rangeStart = oldFinal } else { apart = oldFinal }
                 }
             }
+            if newSize > oldSize {
+                // A growing write gets its space first, so a full disk fails it before any byte
+                // is written (no torn block); the blocks of a gap stay holes.
+                if let apart { try reserve(apart...apart, size: newSize) }
+                try reserve(rangeStart...last, size: newSize)
+            }
+            if let apart { try storeBlocks(apart...apart, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0) }
+            try storeBlocks(rangeStart...last, oldSize: oldSize, newSize: newSize, data: data, dataOffset: offset)
+        } catch {
+            // A write that fails part-way (the disk is full) may have stored some blocks and part
+            // of one more: keep a file that reads cleanly. Growing: up to its new end; in place
+            // (the kernel writes back pages in any order, so into holes too): holes stay holes.
+            if case .io = error {
+                if newSize > oldSize { keepStoredPrefix(oldSize: oldSize, attemptedSize: newSize) } else { repairTornBlocks(first...last) }
+                let point = newSize > oldSize ? plaintextSize : first * blockSize
+                failureLock.withLock { _ in failedAt = min(failedAt ?? point, point) }
+            }
+            throw error
         }
-        try storeBlocks(rangeStart...last, oldSize: oldSize, newSize: newSize, data: data, dataOffset: offset)
         plaintextSize = newSize
+    }
+
+    /// After an in-place write failed part-way: every block of the range that no longer opens was
+    /// a hole the write began to fill (writing over stored blocks needs no new space), so it is
+    /// made a hole again. The final block is never a hole and is left as it is.
+    private func repairTornBlocks(_ range: ClosedRange<UInt64>) {
+        let size = plaintextSize
+        guard size > 0 else { return }
+        let final = (size - 1) / layout.blockSize
+        guard range.lowerBound < final else { return }
+        let blocks = range.lowerBound...min(range.upperBound, final - 1)
+        try? BlockWorker.with(self) { (worker) throws(FormatError) in
+            for index in blocks where (try? readStoredBlock(index, length: layout.blockSize, final: false, worker: worker)) == nil {
+                try? storage.punchHole(at: layout.storedOffset(ofBlock: index), length: layout.storedBlockSize)
+            }
+        }
+    }
+
+    /// Reserves the stored bytes of `blocks` in a file of `size` bytes.
+    private func reserve(_ blocks: ClosedRange<UInt64>, size: UInt64) throws(FormatError) {
+        let start = layout.storedOffset(ofBlock: blocks.lowerBound)
+        let end = layout.storedOffset(ofBlock: blocks.upperBound) + layout.plaintextLength(ofBlock: blocks.upperBound, fileSize: size)
+            + UInt64(BlockLayout.overhead)
+        try storage.reserve(at: start, length: end - start)
+    }
+
+    /// After a growing write failed part-way (storage that cannot reserve space), makes the file end at the last whole block on disk
+    /// (re-sealed as the final block, so the truncation check passes) and cuts the torn rest, or,
+    /// when no new block survived whole, goes back to the size it had. Re-sealing overwrites a
+    /// block in place, which needs no new space. Called with the size lock held exclusively.
+    private func keepStoredPrefix(oldSize: UInt64, attemptedSize: UInt64) {
+        let blockSize = layout.blockSize
+        guard let stored = try? storage.size() else { return }
+        let whole = stored > layout.headerLength ? (stored - layout.headerLength) / layout.storedBlockSize : 0
+        /// Re-seals block `count - 1` (as the write that failed stored it, under `storedUnder`)
+        /// as the final block of a file of `count` blocks, and cuts the storage there.
+        func keep(blocks count: UInt64, storedUnder: UInt64) -> Bool {
+            let size = count * blockSize
+            guard (try? storeBlocks((count - 1)...(count - 1), oldSize: storedUnder, newSize: size, data: nil, dataOffset: 0)) != nil,
+                  (try? storage.truncate(to: layout.storedSize(plaintextSize: size))) != nil else { return false }
+            plaintextSize = size
+            return true
+        }
+        var count = min(whole, attemptedSize / blockSize)
+        while count > 0, count * blockSize >= oldSize {
+            if keep(blocks: count, storedUnder: attemptedSize) { return }
+            count -= 1
+        }
+        guard oldSize > 0 else {
+            if (try? storage.truncate(to: layout.headerLength)) != nil { plaintextSize = 0 }
+            return
+        }
+        // The old final block, if the failed write did not reach it, is whole: keep the old size.
+        let oldFinal = (oldSize - 1) / blockSize
+        if (try? storeBlocks(oldFinal...oldFinal, oldSize: oldSize, newSize: oldSize, data: nil, dataOffset: 0)) != nil,
+           (try? storage.truncate(to: layout.storedSize(plaintextSize: oldSize))) != nil {
+            plaintextSize = oldSize
+            return
+        }
+        count = oldFinal
+        while count > 0 {
+            if keep(blocks: count, storedUnder: oldSize) { return }
+            count -= 1
+        }
+        if (try? storage.truncate(to: layout.headerLength)) != nil { plaintextSize = 0 }
+    }
+
+    /// After a write failed (the disk filled up): other writes may have stored data past the
+    /// failed range (the kernel writes back pages in any order), so the file is cut where it
+    /// stopped being whole, and from then on writes that would leave a gap fail with the same
+    /// error. The file reads as a clean prefix of what was written; `truncate` ends this state.
+    /// True when the file was cut.
+    @discardableResult
+    public func settleAfterFailedWrite(_ error: FormatError) -> Bool {
+        pthread_rwlock_wrlock(sizeLock)
+        defer { pthread_rwlock_unlock(sizeLock) }
+        refusingGaps = error
+        guard let point = failureLock.withLock({ _ in failedAt }) else { return false }
+        failureLock.withLock { _ in failedAt = nil }
+        guard point < plaintextSize else { return false }
+        // The new final block is re-sealed in place, which needs no space unless it is a hole
+        // (the gap may begin below the failed write): step back over holes, and over blocks that
+        // cannot be re-sealed, to the end of what is whole.
+        let blockSize = layout.blockSize
+        var cut = point / blockSize * blockSize
+        var stored = [UInt8](repeating: 0, count: Int(layout.storedBlockSize))
+        for _ in 0..<4096 where cut > 0 {
+            let last = cut / blockSize - 1
+            let got = (try? stored.withUnsafeMutableBytes { try storage.read(into: $0, at: layout.storedOffset(ofBlock: last)) }) ?? 0
+            let hole = got == stored.count && stored.allSatisfy { $0 == 0 }
+            if !hole, (try? resize(to: cut)) != nil { return true }
+            cut -= blockSize
+        }
+        return cut == 0 && (try? resize(to: 0)) != nil
     }
 
     /// Sets the plaintext size. Growing leaves a hole (reads as zeros); the new final block is
@@ -296,6 +414,12 @@ public final class ProtectedFile: @unchecked Sendable {
         guard newSize <= UInt64(Int64.max) / 2 else { throw .unsupported("a size past \(UInt64(Int64.max) / 2) bytes") }
         pthread_rwlock_wrlock(sizeLock)
         defer { pthread_rwlock_unlock(sizeLock) }
+        refusingGaps = nil
+        try resize(to: newSize)
+    }
+
+    /// `truncate` with the size lock held exclusively.
+    private func resize(to newSize: UInt64) throws(FormatError) {
         let oldSize = plaintextSize
         guard newSize != oldSize else { return }
         let blockSize = layout.blockSize

@@ -474,3 +474,112 @@ final class ProtectedFileMappedReadTests: XCTestCase {
         XCTAssertEqual(try file.read(4096, at: 301 * 4096), Array(model[(301 * 4096)..<(302 * 4096)]))
     }
 }
+
+/// Memory that holds at most `capacity` bytes: a write past it stores what fits, then fails with
+/// ENOSPC, as a full disk does (a short write, then the error).
+final class FullDiskStorage: BlockStorage, @unchecked Sendable {
+    let memory = MemoryStorage()
+    var capacity: UInt64
+    /// Whether it can reserve space (fallocate), or only fails part-way.
+    let reserves: Bool
+    private(set) var reservations = 0
+
+    init(capacity: UInt64, reserves: Bool) {
+        self.capacity = capacity
+        self.reserves = reserves
+    }
+
+    func reserve(at offset: UInt64, length: UInt64) throws(FormatError) {
+        guard reserves else { return }
+        reservations += 1
+        if offset + length > capacity { throw .io(Errno(ENOSPC)) }
+    }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: UInt64) throws(FormatError) -> Int { try memory.read(into: buffer, at: offset) }
+    /// Fails the next write after this many bytes, wherever it is (a hole filling up).
+    var failNextWriteAfter: Int?
+
+    func write(_ data: UnsafeRawBufferPointer, at offset: UInt64) throws(FormatError) {
+        if let limit = failNextWriteAfter {
+            failNextWriteAfter = nil
+            try memory.write(UnsafeRawBufferPointer(rebasing: data[0..<min(limit, data.count)]), at: offset)
+            throw .io(Errno(ENOSPC))
+        }
+        let end = offset + UInt64(data.count)
+        guard end > capacity else { return try memory.write(data, at: offset) }
+        if offset < capacity { try memory.write(UnsafeRawBufferPointer(rebasing: data[0..<Int(capacity - offset)]), at: offset) }
+        throw .io(Errno(ENOSPC))
+    }
+    func size() throws(FormatError) -> UInt64 { try memory.size() }
+    func punchHole(at offset: UInt64, length: UInt64) throws(FormatError) { try memory.punchHole(at: offset, length: length) }
+    func truncate(to size: UInt64) throws(FormatError) { try memory.truncate(to: size) }
+    func sync() throws(FormatError) {}
+}
+
+final class FullDiskTests: XCTestCase {
+    /// A growing write that runs out of space leaves a file that reads cleanly up to the last
+    /// whole block stored, with that size, from the same object and from a fresh open; after space
+    /// is freed, writing goes on.
+    func testAWriteThatFillsTheDiskLeavesAReadablePrefix() throws {
+        try check(reserving: true)
+        try check(reserving: false)
+    }
+
+    /// The kernel writes back pages in any order, so a write can land in a hole below the end and
+    /// fail there part-way: the torn block becomes a hole again, the rest is untouched.
+    func testAFailedWriteIntoAHoleLeavesAHole() throws {
+        let layout = BlockLayout()
+        let storage = FullDiskStorage(capacity: .max, reserves: false)
+        let file = try ProtectedFile.create(on: storage, owner: try Owner("a@b"), protectionClass: .complete, classKey: try symmetricClassKey())
+        let head = [UInt8](repeating: 1, count: 8192), tail = [UInt8](repeating: 9, count: 5000)
+        try file.write(head, at: 0)
+        try file.write(tail, at: 9 * 4096)
+        storage.failNextWriteAfter = Int(layout.storedBlockSize) + 1500
+        XCTAssertThrowsError(try file.write([UInt8](repeating: 5, count: 4 * 4096), at: 3 * 4096))
+        var expected = head + [UInt8](repeating: 0, count: 7 * 4096) + tail
+        expected.replaceSubrange((3 * 4096)..<(4 * 4096), with: [UInt8](repeating: 5, count: 4096))
+        XCTAssertEqual(file.size, UInt64(9 * 4096 + 5000))
+        XCTAssertEqual(try file.readAll(), expected, "block 3 was stored whole, block 4 is a hole again")
+    }
+
+    func check(reserving: Bool) throws {
+        let layout = BlockLayout()
+        var generator = SeededGenerator(seed: 21)
+        for (existing, writeAt, writeLength, capacityBlocks) in [
+            (0, 0, 100_000, 10), (10_000, 10_000, 200_000, 20), (5_000, 60_000, 50_000, 14), (4096 * 3, 4096 * 3, 40_000, 3),
+            (7_000, 7_000, 30_000, 1), (0, 0, 5_000, 0), (9_000, 9_000, 9_000, 2),
+        ] as [(Int, Int, Int, UInt64)] {
+            let label = "existing \(existing), write \(writeLength) at \(writeAt), room for \(capacityBlocks) blocks, reserving \(reserving)"
+            let storage = FullDiskStorage(capacity: .max, reserves: reserving)
+            let file = try ProtectedFile.create(on: storage, owner: try Owner("a@b"), protectionClass: .complete, classKey: try symmetricClassKey())
+            let before = (0..<existing).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            if !before.isEmpty { try file.write(before, at: 0) }
+            // Room for the header, `capacityBlocks` whole blocks, and a torn part of the next one.
+            storage.capacity = max(try storage.size(), layout.headerLength + capacityBlocks * layout.storedBlockSize + 1000)
+            let data = (0..<writeLength).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            XCTAssertThrowsError(try file.write(data, at: UInt64(writeAt)), label) { error in
+                guard case .io(let errno)? = error as? FormatError else { return XCTFail("\(label): \(error)") }
+                XCTAssertEqual(errno, Errno(ENOSPC), label)
+            }
+            var model = before
+            if model.count < writeAt + writeLength { model += [UInt8](repeating: 0, count: writeAt + writeLength - model.count) }
+            model.replaceSubrange(writeAt..<(writeAt + writeLength), with: data)
+            let size = Int(file.size)
+            XCTAssertTrue(size == existing || size % 4096 == 0, "\(label): size \(size) is the old size or a block boundary")
+            XCTAssertGreaterThanOrEqual(size, min(existing, writeAt / 4096 * 4096), label)
+            XCTAssertEqual(try file.readAll(), Array(model.prefix(size)), label)
+            XCTAssertEqual(try storage.size(), layout.storedSize(plaintextSize: UInt64(size)), "\(label): no torn block is left")
+            if reserving {
+                XCTAssertEqual(size, existing, "\(label): a write whose space is not there changes nothing")
+                XCTAssertGreaterThan(storage.reservations, 0)
+            }
+            let key = try symmetricClassKey()
+            let reopened = try ProtectedFile.open(MemoryStorage(storage.memory.bytes)) { _ in key }
+            XCTAssertEqual(reopened.size, UInt64(size), label)
+            XCTAssertEqual(try reopened.readAll(), Array(model.prefix(size)), label)
+            storage.capacity = .max
+            try file.write(Array(data.suffix(1000)), at: UInt64(size))
+            XCTAssertEqual(try file.readAll(), Array(model.prefix(size)) + data.suffix(1000), "\(label): writing goes on")
+        }
+    }
+}

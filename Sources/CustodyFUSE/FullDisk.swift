@@ -1,0 +1,73 @@
+import CFuse3
+import CLinux
+import CustodySystem
+import Dispatch
+import Glibc
+import Synchronization
+
+// Full disks and freed space.
+//
+// - A file removed through the mount frees its space at once, as on the backing file system. The
+//   daemon keeps an O_PATH descriptor on every inode the kernel knows, and the kernel forgets an
+//   unlinked inode only when it evicts it (which may take a while, and longer while a failed
+//   write-back holds its pages). So once a regular file has no name left and no open handle, its
+//   descriptor is pointed (dup3) at an empty placeholder: an unlinked O_TMPFILE made once per
+//   mount. The number stays valid for any request still holding the inode, and nothing can reach
+//   the removed file through the mount any more.
+// - A write that fails (ENOSPC, EDQUOT, EIO) leaves the kernel's page cache and size ahead of
+//   what is stored. The daemon then asks the kernel to drop the file's cached pages and
+//   attributes, so the next read sees what the disk holds (for encrypted files, the clean prefix
+//   `ProtectedFile` keeps) and the kernel learns the size from the short read.
+
+/// Where freed inodes point, and the kernel notifications about failed writes.
+final class StorageEdges: @unchecked Sendable {
+    /// O_PATH descriptor of an empty unlinked file in the backing store (-1 when the file system
+    /// has no O_TMPFILE: then space comes back when the kernel forgets the inode, as before).
+    let placeholder: Int32
+    private let session = Mutex<LockEnforcement.UncheckedSession?>(nil)
+    /// Notifications never go out from a request handler (they may wait for requests).
+    private let queue = DispatchQueue(label: "custody.storage-edges")
+
+    init(backingRoot: Int32) {
+        var placeholder: Int32 = -1
+        if let file = try? Syscall.openat(backingRoot, ".", Linux.O_TMPFILE | O_RDWR | O_CLOEXEC, 0o600) {
+            placeholder = (try? Syscall.openat(AT_FDCWD, Syscall.procPath(file), Linux.O_PATH | O_CLOEXEC, 0)) ?? -1
+            Syscall.close(file)
+        }
+        self.placeholder = placeholder
+    }
+
+    deinit { if placeholder >= 0 { Syscall.close(placeholder) } }
+
+    func attach(_ session: OpaquePointer?) { self.session.withLock { $0 = session.map(LockEnforcement.UncheckedSession.init) } }
+
+    /// Drops the kernel's cached pages and attributes of node `id`, soon, from the queue.
+    func invalidate(_ id: UInt64) {
+        queue.async { [self] in
+            session.withLock { session in
+                guard let session else { return }
+                _ = fuse_lowlevel_notify_inval_inode(session.pointer, fuse_ino_t(id), 0, 0)
+            }
+        }
+    }
+
+    /// Waits until queued notifications went out (before the session ends).
+    func drain() { queue.sync {} }
+
+    /// Lets the storage of a regular file go once it has no name and no open handle.
+    func releaseIfUnlinked(_ inode: Inode) {
+        guard placeholder >= 0, inode.isRegularFile else { return }
+        inode.protectionState.withLock { state in
+            guard state.openHandles == 0, state.content == nil, !state.storageReleased else {
+                if !state.storageReleased { state.releaseWhenClosed = true }
+                return
+            }
+            guard let attributes = try? Syscall.fstat(inode.fd), attributes.st_nlink == 0 else { return }
+            // The descriptor number stays (requests may hold it); what it refers to changes at once.
+            if dup2(placeholder, inode.fd) >= 0 {
+                _ = fcntl(inode.fd, F_SETFD, FD_CLOEXEC)
+                state.storageReleased = true
+            }
+        }
+    }
+}

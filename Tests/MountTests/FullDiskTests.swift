@@ -1,0 +1,125 @@
+import CustodyFormat
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// A mount over a small tmpfs: filling it, removing files, filling it with an encrypted file.
+final class FullDiskTests: XCTestCase {
+    var daemon: MountedDaemon!
+    var backingMounted: String?
+    static let backingMiB = 24
+
+    override func setUpWithError() throws {
+        daemon = try MountedDaemon(extraArguments: ["--default-identity", "0=alice@contoso.com"]) { state in
+            let backing = URL(fileURLWithPath: state).deletingLastPathComponent().appendingPathComponent("backing").path
+            try FileManager.default.createDirectory(atPath: backing, withIntermediateDirectories: true)
+            _ = try mustRun(["mount", "-t", "tmpfs", "-o", "size=\(Self.backingMiB)m", "tmpfs", backing])
+            self.backingMounted = backing
+        }
+    }
+
+    override func tearDown() {
+        daemon?.stop()
+        if let backingMounted { _ = try? runCommand(["umount", backingMounted]) }
+        daemon?.destroy()
+        daemon = nil
+    }
+
+    func enrollAlice() throws {
+        let answer = try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "none"}}"#)
+        XCTAssertEqual(answer.status, 201, answer.body)
+    }
+
+    var freeBytes: UInt64 {
+        var info = statvfs()
+        statvfs(daemon.backing, &info)
+        return UInt64(info.f_bavail) * UInt64(info.f_frsize)
+    }
+
+    /// Writes more than fits with `dd … conv=fsync`; the source file and dd's result.
+    func overfill(_ name: String) throws -> ([UInt8], CommandResult) {
+        let source = daemon.root + "/source-\(name)"
+        _ = try mustRun(["dd", "if=/dev/urandom", "of=\(source)", "bs=1M", "count=\(Self.backingMiB + 8)", "status=none"])
+        let result = try runCommand(["dd", "if=\(source)", "of=\(daemon.mnt(name))", "bs=1M", "conv=fsync", "status=none"])
+        return (try readFile(source), result)
+    }
+
+    /// What `cat` reads: it must succeed (no EIO anywhere) and begin with what fitted. An
+    /// encrypted file is then a clean prefix of `source` followed by nothing but zeros (the
+    /// kernel's page cache keeps the size it was given); a plain file is what the backing file
+    /// system kept (the kernel writes back in any order, so it may have gaps).
+    func checkCleanPrefix(_ name: String, _ source: [UInt8], blockAligned: Bool) throws -> Int {
+        let cat = try runCommand(["sh", "-c", "cat '\(daemon.mnt(name))' > '\(daemon.root)/read-back'"])
+        XCTAssertEqual(cat.status, 0, "cat of \(name) fails: \(cat.error)")
+        let read = try readFile(daemon.root + "/read-back")
+        let prefix = zip(read, source).prefix { $0 == $1 }.count
+        XCTAssertGreaterThan(prefix, 0, "\(name): what fitted reads back")
+        if blockAligned {
+            XCTAssertTrue(read[prefix...].allSatisfy { $0 == 0 }, "\(name): after the prefix only zeros, no garbage")
+            // Where the stored data ends: a block boundary of the plaintext, no torn block on disk.
+            let stored = try Syscall.lstat(daemon.back(name)).st_size
+            let layout = BlockLayout()
+            let plaintext = try layout.plaintextSize(storedSize: UInt64(stored))
+            XCTAssertEqual(plaintext % 4096, 0, "\(name): the stored file ends at a block boundary")
+            XCTAssertEqual(layout.storedSize(plaintextSize: plaintext), UInt64(stored))
+            XCTAssertEqual(UInt64(prefix), plaintext, "\(name): everything stored reads back, and nothing else")
+        }
+        return prefix
+    }
+
+    func testAnEncryptedFileThatFillsTheDiskReadsAsACleanPrefix() throws {
+        try enrollAlice()
+        let (source, dd) = try overfill("big")
+        XCTAssertNotEqual(dd.status, 0, "dd must report the full disk")
+        XCTAssertTrue(dd.error.contains("No space left on device"), dd.error)
+        XCTAssertEqual(xattr(daemon.mnt("big"), "user.custody.encrypted"), "1")
+        _ = try checkCleanPrefix("big", source, blockAligned: true)
+        // The daemon's own answer for the size (a new lookup after the kernel lets the inode go).
+        _ = try mustRun(["sh", "-c", "sync; echo 2 > /proc/sys/vm/drop_caches"])
+        let size = try Syscall.lstat(daemon.mnt("big")).st_size
+        XCTAssertEqual(size % 4096, 0, "the size says where the stored data ends")
+        XCTAssertTrue(try readFile(daemon.mnt("big")) == Array(source.prefix(Int(size))), "after the kernel let go, the file is the prefix")
+        // Space freed: the daemon writes again.
+        try FileManager.default.removeItem(atPath: daemon.mnt("big"))
+        _ = try mustRun(["dd", "if=/dev/urandom", "of=\(daemon.mnt("after"))", "bs=1M", "count=4", "conv=fsync", "status=none"])
+        XCTAssertEqual(try readFile(daemon.mnt("after")).count, 4 << 20)
+    }
+
+    func testAPlainFileThatFillsTheDiskReadsAsACleanPrefix() throws {
+        let (source, dd) = try overfill("plain")
+        XCTAssertNotEqual(dd.status, 0)
+        XCTAssertNil(xattr(daemon.mnt("plain"), "user.custody.encrypted").flatMap { $0 == "1" ? $0 : nil })
+        _ = try checkCleanPrefix("plain", source, blockAligned: false)
+    }
+
+    /// rm gives the space back at once, as on the backing file system: the next write fits
+    /// without waiting for the kernel to forget the file.
+    func testRemovingAFileFreesItsSpaceAtOnce() throws {
+        for encrypted in [false, true] {
+            if encrypted { try enrollAlice() }
+            let name = encrypted ? "fill-encrypted" : "fill-plain"
+            // Fill most of the disk (without running out, so the file is whole).
+            _ = try mustRun(["dd", "if=/dev/urandom", "of=\(daemon.mnt(name))", "bs=1M", "count=\(Self.backingMiB - 4)", "conv=fsync", "status=none"])
+            XCTAssertLessThan(freeBytes, 8 << 20)
+            _ = try mustRun(["rm", daemon.mnt(name)])
+            XCTAssertGreaterThan(freeBytes, UInt64(Self.backingMiB - 6) << 20, "\(name): the space is free right after rm")
+            _ = try mustRun(["dd", "if=/dev/zero", "of=\(daemon.mnt("next"))", "bs=1M", "count=\(Self.backingMiB - 6)", "conv=fsync", "status=none"])
+            _ = try mustRun(["rm", daemon.mnt("next")])
+        }
+        // Removed while open: the space stays while the file is open (as POSIX says) and comes
+        // back when it is closed.
+        _ = try mustRun(["dd", "if=/dev/urandom", "of=\(daemon.mnt("held"))", "bs=1M", "count=16", "conv=fsync", "status=none"])
+        let holder = try spawn("/bin/sh", ["-c", "exec sleep 30 3<'\(daemon.mnt("held"))'"])
+        defer { kill(holder, SIGKILL); waitForExit(holder, seconds: 5) }
+        usleep(300_000)
+        _ = try mustRun(["rm", daemon.mnt("held")])
+        XCTAssertLessThan(freeBytes, UInt64(Self.backingMiB - 14) << 20, "an open file keeps its space")
+        kill(holder, SIGKILL)
+        waitForExit(holder, seconds: 5)
+        let deadline = Date().addingTimeInterval(2)
+        while Date() < deadline, freeBytes < UInt64(Self.backingMiB - 6) << 20 { usleep(10_000) }
+        XCTAssertGreaterThan(freeBytes, UInt64(Self.backingMiB - 6) << 20, "the space comes back at the last close")
+        XCTAssertTrue(daemon.isMounted)
+    }
+}
