@@ -129,16 +129,43 @@ public final class Engine: @unchecked Sendable {
             }
             loaded.keys[Account.canonical(account.id)] = keys
         }
+        var dropped = false
         if let bindings = try files.read(Bindings.self, from: "bindings.json") {
-            // Bindings of processes that are gone (or whose PID was reused) are dropped.
-            for binding in bindings.processes where processes.startTime(of: binding.task.id) == binding.task.startTime {
-                loaded.processBindings[binding.task] = binding.identity
+            // Bindings of processes that are gone (or whose PID was reused) are dropped, and of
+            // identities whose wipe was interrupted.
+            for binding in bindings.processes {
+                if processes.startTime(of: binding.task.id) == binding.task.startTime, !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
+                    loaded.processBindings[binding.task] = binding.identity
+                } else {
+                    dropped = true
+                }
             }
-            for binding in bindings.threads where processes.startTime(of: binding.task.id) == binding.task.startTime {
-                loaded.threadBindings[binding.task] = binding.identity
+            for binding in bindings.threads {
+                if processes.startTime(of: binding.task.id) == binding.task.startTime, !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
+                    loaded.threadBindings[binding.task] = binding.identity
+                } else {
+                    dropped = true
+                }
             }
         }
         state = Mutex(loaded)
+        // The file says only what holds: identities of exited processes do not linger in it.
+        if dropped { try saveBindings(loaded) }
+    }
+
+    /// Drops the bindings of processes and threads that have exited (or whose ID now names another
+    /// one) from memory and from `bindings.json`. The daemon calls it every few seconds; binding
+    /// and unbinding do it too. True when something was dropped.
+    @discardableResult
+    public func pruneExitedBindings() -> Bool {
+        let (boundProcesses, boundThreads) = state.withLock { (Array($0.processBindings.keys), Array($0.threadBindings.keys)) }
+        let gone = Set((boundProcesses + boundThreads).filter { processes.startTime(of: $0.id) != $0.startTime })
+        guard !gone.isEmpty else { return false }
+        return state.withLock { state in
+            state.processBindings = state.processBindings.filter { !gone.contains($0.key) }
+            state.threadBindings = state.threadBindings.filter { !gone.contains($0.key) }
+            return (try? saveBindings(state)) != nil
+        }
     }
 
     /// Starts the thread that completes locks at the end of their grace period (the daemon does;
@@ -394,6 +421,11 @@ public final class Engine: @unchecked Sendable {
         for account in pendingWipes {
             events.emit(.wipeStarted, identity: account.upn, code: 102, "completing the interrupted wipe of \(account.upn)")
             try deleteFiles(of: account)
+            try state.withLock { (state) throws(EngineError) in
+                state.processBindings = state.processBindings.filter { !account.matches($0.value) }
+                state.threadBindings = state.threadBindings.filter { !account.matches($0.value) }
+                try saveBindings(state)
+            }
             try files.destroy(Self.wipeJournalName(account.id))
             state.withLock { $0.pendingWipes.removeAll { $0.matches(account.id) } }
             events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")

@@ -17,6 +17,7 @@ extension Engine {
         guard let start = processes.startTime(of: task) else { throw .noSuchProcess(task) }
         try state.withLock { (state) throws(EngineError) in
             let key = TaskKey(id: task, startTime: start)
+            dropExited(&state)
             if thread {
                 state.threadBindings = state.threadBindings.filter { $0.key.id != task }
                 state.threadBindings[key] = identity
@@ -33,6 +34,7 @@ extension Engine {
     public func unbindProcess(_ pid: Int32) throws(EngineError) {
         try state.withLock { (state) throws(EngineError) in
             state.processBindings = state.processBindings.filter { $0.key.id != pid }
+            dropExited(&state)
             try saveBindingsLocked(state)
         }
         events.emit(.identityUnbound, "process \(pid) unbound", details: ["pid": "\(pid)"])
@@ -41,9 +43,16 @@ extension Engine {
     public func unbindThread(_ tid: Int32) throws(EngineError) {
         try state.withLock { (state) throws(EngineError) in
             state.threadBindings = state.threadBindings.filter { $0.key.id != tid }
+            dropExited(&state)
             try saveBindingsLocked(state)
         }
         events.emit(.identityUnbound, "thread \(tid) unbound", details: ["tid": "\(tid)"])
+    }
+
+    /// Bindings of tasks that have exited go whenever the bindings are saved.
+    private func dropExited(_ state: inout State) {
+        state.processBindings = state.processBindings.filter { processes.startTime(of: $0.key.id) == $0.key.startTime }
+        state.threadBindings = state.threadBindings.filter { processes.startTime(of: $0.key.id) == $0.key.startTime }
     }
 
     /// The effective identity of thread `tid` of a caller with `uid`, by precedence: the thread's

@@ -244,6 +244,7 @@ final class Daemon: @unchecked Sendable {
         for signal in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, signal) }
         let hadMounts = !mounts.isEmpty
         var lastStatus = ""
+        var nextPrune = monotonicSeconds() + 5
         while true {
             var timeout = timespec(tv_sec: 0, tv_nsec: 200_000_000)
             let signal = sigtimedwait(&signals, nil, &timeout)
@@ -260,6 +261,11 @@ final class Daemon: @unchecked Sendable {
             if hadMounts, mounts.isEmpty, configurationPath == nil {
                 logger.info("every mount is gone; stopping")
                 break
+            }
+            // Bindings of processes that have exited leave bindings.json (identities do not linger).
+            if monotonicSeconds() >= nextPrune {
+                engine.pruneExitedBindings()
+                nextPrune = monotonicSeconds() + 5
             }
             let status = statusLine()
             if status != lastStatus {

@@ -66,6 +66,46 @@ final class IdentityTests: EngineTestCase {
         XCTAssertEqual(reloaded.resolve(thread: 300, uid: 0).source, .none)
     }
 
+    /// bindings.json holds only bindings of live tasks: exited ones leave it (pruning, any bind,
+    /// a restart), and a wipe takes every binding to the wiped identity with it.
+    func testBindingsOfExitedProcessesAndWipedIdentitiesLeaveTheStateDirectory() throws {
+        let table = FakeProcessTable()
+        for pid: Int32 in [1, 400, 401, 402, 403] { table.add(pid, parent: pid == 1 ? nil : 1, start: UInt64(pid) * 10) }
+        let engine = try makeEngine(processes: table)
+        _ = try engine.register(id: "alice-oid", upn: "alice@contoso.com")
+        try engine.bindProcess(400, to: "alice@contoso.com")
+        try engine.bindThread(401, to: "ALICE@contoso.com")
+        try engine.bindProcess(402, to: "me@gmail.com")
+        try engine.bindProcess(403, to: "me@gmail.com")
+        let file = directory + "/bindings.json"
+        func stored() throws -> String { try String(contentsOfFile: file, encoding: .utf8) }
+        XCTAssertTrue(try stored().contains("alice@contoso.com"))
+        // 402 exits: the periodic prune drops it from the file.
+        table.remove(402)
+        XCTAssertTrue(engine.pruneExitedBindings())
+        XCTAssertFalse(engine.pruneExitedBindings(), "nothing more to drop")
+        let afterPrune = try stored()
+        XCTAssertFalse(afterPrune.contains("402"), afterPrune)
+        XCTAssertEqual(engine.resolve(thread: 403, uid: 0).identity, "me@gmail.com")
+        // 403 exits; the next bind drops it too.
+        table.remove(403)
+        table.add(404, parent: 1, start: 4040)
+        try engine.bindProcess(404, to: "me@gmail.com")
+        let afterBind = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: file))) as? [String: Any]
+        let ids = ((afterBind?["processes"] as? [[String: Any]]) ?? []).compactMap { ($0["task"] as? [String: Any])?["id"] as? Int }
+        XCTAssertEqual(ids.sorted(), [400, 404])
+        // The wipe takes the process and the thread binding of alice (any spelling) with it.
+        try engine.deregister("alice@contoso.com", wipe: true)
+        let afterWipe = try stored()
+        XCTAssertFalse(afterWipe.lowercased().contains("alice"), afterWipe)
+        XCTAssertEqual(engine.resolve(thread: 404, uid: 0).identity, "me@gmail.com")
+        // A restart after processes exited rewrites the file without them.
+        table.remove(404)
+        _ = try makeEngine(processes: table)
+        let afterRestart = try stored()
+        XCTAssertFalse(afterRestart.contains("me@gmail.com"), afterRestart)
+    }
+
     func testDirectoryOwnerAppliesOnlyToCallersWithoutIdentity() throws {
         let engine = try makeEngine()
         let nobody = ResolvedIdentity(identity: nil, source: .none)
