@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <sys/socket.h>
 #include <sys/prctl.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <errno.h>
 #include <linux/landlock.h>
@@ -195,6 +196,8 @@ int clinux_receive_descriptors(int socket, unsigned char *byte, int *fds, int ca
     }
     return count;
 }
+
+int clinux_memfd(const char *name) { return memfd_create(name, MFD_CLOEXEC); }
 
 void clinux_close_from(int first) {
 #ifdef SYS_close_range

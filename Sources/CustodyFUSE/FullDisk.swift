@@ -11,7 +11,7 @@ import Synchronization
 //   daemon keeps an O_PATH descriptor on every inode the kernel knows, and the kernel forgets an
 //   unlinked inode only when it evicts it (which may take a while, and longer while a failed
 //   write-back holds its pages). So once a regular file has no name left and no open handle, its
-//   descriptor is pointed (dup3) at an empty placeholder: an unlinked O_TMPFILE made once per
+//   descriptor is pointed (dup2) at an empty placeholder: an anonymous memfd made once per
 //   mount. The number stays valid for any request still holding the inode, and nothing can reach
 //   the removed file through the mount any more.
 // - A write that fails (ENOSPC, EDQUOT, EIO) leaves the kernel's page cache and size ahead of
@@ -21,16 +21,17 @@ import Synchronization
 
 /// Where freed inodes point, and the kernel notifications about failed writes.
 final class StorageEdges: @unchecked Sendable {
-    /// O_PATH descriptor of an empty unlinked file in the backing store (-1 when the file system
-    /// has no O_TMPFILE: then space comes back when the kernel forgets the inode, as before).
+    /// O_PATH descriptor of an empty anonymous file (a memfd: nothing on the backing store; -1
+    /// if none could be made: then space comes back when the kernel forgets the inode).
     let placeholder: Int32
     private let session = Mutex<LockEnforcement.UncheckedSession?>(nil)
     /// Notifications never go out from a request handler (they may wait for requests).
     private let queue = DispatchQueue(label: "custody.storage-edges")
 
-    init(backingRoot: Int32) {
+    init() {
         var placeholder: Int32 = -1
-        if let file = try? Syscall.openat(backingRoot, ".", Linux.O_TMPFILE | O_RDWR | O_CLOEXEC, 0o600) {
+        let file = clinux_memfd("custody-removed-file")
+        if file >= 0 {
             placeholder = (try? Syscall.openat(AT_FDCWD, Syscall.procPath(file), Linux.O_PATH | O_CLOEXEC, 0)) ?? -1
             Syscall.close(file)
         }

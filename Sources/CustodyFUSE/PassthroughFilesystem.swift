@@ -45,7 +45,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         wakeBoost = options.lowLatency ? WakeLatencyBoost.shared : nil
         inodeHighWater = max(64, descriptorLimit * 6 / 10)
         inodeLowWater = max(32, descriptorLimit * 4 / 10)
-        storageEdges = StorageEdges(backingRoot: root.fd)
+        storageEdges = StorageEdges()
     }
 
     /// Has the disk start reading the first bytes of these regular files (see `DirectoryReadAhead`).

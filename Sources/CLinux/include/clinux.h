@@ -67,6 +67,8 @@ int clinux_send_descriptors(int socket, const int *fds, int count);
    Returns the number of descriptors (0 at end of file), or -1 with errno; `*byte` gets the byte. */
 int clinux_receive_descriptors(int socket, unsigned char *byte, int *fds, int capacity);
 
+/* An anonymous, empty regular file in memory (memfd_create with MFD_CLOEXEC); -1 with errno. */
+int clinux_memfd(const char *name);
 /* Closes every descriptor from `first` up (close_range, or a loop where it is missing). */
 void clinux_close_from(int first);
 /* The calling process gets SIGKILL when its parent dies (PR_SET_PDEATHSIG). */
