@@ -149,6 +149,18 @@ int clinux_guarded_call(void (*body)(void *), void *context) {
     return 0;
 }
 
+int clinux_peer_in_group(int fd, gid_t group) {
+    struct ucred credentials;
+    socklen_t length = sizeof credentials;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return -1;
+    if (credentials.gid == group) return 1;
+    gid_t groups[256];
+    length = sizeof groups;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &length) != 0) return errno == ERANGE ? 0 : -1;
+    for (size_t i = 0; i < length / sizeof(gid_t); i++) if (groups[i] == group) return 1;
+    return 0;
+}
+
 int clinux_send_descriptors(int socket, const int *fds, int count) {
     if (count < 1 || count > 4) { errno = EINVAL; return -1; }
     unsigned char byte = 1;

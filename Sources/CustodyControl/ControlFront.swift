@@ -11,16 +11,54 @@ import Synchronization
 /// hands the rest to the daemon with the client's connection, so the daemon reads the caller's
 /// credentials from the kernel. If anything here traps, only this process ends.
 public enum ControlFront {
-    /// Connections served at once; more are answered 503 at once.
-    public static let maxConnections = 64
+    /// Connections served at once, in all; more are answered 503 at once.
+    public static let maxConnections = 512
+    /// Of those, kept for root and the admin group: no crowd of users locks an administrator out.
+    public static let reservedForAdministrators = 64
+    /// Connections one other user may hold at once.
+    public static let perUser = 32
 
     private static let channel = FrontSupervisor.channelDescriptor
     private static let listener = FrontSupervisor.listenerDescriptor
     private static let handOver = Mutex<Void>(())
-    private static let active = Atomic<Int>(0)
+    private static let connections = Mutex(ConnectionCounts())
 
-    /// Runs the front until the daemon goes; the process's exit status.
-    public static func run() -> Int32 {
+    struct ConnectionCounts {
+        var total = 0
+        var others = 0
+        var byUser: [uid_t: Int] = [:]
+    }
+
+    /// Counts a new connection, or says why it cannot be served now.
+    static func admit(uid: uid_t, privileged: Bool) -> String? {
+        connections.withLock { counts in
+            guard counts.total < maxConnections else { return "too many connections; try again" }
+            if !privileged {
+                guard counts.others < maxConnections - reservedForAdministrators else { return "too many connections; try again" }
+                guard counts.byUser[uid, default: 0] < perUser else { return "at most \(perUser) connections per user at once" }
+                counts.others += 1
+                counts.byUser[uid, default: 0] += 1
+            }
+            counts.total += 1
+            return nil
+        }
+    }
+
+    static func release(uid: uid_t, privileged: Bool) {
+        connections.withLock { counts in
+            counts.total -= 1
+            guard !privileged else { return }
+            counts.others -= 1
+            let left = counts.byUser[uid, default: 1] - 1
+            counts.byUser[uid] = left > 0 ? left : nil
+        }
+    }
+
+    /// Runs the front until the daemon goes; the process's exit status. `arguments` are what
+    /// follows `--control-front`: `--admin-gid N` names the administrators' group.
+    public static func run(arguments: [String] = []) -> Int32 {
+        var adminGroup: gid_t?
+        if let index = arguments.firstIndex(of: "--admin-gid"), index + 1 < arguments.count { adminGroup = gid_t(arguments[index + 1]) }
         // Only the two descriptors it was given (and the standard ones) stay open.
         clinux_close_from(listener + 1)
         let daemon = getppid()
@@ -41,21 +79,33 @@ public enum ControlFront {
                 return 1
             }
             _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
-            if active.wrappingAdd(1, ordering: .acquiringAndReleasing).newValue > maxConnections {
-                active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
-                sendAll(connection, ControlAPI.failure(503, 503, "ServiceBusy", "too many connections; try again").serialized())
+            // Who connected, from the kernel (the daemon asks again for its own decisions).
+            var pid: pid_t = 0, uid: uid_t = 0, gid: gid_t = 0
+            guard clinux_peer_credentials(connection, &pid, &uid, &gid) == 0 else {
+                Glibc.close(connection)
+                continue
+            }
+            let privileged = uid == 0 || adminGroup.map { clinux_peer_in_group(connection, $0) == 1 } ?? false
+            let user = uid
+            if let refusal = admit(uid: user, privileged: privileged) {
+                // Never waits for a client that does not read.
+                let answer = ControlAPI.failure(503, 503, "ServiceBusy", refusal).serialized()
+                _ = answer.withUnsafeBytes { Glibc.send(connection, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
                 Glibc.close(connection)
                 continue
             }
             if startThread(detached: true, {
                 serve(connection)
-                active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
+                release(uid: user, privileged: privileged)
             }) == nil {
-                active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
+                release(uid: user, privileged: privileged)
                 Glibc.close(connection)
             }
         }
     }
+
+    /// Seconds a connection may take to send its request head.
+    static let headSeconds: Double = 5
 
     /// Drops what the front does not need; says what could not be dropped ("" when all was).
     static func confine() -> String {
@@ -79,11 +129,11 @@ public enum ControlFront {
     static func serve(_ connection: Int32) {
         defer { Glibc.close(connection) }
         var timeout = timeval(tv_sec: ControlServer.timeoutSeconds, tv_usec: 0)
-        setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         let request: HTTPRequest
         do {
-            request = try HTTPReader(fd: connection).read()
+            // An idle connection goes after `headSeconds`: holding many costs a user its own slots.
+            request = try HTTPReader(fd: connection, headSeconds: Self.headSeconds, requestSeconds: Double(ControlServer.timeoutSeconds)).read()
         } catch {
             guard let response = answer(to: error) else { return }
             sendAll(connection, response.serialized())
@@ -107,7 +157,7 @@ public enum ControlFront {
     static func answer(to error: HTTPReadError) -> HTTPResponse? {
         switch error {
         case .closed: return nil
-        case .timedOut: return ControlAPI.failure(408, 408, "RequestTimeout", "no complete request within \(ControlServer.timeoutSeconds) s")
+        case .timedOut: return ControlAPI.failure(408, 408, "RequestTimeout", "no request head within \(Int(headSeconds)) s or no whole request within \(ControlServer.timeoutSeconds) s")
         case .headersTooLarge: return ControlAPI.failure(431, 431, "HeadersTooLarge", "request headers over \(HTTPParser.maxHeaderBytes) bytes or \(HTTPParser.maxHeaders) fields")
         case .bodyTooLarge: return ControlAPI.failure(413, 413, "RequestTooLarge", "request body over \(HTTPParser.maxBodyBytes) bytes")
         case .malformed(let reason): return ControlAPI.failure(400, 400, "BadRequest", reason)

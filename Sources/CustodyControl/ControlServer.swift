@@ -40,7 +40,7 @@ public final class ControlServer: @unchecked Sendable {
     public let path: String
     public static let timeoutSeconds = 10
     /// Requests the daemon serves at once (the front limits its connections as well).
-    public static let maxRequests = 128
+    public static let maxRequests = 512
 
     private let listener: Int32
     /// False for a socket passed by the service manager (it owns the file).
@@ -76,7 +76,7 @@ public final class ControlServer: @unchecked Sendable {
         }
         listener = fd
         ownsSocketFile = true
-        front = FrontSupervisor(listener: fd, command: frontCommand)
+        front = FrontSupervisor(listener: fd, command: frontCommand + (adminGroup.map { ["--admin-gid", "\($0)"] } ?? []))
         api.diagnostics.frontProcess.withLock { [front] in $0 = { front.processID } }
     }
 
@@ -87,7 +87,7 @@ public final class ControlServer: @unchecked Sendable {
         self.ownsSocketFile = false
         self.path = Self.boundPath(of: fd) ?? ""
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        front = FrontSupervisor(listener: fd, command: frontCommand)
+        front = FrontSupervisor(listener: fd, command: frontCommand + (adminGroup.map { ["--admin-gid", "\($0)"] } ?? []))
         api.diagnostics.frontProcess.withLock { [front] in $0 = { front.processID } }
     }
 

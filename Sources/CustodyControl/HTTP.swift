@@ -256,18 +256,22 @@ extension HTTPRequest {
     }
 }
 
-/// Reads one request from `fd` within the limits (the socket has a receive timeout set).
+/// Reads one request from `fd` within the limits and deadlines: the head must be complete within
+/// `headSeconds` of the start and the whole request within `requestSeconds`, however slowly the
+/// bytes trickle in (each receive waits only for what is left).
 struct HTTPReader {
     let fd: Int32
+    var headSeconds: Double = 5
+    var requestSeconds: Double = 10
 
     func read() throws(HTTPReadError) -> HTTPRequest {
+        let start = monotonicSeconds()
         var buffer: [UInt8] = []
         var headerEnd: Int?
         var chunk = [UInt8](repeating: 0, count: 4096)
         while headerEnd == nil {
-            let count = receive(&chunk)
+            let count = try receive(&chunk, until: start + headSeconds)
             if count == 0 { throw buffer.isEmpty ? .closed : .malformed("connection closed inside the headers") }
-            if count < 0 { throw errno == EAGAIN || errno == EWOULDBLOCK ? .timedOut : .closed }
             let searchFrom = buffer.count - 3
             buffer += chunk[0..<count]
             headerEnd = HTTPParser.endOfHead(buffer, from: searchFrom)
@@ -277,19 +281,24 @@ struct HTTPReader {
         let head = try HTTPParser.parseHead(buffer[..<end])
         var body = Array(buffer[(end + 4)...])
         while body.count < head.contentLength {
-            let count = receive(&chunk)
+            let count = try receive(&chunk, until: start + requestSeconds)
             if count == 0 { throw .malformed("connection closed inside the body") }
-            if count < 0 { throw errno == EAGAIN || errno == EWOULDBLOCK ? .timedOut : .closed }
             body += chunk[0..<count]
         }
         if body.count > head.contentLength { body.removeLast(body.count - head.contentLength) }
         return HTTPRequest(head: head, body: body)
     }
 
-    private func receive(_ chunk: inout [UInt8]) -> Int {
+    /// One receive that waits at most until `deadline` (monotonic seconds).
+    private func receive(_ chunk: inout [UInt8], until deadline: Double) throws(HTTPReadError) -> Int {
         while true {
+            let left = deadline - monotonicSeconds()
+            guard left > 0 else { throw .timedOut }
+            var timeout = timeval(tv_sec: Int(left), tv_usec: Int((left - left.rounded(.down)) * 1e6) + 1)
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
             let count = chunk.withUnsafeMutableBytes { Glibc.recv(fd, $0.baseAddress, $0.count, 0) }
             if count < 0, errno == EINTR { continue }
+            if count < 0 { throw errno == EAGAIN || errno == EWOULDBLOCK ? .timedOut : .closed }
             return count
         }
     }

@@ -213,7 +213,7 @@ struct Custodyd: ParsableCommand {
     /// `custodyd --control-front` is the daemon's own control front (started by the daemon, never
     /// by hand; see ControlFront): it is recognised before any option parsing.
     static func main() {
-        if CommandLine.arguments.dropFirst().first == "--control-front" { Glibc.exit(ControlFront.run()) }
+        if CommandLine.arguments.dropFirst().first == "--control-front" { Glibc.exit(ControlFront.run(arguments: Array(CommandLine.arguments.dropFirst(2)))) }
         main(nil)
     }
 

@@ -210,6 +210,55 @@ final class ControlFrontTests: XCTestCase {
         XCTAssertNotEqual((try? daemon.api("GET", "/v1/status").status) ?? 0, 200)
     }
 
+    /// One user holding hundreds of idle connections starves nobody: it gets at most its share
+    /// (the rest are answered 503 at once), its idle connections are closed after the head
+    /// timeout, and meanwhile root's wipe and another user's unlock go through.
+    func testOneUserCannotStarveTheOthers() throws {
+        try daemon.openToOtherUsers()
+        let hog = try testUser(), other = try testUser("custody-test2")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "bob-oid", "upn": "bob@contoso.com", "passphrase": "pw", "uid": \#(other)}"#).status, 201)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "carol-oid", "upn": "carol@contoso.com"}"#).status, 201)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/bob@contoso.com/lock").status, 200)
+        let script = daemon.root + "/hog.py", report = daemon.root + "/hog.log"
+        try writeFile(script, Array("""
+            import socket, sys, time
+            path, count = sys.argv[1], int(sys.argv[2])
+            held = []
+            for _ in range(count):
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(path)
+                held.append(s)
+            time.sleep(1.0)
+            def answered(s, prefix):
+                s.setblocking(False)
+                try:
+                    data = s.recv(64)
+                except BlockingIOError:
+                    return False
+                return data.startswith(prefix) or (prefix == b"" and data == b"")
+            refused = [s for s in held if answered(s, b"HTTP/1.1 503")]
+            print("refused", len(refused), flush=True)
+            kept = [s for s in held if s not in refused]
+            time.sleep(float(sys.argv[3]))
+            closed = sum(1 for s in kept if answered(s, b"HTTP/1.1 408") or answered(s, b""))
+            print("kept", len(kept), "closed", closed, flush=True)
+            """.utf8), mode: 0o755)
+        let hogger = try spawn("setpriv", ["--reuid=\(hog)", "--regid=\(hog)", "--clear-groups", "/usr/bin/python3", script, daemon.socket, "300", "6"],
+                               stdoutPath: report, stderrPath: report)
+        defer { kill(hogger, SIGKILL); waitForExit(hogger, seconds: 5) }
+        usleep(1_500_000)
+        // Meanwhile: root wipes, the other user unlocks its own account.
+        let wipe = try daemon.api("POST", "/v1/accounts/carol@contoso.com/wipe")
+        XCTAssertEqual(wipe.status, 200, wipe.body)
+        let unlock = try daemon.api("POST", "/v1/accounts/bob@contoso.com/unlock", #"{"passphrase": "pw"}"#, asUser: other)
+        XCTAssertEqual(unlock.status, 200, unlock.body)
+        XCTAssertTrue(waitForExit(hogger, seconds: 30))
+        let lines = ((try? String(contentsOfFile: report, encoding: .utf8)) ?? "").split(separator: "\n")
+        XCTAssertEqual(lines.first, "refused \(300 - 32)", "\(lines)")
+        XCTAssertEqual(lines.dropFirst().first, "kept 32 closed 32", "idle connections are closed after the head timeout: \(lines)")
+        XCTAssertEqual(try daemon.api("GET", "/v1/status").status, 200)
+    }
+
     /// An event stream crosses the front (chunked), and ends for the daemon when its client goes.
     func testEventStreamsCrossTheFront() throws {
         let log = daemon.root + "/stream.log"

@@ -35,8 +35,7 @@ extension MountedDaemon {
 }
 
 /// A local user for authorization tests, created once (useradd) and kept.
-func testUser() throws -> UInt32 {
-    let name = "custody-test"
+func testUser(_ name: String = "custody-test") throws -> UInt32 {
     if let entry = getpwnam(name) { return entry.pointee.pw_uid }
     try mustRun(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
     guard let entry = getpwnam(name) else { throw HarnessError("useradd did not create \(name)") }

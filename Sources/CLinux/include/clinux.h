@@ -61,6 +61,10 @@ int clinux_guarded_call(void (*body)(void *), void *context);
 /// The peer of a connected Unix socket (SO_PEERCRED); 0 on success, -1 with errno.
 int clinux_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 
+/* Whether the peer of a connected Unix socket had group `group` (primary or supplementary) when
+   it connected (SO_PEERCRED, SO_PEERGROUPS): 1 yes, 0 no, -1 with errno. */
+int clinux_peer_in_group(int fd, gid_t group);
+
 /* Sends one byte with `count` descriptors (SCM_RIGHTS) on a Unix socket; 0, or -1 with errno. */
 int clinux_send_descriptors(int socket, const int *fds, int count);
 /* Receives one message of at most one byte and up to `capacity` descriptors (close-on-exec).
