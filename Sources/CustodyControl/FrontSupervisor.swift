@@ -66,9 +66,11 @@ final class FrontSupervisor: @unchecked Sendable {
             Glibc.close(channel)
             if stopping { return }
             log("control front (pid \(pid)) \(Self.describe(status)); starting a new one")
-            // A front that keeps dying at once is started less and less often (at most every 5 s).
+            // A front that keeps dying at once is started a little less often, but never more
+            // than half a second later: the socket answers again within a second whatever
+            // makes it fail, and a crash loop costs at most two starts a second.
             quickExits = monotonicSeconds() - started < 1 ? quickExits + 1 : 0
-            if quickExits > 3 { usleep(useconds_t(min(5.0, 0.1 * Double(1 << min(quickExits - 3, 6))) * 1e6)) }
+            if quickExits > 3 { usleep(useconds_t(min(0.5, 0.05 * Double(1 << min(quickExits - 3, 4))) * 1e6)) }
         }
     }
 
