@@ -18,6 +18,10 @@ public protocol BlockStorage: AnyObject, Sendable {
     /// Makes `length` bytes at `offset` a hole again (reads as zeros; frees the space where it
     /// can). Needs no new space.
     func punchHole(at offset: UInt64, length: UInt64) throws(FormatError)
+    /// The record of a version 2 file's holes (`HoleSet`), nil when there is none.
+    func readHoleRecord() throws(FormatError) -> [UInt8]?
+    /// Stores the hole record, or removes it (nil). Throws when this storage cannot keep one.
+    func writeHoleRecord(_ record: [UInt8]?) throws(FormatError)
     /// A hint that `length` bytes at `offset` will be read soon (may start fetching them).
     func willRead(at offset: UInt64, length: UInt64)
     /// A read-only mapping of the first `length` bytes (which may run past the end), or nil if
@@ -26,6 +30,10 @@ public protocol BlockStorage: AnyObject, Sendable {
 }
 
 extension BlockStorage {
+    public func readHoleRecord() throws(FormatError) -> [UInt8]? { nil }
+    public func writeHoleRecord(_ record: [UInt8]?) throws(FormatError) {
+        if record != nil { throw .unsupported("hole records on this storage") }
+    }
     public func punchHole(at offset: UInt64, length: UInt64) throws(FormatError) { throw .unsupported("punching holes") }
     public func reserve(at offset: UInt64, length: UInt64) throws(FormatError) {}
     public func willRead(at offset: UInt64, length: UInt64) {}
@@ -66,6 +74,38 @@ public final class DescriptorStorage: BlockStorage {
         do { try Syscall.fdatasync(fd) } catch { throw .io(error) }
     }
 
+    /// The hole record lives in an extended attribute of the backing file (root-only
+    /// `trusted.*`, as the owner record; hidden in the mount).
+    public static let holeRecordAttribute = "trusted.custody.holes"
+
+    public func readHoleRecord() throws(FormatError) -> [UInt8]? {
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        let result: Result<Int, Errno> = buffer.withUnsafeMutableBytes { raw in
+            do throws(Errno) {
+                return .success(try Syscall.fgetxattr(fd, Self.holeRecordAttribute, raw.baseAddress, raw.count))
+            } catch {
+                return .failure(error)
+            }
+        }
+        switch result {
+        case .success(let count): return Array(buffer[0..<min(count, buffer.count)])
+        case .failure(let error) where error == .noData: return nil
+        case .failure(let error): throw .io(error)
+        }
+    }
+
+    public func writeHoleRecord(_ record: [UInt8]?) throws(FormatError) {
+        do throws(Errno) {
+            if let record {
+                try record.withBytes { (raw) throws(Errno) in try Syscall.fsetxattr(fd, Self.holeRecordAttribute, raw.baseAddress, raw.count, 0) }
+            } else {
+                do throws(Errno) { try Syscall.fremovexattr(fd, Self.holeRecordAttribute) } catch where error == .noData {}
+            }
+        } catch {
+            throw .io(error)
+        }
+    }
+
     public func punchHole(at offset: UInt64, length: UInt64) throws(FormatError) {
         do {
             try Syscall.fallocate(fd, Linux.FALLOC_FL_PUNCH_HOLE | Linux.FALLOC_FL_KEEP_SIZE, Int64(clamping: offset), Int64(clamping: length))
@@ -97,8 +137,18 @@ public final class DescriptorStorage: BlockStorage {
 /// Bytes in memory: protected buffers (the data protection API), tests and the fuzzer.
 public final class MemoryStorage: BlockStorage {
     private let storage: Mutex<[UInt8]>
+    private let holeRecord = Mutex<[UInt8]?>(nil)
 
-    public init(_ bytes: [UInt8] = []) { storage = Mutex(bytes) }
+    public func readHoleRecord() throws(FormatError) -> [UInt8]? { holeRecord.withLock { $0 } }
+    public func writeHoleRecord(_ record: [UInt8]?) throws(FormatError) { holeRecord.withLock { $0 = record } }
+
+    public init(_ bytes: [UInt8] = [], holeRecord: [UInt8]? = nil) {
+        storage = Mutex(bytes)
+        self.holeRecord.withLock { $0 = holeRecord }
+    }
+
+    /// A copy of these bytes and this hole record.
+    public func copy() -> MemoryStorage { MemoryStorage(bytes, holeRecord: holeRecord.withLock { $0 }) }
 
     public var bytes: [UInt8] { storage.withLock { $0 } }
 

@@ -39,7 +39,10 @@ public enum ClassKey: Sendable {
 public struct FileHeader: Equatable, Sendable {
     public static let length = 512
     public static let magic: [UInt8] = [0x89, 0x43, 0x55, 0x53, 0x54, 0x44, 0x59, 0x0A]  // "\x89CUSTDY\n"
-    public static let currentVersion: UInt16 = 1
+    /// Version 2 (what is written): zero blocks are holes only where the file's hole record lists
+    /// them. Version 1 (still read and written as such): every zero block is a hole.
+    public static let currentVersion: UInt16 = 2
+    public static let supportedVersions: ClosedRange<UInt16> = 1...2
     public static let defaultBlockSize: UInt32 = 4096
     public static let fileIDSize = 16
     public static let classKeyIDSize = 8
@@ -75,16 +78,21 @@ public struct FileHeader: Equatable, Sendable {
     /// A header for a plain-kind buffer or file (unmanaged owner).
     public static func plain(owner: Owner, fileID: [UInt8]? = nil) throws(FormatError) -> FileHeader {
         let fileID = try fileIDOrNew(fileID)
-        return FileHeader(kind: .plain, protectionClass: .none, fileID: fileID, blockSize: 0,
-                   wrapMethod: .none, owner: owner, classKeyID: [UInt8](repeating: 0, count: classKeyIDSize),
-                   ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keySize), wrappedFileKey: [])
+        var header = FileHeader(kind: .plain, protectionClass: .none, fileID: fileID, blockSize: 0,
+                                wrapMethod: .none, owner: owner, classKeyID: [UInt8](repeating: 0, count: classKeyIDSize),
+                                ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keySize), wrappedFileKey: [])
+        // Version 2 changes only what encrypted content means: plain headers stay version 1.
+        header.version = 1
+        return header
     }
 
     /// A header for encrypted content, with `fileKey` wrapped by `classKey`.
     /// `wrapNonce` and `ephemeralPrivateKey` are for reproducible test vectors only.
     public static func encrypted(owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey, fileKey: SecretBytes,
                                  fileID: [UInt8]? = nil, blockSize: UInt32 = defaultBlockSize,
-                                 wrapNonce: [UInt8]? = nil, ephemeralPrivateKey: SecretBytes? = nil) throws(FormatError) -> FileHeader {
+                                 wrapNonce: [UInt8]? = nil, ephemeralPrivateKey: SecretBytes? = nil,
+                                 version: UInt16 = currentVersion) throws(FormatError) -> FileHeader {
+        guard supportedVersions.contains(version) else { throw .unsupportedVersion(version) }
         guard blockSize >= 16, blockSize <= 1 << 20, blockSize % 16 == 0 else {
             throw .unsupported("block size \(blockSize) (16 … 1 MiB, a multiple of 16)")
         }
@@ -93,6 +101,7 @@ public struct FileHeader: Equatable, Sendable {
         var header = FileHeader(kind: .encrypted, protectionClass: protectionClass, fileID: fileID,
                                 blockSize: blockSize, wrapMethod: .classKey, owner: owner, classKeyID: classKey.id,
                                 ephemeralPublicKey: [UInt8](repeating: 0, count: X25519.keySize), wrappedFileKey: [])
+        header.version = version
         guard header.fileID.count == fileIDSize else { throw .corruptHeader("file ID must be \(fileIDSize) bytes") }
         do throws(CryptoError) {
             let wrappingKey: AESGCMKey
@@ -216,14 +225,14 @@ public struct FileHeader: Equatable, Sendable {
         guard hasMagic(bytes) else { throw .notProtected }
         guard bytes.count >= 12 else { throw .corruptHeader("shorter than the fixed fields") }
         let version = bytes.loadLE(UInt16.self, at: Offset.version)
-        guard version == currentVersion else { throw .unsupportedVersion(version) }
+        guard supportedVersions.contains(version) else { throw .unsupportedVersion(version) }
         guard bytes.count >= length else { throw .corruptHeader("\(bytes.count) bytes, a header has \(length)") }
         guard let kind = ContentKind(rawValue: bytes[Offset.kind]) else { throw .corruptHeader("unknown content kind \(bytes[Offset.kind])") }
         guard let protectionClass = ProtectionClass(rawValue: bytes[Offset.protectionClass]) else {
             throw .corruptHeader("unknown protection class \(bytes[Offset.protectionClass])")
         }
         let headerLength = bytes.loadLE(UInt32.self, at: Offset.headerLength)
-        guard headerLength == UInt32(length) else { throw .corruptHeader("header length \(headerLength), version 1 headers have \(length)") }
+        guard headerLength == UInt32(length) else { throw .corruptHeader("header length \(headerLength), headers have \(length)") }
         let blockSize = bytes.loadLE(UInt32.self, at: Offset.blockSize)
         guard let wrapMethod = WrapMethod(rawValue: bytes[Offset.wrapMethod]) else {
             throw .corruptHeader("unknown wrap method \(bytes[Offset.wrapMethod])")

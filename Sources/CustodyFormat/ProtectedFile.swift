@@ -34,6 +34,9 @@ public final class ProtectedFile: @unchecked Sendable {
     /// Set once a failed write was settled: writes that would leave a gap are refused (with the
     /// error that failed the first), so the file stays a clean prefix. Guarded by the size lock.
     private var refusingGaps: FormatError?
+    /// Version 2: which zero blocks are holes (loaded from the hole record at first need).
+    private let holes = Mutex<(loaded: Bool, set: HoleSet)>((false, HoleSet()))
+    private var tracksHoles: Bool { header.version >= 2 }
     // Allocated in init only after every step that can throw: a throwing init skips deinit.
     private let sizeLock: UnsafeMutablePointer<pthread_rwlock_t>
     private let stripes: UnsafeMutablePointer<pthread_mutex_t>
@@ -59,7 +62,11 @@ public final class ProtectedFile: @unchecked Sendable {
         // writeback at close (auto_da_alloc), a disk write per new file.
         if !storageIsEmpty, try storage.size() != 0 { try storage.truncate(to: 0) }
         try storage.writeBytes(header.encoded(), at: 0)
-        return try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism)
+        let file = try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism)
+        // A new file has no holes (a record left by an earlier file at this place goes).
+        if !storageIsEmpty { try? storage.writeHoleRecord(nil) }
+        file.holes.withLock { $0 = (true, HoleSet()) }
+        return file
     }
 
     /// Opens existing content: reads the header, asks `classKey` for the key it names, unwraps.
@@ -246,8 +253,9 @@ public final class ProtectedFile: @unchecked Sendable {
             throw .crypto(error)
         }
         let length = stored.count - BlockLayout.overhead
-        if !final, UInt64(length) == layout.blockSize, stored.allSatisfy({ $0 == 0 }) {
-            // A hole: never written, reads as zeros. (Only non-final blocks can be holes.)
+        if !final, UInt64(length) == layout.blockSize, stored.allSatisfy({ $0 == 0 }), !tracksHoles || holeSet().contains(index) {
+            // A hole: never written, reads as zeros. (Only non-final blocks can be holes; in a
+            // version 2 file only the listed ones: other zeros are damage.)
             plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: length)
             return
         }
@@ -256,6 +264,59 @@ public final class ProtectedFile: @unchecked Sendable {
             throw .truncated(lastBlock: index)
         }
         throw .blockAuthenticationFailed(index: index)
+    }
+
+    // MARK: Holes (version 2)
+
+    /// The file's holes, read from its record the first time. A record that is missing or does
+    /// not verify lists none, so zero blocks then read as errors (the safe side).
+    private func holeSet() -> HoleSet {
+        holes.withLock { state in
+            if !state.loaded {
+                if let record = try? storage.readHoleRecord(), let set = HoleSet.decode(record, cipher: cipher) { state.set = set }
+                state.loaded = true
+            }
+            return state.set
+        }
+    }
+
+    /// Changes the hole set and stores its record; false (nothing changed) when it cannot be
+    /// stored or would grow past `HoleSet.maxRanges`.
+    @discardableResult
+    private func updateHoles(_ change: (inout HoleSet) -> Void) -> Bool {
+        _ = holeSet()
+        return holes.withLock { state in
+            var set = state.set
+            change(&set)
+            guard set != state.set else { return true }
+            guard set.ranges.count <= HoleSet.maxRanges,
+                  let record = set.isEmpty ? [] : try? set.record(cipher: cipher),
+                  (try? storage.writeHoleRecord(set.isEmpty ? nil : record)) != nil else { return false }
+            state.set = set
+            return true
+        }
+    }
+
+    /// Before blocks `gap` are left unwritten below a new end: lists them as holes, or, where no
+    /// record can be kept, writes them as encrypted zeros (the file is then not sparse there).
+    private func leaveHoles(_ gap: Range<UInt64>, oldSize: UInt64, newSize: UInt64) throws(FormatError) {
+        guard tracksHoles, !gap.isEmpty else { return }
+        if updateHoles({ $0.insert(gap) }) { return }
+        try storeBlocks(gap.lowerBound...(gap.upperBound - 1), oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
+    }
+
+    /// After blocks `written` were stored: they are no holes any more.
+    private func filledHoles(_ written: ClosedRange<UInt64>) {
+        guard tracksHoles else { return }
+        let range = written.lowerBound..<(written.upperBound + 1)
+        if holeSet().intersects(range) { updateHoles { $0.remove(range) } }
+    }
+
+    /// After the file was cut to `size` bytes: holes past its blocks go.
+    private func cutHoles(toSize size: UInt64) {
+        guard tracksHoles else { return }
+        let blocks = (size + layout.blockSize - 1) / layout.blockSize
+        if holeSet().ranges.last.map({ $0.upperBound > blocks }) ?? false { updateHoles { $0.trim(toBlocks: blocks) } }
     }
 
     // MARK: Writing
@@ -300,8 +361,12 @@ public final class ProtectedFile: @unchecked Sendable {
                 if let apart { try reserve(apart...apart, size: newSize) }
                 try reserve(rangeStart...last, size: newSize)
             }
+            // Blocks between the old end and the write stay unwritten: holes, listed first.
+            let oldBlocks = (oldSize + blockSize - 1) / blockSize
+            if first > oldBlocks { try leaveHoles(oldBlocks..<first, oldSize: oldSize, newSize: newSize) }
             if let apart { try storeBlocks(apart...apart, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0) }
             try storeBlocks(rangeStart...last, oldSize: oldSize, newSize: newSize, data: data, dataOffset: offset)
+            filledHoles(first...last)
         } catch {
             // A write that fails part-way (the disk is full) may have stored some blocks and part
             // of one more: keep a file that reads cleanly. Growing: up to its new end; in place
@@ -358,6 +423,8 @@ public final class ProtectedFile: @unchecked Sendable {
             guard (try? storeBlocks((count - 1)...(count - 1), oldSize: storedUnder, newSize: size, data: nil, dataOffset: 0)) != nil,
                   (try? storage.truncate(to: layout.storedSize(plaintextSize: size))) != nil else { return false }
             plaintextSize = size
+            cutHoles(toSize: size)
+            filledHoles((count - 1)...(count - 1))
             return true
         }
         var count = min(whole, attemptedSize / blockSize)
@@ -367,6 +434,7 @@ public final class ProtectedFile: @unchecked Sendable {
         }
         guard oldSize > 0 else {
             if (try? storage.truncate(to: layout.headerLength)) != nil { plaintextSize = 0 }
+            cutHoles(toSize: 0)
             return
         }
         // The old final block, if the failed write did not reach it, is whole: keep the old size.
@@ -374,6 +442,7 @@ public final class ProtectedFile: @unchecked Sendable {
         if (try? storeBlocks(oldFinal...oldFinal, oldSize: oldSize, newSize: oldSize, data: nil, dataOffset: 0)) != nil,
            (try? storage.truncate(to: layout.storedSize(plaintextSize: oldSize))) != nil {
             plaintextSize = oldSize
+            cutHoles(toSize: oldSize)
             return
         }
         count = oldFinal
@@ -382,6 +451,7 @@ public final class ProtectedFile: @unchecked Sendable {
             count -= 1
         }
         if (try? storage.truncate(to: layout.headerLength)) != nil { plaintextSize = 0 }
+        cutHoles(toSize: 0)
     }
 
     /// After a write failed (the disk filled up): other writes may have stored data past the
@@ -430,12 +500,19 @@ public final class ProtectedFile: @unchecked Sendable {
         let blockSize = layout.blockSize
         if newSize == 0 {
             try storage.truncate(to: layout.headerLength)
+            cutHoles(toSize: 0)
         } else if newSize < oldSize {
             let last = (newSize - 1) / blockSize
             try storeBlocks(last...last, oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
             try storage.truncate(to: layout.storedSize(plaintextSize: newSize))
+            cutHoles(toSize: newSize)
+            filledHoles(last...last)
         } else {
             let newFinal = (newSize - 1) / blockSize
+            // Blocks between the old end and the new final block: holes.
+            let oldBlocks = (oldSize + blockSize - 1) / blockSize
+            if newFinal > oldBlocks { try leaveHoles(oldBlocks..<newFinal, oldSize: oldSize, newSize: newSize) }
+            filledHoles(newFinal...newFinal)
             if oldSize == 0 {
                 try storeBlocks(newFinal...newFinal, oldSize: 0, newSize: newSize, data: nil, dataOffset: 0)
             } else {

@@ -124,7 +124,7 @@ final class FormatVectorTests: XCTestCase {
                 owner: try Owner(f("owner")), protectionClass: ProtectionClass(rawValue: UInt8(f("class"))!)!,
                 classKey: .symmetric(id: hex(f("class-key-id")), key: try AESGCMKey(try secretBytes(hex(f("class-key"))))),
                 fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")), blockSize: UInt32(f("block-size"))!,
-                wrapNonce: hex(f("wrap-nonce")))
+                wrapNonce: hex(f("wrap-nonce")), version: UInt16(f("version")) ?? 1)
             return ["header": hexString(header.encoded())]
         case "header-class-B":
             let classPrivate = try secretBytes(hex(f("class-private-key")))
@@ -133,7 +133,8 @@ final class FormatVectorTests: XCTestCase {
                 owner: try Owner(f("owner")), protectionClass: ProtectionClass(rawValue: UInt8(f("class"))!)!,
                 classKey: .agreement(id: hex(f("class-key-id")), publicKey: classPublic, privateKey: nil),
                 fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")), blockSize: UInt32(f("block-size"))!,
-                wrapNonce: hex(f("wrap-nonce")), ephemeralPrivateKey: try secretBytes(hex(f("ephemeral-private-key"))))
+                wrapNonce: hex(f("wrap-nonce")), ephemeralPrivateKey: try secretBytes(hex(f("ephemeral-private-key"))),
+                version: UInt16(f("version")) ?? 1)
             // And it unwraps with the private key.
             let unwrapped = try header.unwrapFileKey(with: .agreement(id: hex(f("class-key-id")), publicKey: classPublic, privateKey: classPrivate))
             guard unwrapped.withUnsafeBytes({ Array($0) }) == hex(f("file-key")) else { throw FormatError.headerAuthenticationFailed }

@@ -81,8 +81,8 @@ final class HeaderTests: XCTestCase {
         }
         XCTAssertEqual(decode(Array("plain text file".utf8)), .notProtected)
         XCTAssertEqual(decode([]), .notProtected)
-        var version = good; version[8] = 2
-        XCTAssertEqual(decode(version), .unsupportedVersion(2))
+        var version = good; version[8] = 3
+        XCTAssertEqual(decode(version), .unsupportedVersion(3))
         if case .corruptHeader = decode(Array(good[0..<300])) {} else { XCTFail("short header") }
         var kind = good; kind[10] = 9
         XCTAssertEqual(decode(kind), .corruptHeader("unknown content kind 9"))

@@ -38,6 +38,12 @@ final class ProtectedFileTests: XCTestCase {
         return try ProtectedFile.open(MemoryStorage(bytes)) { _ in key }
     }
 
+    /// A fresh open of a copy of `storage`, its hole record included.
+    func reopen(_ storage: MemoryStorage, classKey: ClassKey? = nil) throws -> ProtectedFile {
+        let key = try classKey ?? symmetricClassKey()
+        return try ProtectedFile.open(storage.copy()) { _ in key }
+    }
+
     func testRoundTripAndPlaintextSizeFromStoredSize() throws {
         let content = (0..<10_000).map { UInt8(truncatingIfNeeded: $0 * 31) }
         let storage = MemoryStorage()
@@ -83,7 +89,7 @@ final class ProtectedFileTests: XCTestCase {
             }
             switch index {
             case 0..<8: XCTAssertEqual(error, .notProtected, "byte \(index)")
-            case 8..<10: XCTAssertEqual(error, .unsupportedVersion(index == 8 ? 0 : 257), "byte \(index)")
+            case 8..<10: XCTAssertEqual(error, .unsupportedVersion(index == 8 ? 3 : 258), "byte \(index)")
             case 40..<48: XCTAssertEqual(error, .wrongKey(keyID: { var id = [UInt8]([1, 2, 3, 4, 5, 6, 7, 8]); id[index - 40] ^= 1; return id }()), "byte \(index)")
             case 440..<500: XCTAssertEqual(error, .headerAuthenticationFailed, "byte \(index)")
             case 10..<512:
@@ -169,14 +175,67 @@ final class ProtectedFileTests: XCTestCase {
         let reopened = try ProtectedFile.open(DescriptorStorage(fd: fd)) { _ in try! symmetricClassKey() }
         XCTAssertEqual(reopened.size, 128 << 20)
         XCTAssertEqual(try reopened.read(4, at: 64 << 20), Array("tail".utf8))
-        // A zeroed final block is not a hole: it is tampering.
+        // A zeroed final block is not a hole: it is tampering. Nor, in a version 2 file, is a
+        // zeroed non-final block that its hole record does not list; version 1 reads it as zeros.
         let storage = MemoryStorage()
         _ = try makeFile([UInt8](repeating: 7, count: 100), blockSize: 64, storage: storage)
         var bytes = storage.bytes
         bytes.replaceSubrange(512..<(512 + 92), with: [UInt8](repeating: 0, count: 92))
-        XCTAssertEqual(try reopen(bytes).read(64, at: 0), [UInt8](repeating: 0, count: 64), "a zeroed non-final block reads as a hole (documented)")
+        XCTAssertThrowsError(try reopen(bytes).read(64, at: 0), "a zeroed non-final block is reported") {
+            XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 0))
+        }
         bytes.replaceSubrange((512 + 92)..., with: [UInt8](repeating: 0, count: 36 + 28))
         XCTAssertThrowsError(try reopen(bytes).read(10, at: 64)) { XCTAssertEqual($0 as? FormatError, .blockAuthenticationFailed(index: 1)) }
+        let version1 = MemoryStorage()
+        let key = try symmetricClassKey()
+        let header = try FileHeader.encrypted(owner: owner, protectionClass: .complete, classKey: key, fileKey: try secretBytes([UInt8](repeating: 3, count: 32)),
+                                              blockSize: 64, version: 1)
+        try version1.writeBytes(header.encoded(), at: 0)
+        let old = try ProtectedFile(storage: version1, header: header, fileKey: try secretBytes([UInt8](repeating: 3, count: 32)))
+        try old.write([UInt8](repeating: 7, count: 100), at: 0)
+        var oldBytes = version1.bytes
+        oldBytes.replaceSubrange(512..<(512 + 92), with: [UInt8](repeating: 0, count: 92))
+        XCTAssertEqual(try ProtectedFile.open(MemoryStorage(oldBytes)) { _ in key }.read(64, at: 0), [UInt8](repeating: 0, count: 64),
+                       "version 1: a zeroed non-final block reads as a hole (documented)")
+    }
+
+    /// Version 2: holes are listed in the file's hole record, which is authenticated; zeros
+    /// anywhere else, a missing or altered record, all read as errors, and the backing file stays
+    /// sparse. Filling a hole takes it off the list; cutting the file drops the holes past its end.
+    func testHolesAreListedAndZeroedBlocksAreDamage() throws {
+        let storage = MemoryStorage()
+        let file = try makeFile([], blockSize: 64, storage: storage)
+        try file.write([UInt8](repeating: 1, count: 64), at: 0)
+        try file.write([UInt8](repeating: 2, count: 64), at: 64 * 10)     // blocks 1..<10 are holes
+        try file.truncate(to: 64 * 20 + 5)                                  // blocks 11..<20 too
+        XCTAssertNotNil(try storage.readHoleRecord())
+        let key = try symmetricClassKey()
+        func reopened(_ storage: MemoryStorage) throws -> ProtectedFile { try ProtectedFile.open(storage) { _ in key } }
+        XCTAssertEqual(try reopened(storage.copy()).read(64 * 9, at: 64), [UInt8](repeating: 0, count: 64 * 9))
+        XCTAssertEqual(try reopened(storage.copy()).read(64, at: 64 * 15), [UInt8](repeating: 0, count: 64))
+        // Zeroing a data block: an error, the holes around it still read.
+        var damaged = storage.copy()
+        try damaged.writeBytes([UInt8](repeating: 0, count: 92), at: 512)
+        XCTAssertThrowsError(try reopened(damaged).read(64, at: 0))
+        XCTAssertEqual(try reopened(damaged).read(64, at: 64 * 5), [UInt8](repeating: 0, count: 64))
+        // No record, or an altered one: no holes at all.
+        damaged = MemoryStorage(storage.bytes)
+        XCTAssertThrowsError(try reopened(damaged).read(64, at: 64 * 5))
+        var record = try XCTUnwrap(try storage.readHoleRecord())
+        record[6] ^= 1
+        damaged = MemoryStorage(storage.bytes, holeRecord: record)
+        XCTAssertThrowsError(try reopened(damaged).read(64, at: 64 * 5))
+        // Filling a hole: listed no more, so zeroing it later is noticed.
+        try file.write([UInt8](repeating: 3, count: 64), at: 64 * 5)
+        damaged = storage.copy()
+        try damaged.writeBytes([UInt8](repeating: 0, count: 92), at: 512 + 5 * 92)
+        XCTAssertThrowsError(try reopened(damaged).read(64, at: 64 * 5))
+        XCTAssertEqual(try reopened(storage.copy()).read(64, at: 64 * 4), [UInt8](repeating: 0, count: 64))
+        // Cutting: no holes past the end; a file with none has no record.
+        try file.truncate(to: 64 * 2)
+        try file.truncate(to: 64)
+        XCTAssertNil(try storage.readHoleRecord())
+        XCTAssertEqual(try reopened(storage.copy()).readAll(), [UInt8](repeating: 1, count: 64))
     }
 
     func testTruncateShrinkAndGrowKeepContent() throws {
@@ -187,14 +246,14 @@ final class ProtectedFileTests: XCTestCase {
         XCTAssertEqual(try file.readAll(), Array(content[0..<130]))
         XCTAssertEqual(try storage.size(), BlockLayout(blockSize: 64).storedSize(plaintextSize: 130))
         try file.truncate(to: 128)
-        XCTAssertEqual(try reopen(storage.bytes).readAll(), Array(content[0..<128]))
+        XCTAssertEqual(try reopen(storage).readAll(), Array(content[0..<128]))
         try file.truncate(to: 300)
-        XCTAssertEqual(try reopen(storage.bytes).readAll(), Array(content[0..<128]) + [UInt8](repeating: 0, count: 172))
+        XCTAssertEqual(try reopen(storage).readAll(), Array(content[0..<128]) + [UInt8](repeating: 0, count: 172))
         try file.truncate(to: 0)
         XCTAssertEqual(try storage.size(), 512)
-        XCTAssertEqual(try reopen(storage.bytes).readAll(), [])
+        XCTAssertEqual(try reopen(storage).readAll(), [])
         try file.truncate(to: 5)
-        XCTAssertEqual(try reopen(storage.bytes).readAll(), [0, 0, 0, 0, 0])
+        XCTAssertEqual(try reopen(storage).readAll(), [0, 0, 0, 0, 0])
     }
 
     /// Random writes, truncates and reads against an in-memory model, on memory and on a real file,
@@ -512,6 +571,8 @@ final class FullDiskStorage: BlockStorage, @unchecked Sendable {
     }
     func size() throws(FormatError) -> UInt64 { try memory.size() }
     func punchHole(at offset: UInt64, length: UInt64) throws(FormatError) { try memory.punchHole(at: offset, length: length) }
+    func readHoleRecord() throws(FormatError) -> [UInt8]? { try memory.readHoleRecord() }
+    func writeHoleRecord(_ record: [UInt8]?) throws(FormatError) { try memory.writeHoleRecord(record) }
     func truncate(to size: UInt64) throws(FormatError) { try memory.truncate(to: size) }
     func sync() throws(FormatError) {}
 }
@@ -574,7 +635,7 @@ final class FullDiskTests: XCTestCase {
                 XCTAssertGreaterThan(storage.reservations, 0)
             }
             let key = try symmetricClassKey()
-            let reopened = try ProtectedFile.open(MemoryStorage(storage.memory.bytes)) { _ in key }
+            let reopened = try ProtectedFile.open(storage.memory.copy()) { _ in key }
             XCTAssertEqual(reopened.size, UInt64(size), label)
             XCTAssertEqual(try reopened.readAll(), Array(model.prefix(size)), label)
             storage.capacity = .max

@@ -1,0 +1,139 @@
+import CustodyCrypto
+import CustodySystem
+
+/// The blocks of a version 2 file that are holes: never written, so stored as zeros (and sparse
+/// on the backing store). A block of zeros that is not listed here is not a hole but damage or
+/// tampering, and reads as an error. Ranges of block indices, sorted, disjoint, never adjacent.
+struct HoleSet: Equatable {
+    private(set) var ranges: [Range<UInt64>] = []
+
+    var isEmpty: Bool { ranges.isEmpty }
+
+    func contains(_ block: UInt64) -> Bool {
+        var low = 0, high = ranges.count
+        while low < high {
+            let middle = (low + high) / 2
+            if ranges[middle].upperBound <= block { low = middle + 1 } else { high = middle }
+        }
+        return low < ranges.count && ranges[low].contains(block)
+    }
+
+    func intersects(_ blocks: Range<UInt64>) -> Bool {
+        ranges.contains { $0.overlaps(blocks) }
+    }
+
+    mutating func insert(_ blocks: Range<UInt64>) {
+        guard !blocks.isEmpty else { return }
+        var merged = blocks
+        var kept: [Range<UInt64>] = []
+        for range in ranges {
+            if range.upperBound < merged.lowerBound || range.lowerBound > merged.upperBound {
+                kept.append(range)
+            } else {
+                merged = min(range.lowerBound, merged.lowerBound)..<max(range.upperBound, merged.upperBound)
+            }
+        }
+        kept.append(merged)
+        ranges = kept.sorted { $0.lowerBound < $1.lowerBound }
+    }
+
+    mutating func remove(_ blocks: Range<UInt64>) {
+        guard !blocks.isEmpty else { return }
+        var kept: [Range<UInt64>] = []
+        for range in ranges {
+            guard range.overlaps(blocks) else {
+                kept.append(range)
+                continue
+            }
+            if range.lowerBound < blocks.lowerBound { kept.append(range.lowerBound..<blocks.lowerBound) }
+            if range.upperBound > blocks.upperBound { kept.append(blocks.upperBound..<range.upperBound) }
+        }
+        ranges = kept
+    }
+
+    /// Drops everything from block `count` on (the file was cut to `count` blocks).
+    mutating func trim(toBlocks count: UInt64) {
+        ranges = ranges.compactMap { range in
+            range.lowerBound >= count ? nil : range.lowerBound..<min(range.upperBound, count)
+        }
+    }
+
+    // MARK: The stored record
+
+    /// The most ranges a record holds (it lives in an extended attribute, at most 64 KiB).
+    static let maxRanges = 2048
+    static let recordVersion: UInt8 = 1
+    static let context = Array("custody/v2/holes".utf8)
+
+    /// `version (1) ‖ count (4, LE) ‖ (first block (8, LE) ‖ block count (8, LE)) × count ‖
+    /// nonce (12) ‖ tag (16)`; the tag is AES-256-GCM under the file's content key over an empty
+    /// message, with associated data `"custody/v2/holes" ‖ file ID ‖ everything before the nonce`.
+    func record(cipher: ContentCipher) throws(FormatError) -> [UInt8] {
+        var body: [UInt8] = [Self.recordVersion]
+        body.appendLE(UInt32(ranges.count))
+        for range in ranges {
+            body.appendLE(range.lowerBound)
+            body.appendLE(range.upperBound - range.lowerBound)
+        }
+        var nonce = [UInt8](repeating: 0, count: AESGCMKey.nonceSize)
+        do throws(CryptoError) {
+            try nonce.withMutableBytes { (bytes) throws(CryptoError) in try Random.fill(bytes) }
+        } catch {
+            throw .crypto(error)
+        }
+        let tag = try Self.tag(body: body, nonce: nonce, cipher: cipher)
+        return body + nonce + tag
+    }
+
+    /// The set a record describes, if its tag verifies for this file; nil otherwise.
+    static func decode(_ record: [UInt8], cipher: ContentCipher) -> HoleSet? {
+        let trailer = AESGCMKey.nonceSize + AESGCMKey.tagSize
+        guard record.count >= 5 + trailer, record[0] == recordVersion else { return nil }
+        let body = Array(record[0..<(record.count - trailer)])
+        let nonce = Array(record[body.count..<(body.count + AESGCMKey.nonceSize)])
+        let tag = Array(record[(body.count + AESGCMKey.nonceSize)...])
+        guard let expected = try? Self.tag(body: body, nonce: nonce, cipher: cipher), constantTimeEquals(expected, tag) else { return nil }
+        let count = Int(body.loadLE(UInt32.self, at: 1))
+        guard count <= maxRanges, body.count == 5 + count * 16 else { return nil }
+        var set = HoleSet()
+        for index in 0..<count {
+            let first = body.loadLE(UInt64.self, at: 5 + index * 16), length = body.loadLE(UInt64.self, at: 13 + index * 16)
+            let (end, overflow) = first.addingReportingOverflow(length)
+            guard !overflow, length > 0 else { return nil }
+            set.insert(first..<end)
+        }
+        return set
+    }
+
+    private static func tag(body: [UInt8], nonce: [UInt8], cipher: ContentCipher) throws(FormatError) -> [UInt8] {
+        let aad = context + cipher.fileID + body
+        var tag = [UInt8](repeating: 0, count: AESGCMKey.tagSize)
+        var empty: UInt8 = 0
+        do throws(CryptoError) {
+            try aad.withBytes { (aadBytes) throws(CryptoError) in
+                try nonce.withBytes { (nonceBytes) throws(CryptoError) in
+                    try tag.withMutableBytes { (tagBytes) throws(CryptoError) in
+                        try cipher.key.seal(nonce: nonceBytes, aad: aadBytes, plaintext: UnsafeRawBufferPointer(start: &empty, count: 0),
+                                            ciphertext: &empty, tag: tagBytes.baseAddress!)
+                    }
+                }
+            }
+        } catch {
+            throw .crypto(error)
+        }
+        return tag
+    }
+}
+
+extension Array where Element == UInt8 {
+    mutating func appendLE<T: FixedWidthInteger>(_ value: T) {
+        for byte in 0..<(T.bitWidth / 8) { append(UInt8(truncatingIfNeeded: value >> (8 * byte))) }
+    }
+
+    /// Bytes past the end count as zeros (callers check lengths first).
+    func loadLE<T: FixedWidthInteger>(_: T.Type, at offset: Int) -> T {
+        var value: T = 0
+        for byte in 0..<(T.bitWidth / 8) where offset + byte < count { value |= T(self[offset + byte]) << (8 * byte) }
+        return value
+    }
+}
