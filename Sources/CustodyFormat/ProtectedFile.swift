@@ -512,7 +512,7 @@ public final class ProtectedFile: @unchecked Sendable {
             // Blocks between the old end and the new final block: holes.
             let oldBlocks = (oldSize + blockSize - 1) / blockSize
             if newFinal > oldBlocks { try leaveHoles(oldBlocks..<newFinal, oldSize: oldSize, newSize: newSize) }
-            filledHoles(newFinal...newFinal)
+            defer { filledHoles(newFinal...newFinal) }
             if oldSize == 0 {
                 try storeBlocks(newFinal...newFinal, oldSize: 0, newSize: newSize, data: nil, dataOffset: 0)
             } else {
