@@ -68,19 +68,23 @@ struct HoleSet: Equatable {
     /// `version (1) ‖ count (4, LE) ‖ (first block (8, LE) ‖ block count (8, LE)) × count ‖
     /// nonce (12) ‖ tag (16)`; the tag is AES-256-GCM under the file's content key over an empty
     /// message, with associated data `"custody/v2/holes" ‖ file ID ‖ everything before the nonce`.
-    func record(cipher: ContentCipher) throws(FormatError) -> [UInt8] {
+    func record(cipher: ContentCipher, nonce fixedNonce: [UInt8]? = nil) throws(FormatError) -> [UInt8] {
         var body: [UInt8] = [Self.recordVersion]
         body.appendLE(UInt32(ranges.count))
         for range in ranges {
             body.appendLE(range.lowerBound)
             body.appendLE(range.upperBound - range.lowerBound)
         }
-        var nonce = [UInt8](repeating: 0, count: AESGCMKey.nonceSize)
-        do throws(CryptoError) {
-            try nonce.withMutableBytes { (bytes) throws(CryptoError) in try Random.fill(bytes) }
-        } catch {
-            throw .crypto(error)
+        // A fixed nonce only for test vectors.
+        var nonce = fixedNonce ?? [UInt8](repeating: 0, count: AESGCMKey.nonceSize)
+        if fixedNonce == nil {
+            do throws(CryptoError) {
+                try nonce.withMutableBytes { (bytes) throws(CryptoError) in try Random.fill(bytes) }
+            } catch {
+                throw .crypto(error)
+            }
         }
+        guard nonce.count == AESGCMKey.nonceSize else { throw .unsupported("a hole record nonce of \(nonce.count) bytes") }
         let tag = try Self.tag(body: body, nonce: nonce, cipher: cipher)
         return body + nonce + tag
     }

@@ -104,6 +104,14 @@ final class FormatVectorTests: XCTestCase {
                        "stored-sha256", "stored-tag"]),
             Vector(name: "owner-record", fields: ["owner": "Bob@Personal.example"], order: ["owner", "record"]),
             Vector(name: "owner-record-encrypted", fields: ["owner": "Alice@Contoso.com", "class": "3"], order: ["owner", "class", "record"]),
+            Vector(name: "header-class-A-v2", fields: [
+                "version": "2", "owner": "Alice@Contoso.com", "class": "3", "file-id": fileID, "block-size": "4096",
+                "class-key-id": "0102030405060708", "class-key": repeated("11", 32), "file-key": repeated("22", 32),
+                "wrap-nonce": repeated("33", 12),
+            ], order: ["version", "owner", "class", "file-id", "block-size", "class-key-id", "class-key", "file-key", "wrap-nonce", "header"]),
+            Vector(name: "hole-record", fields: [
+                "file-key": repeated("22", 32), "file-id": fileID, "holes": "1+9,11+9", "nonce": repeated("66", 12),
+            ], order: ["file-key", "file-id", "holes", "nonce", "record"]),
         ]
     }
 
@@ -126,6 +134,23 @@ final class FormatVectorTests: XCTestCase {
                 fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")), blockSize: UInt32(f("block-size"))!,
                 wrapNonce: hex(f("wrap-nonce")), version: UInt16(f("version")) ?? 1)
             return ["header": hexString(header.encoded())]
+        case "header-class-A-v2":
+            let header = try FileHeader.encrypted(
+                owner: try Owner(f("owner")), protectionClass: ProtectionClass(rawValue: UInt8(f("class"))!)!,
+                classKey: .symmetric(id: hex(f("class-key-id")), key: try AESGCMKey(try secretBytes(hex(f("class-key"))))),
+                fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")), blockSize: UInt32(f("block-size"))!,
+                wrapNonce: hex(f("wrap-nonce")), version: UInt16(f("version"))!)
+            return ["header": hexString(header.encoded())]
+        case "hole-record":
+            let cipher = try ContentCipher(fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")))
+            var set = HoleSet()
+            for range in f("holes").split(separator: ",") {
+                let parts = range.split(separator: "+").compactMap { UInt64($0) }
+                set.insert(parts[0]..<(parts[0] + parts[1]))
+            }
+            let record = try set.record(cipher: cipher, nonce: hex(f("nonce")))
+            guard HoleSet.decode(record, cipher: cipher) == set else { throw FormatError.unsupported("the record does not decode") }
+            return ["record": hexString(record)]
         case "header-class-B":
             let classPrivate = try secretBytes(hex(f("class-private-key")))
             let classPublic = try X25519.publicKey(for: classPrivate)
