@@ -230,16 +230,16 @@ struct ControlAPI: Sendable {
         let identity = p["identity"] ?? ""
         switch (spec.method, spec.pattern) {
         case ("GET", "/v1/status"):
-            return json(status())
+            return json(status(for: caller))
         case ("GET", "/v1/accounts"):
-            return json(engine.accounts().map(AccountView.init))
+            return json(engine.accounts().filter { caller.isAdmin || $0.uid == caller.uid }.map(AccountView.init))
         case ("POST", "/v1/accounts"):
             guard caller.isAdmin else { throw Self.notAuthorized("enroll accounts") }
             let body = try decode(EnrollRequest.self, request)
             if let passphrase = body.passphrase { try Self.checkPassphrase(passphrase) }
             return try enroll(body)
         case ("GET", "/v1/accounts/{identity}"):
-            return try run { () throws(EngineError) in json(AccountView(try engine.account(identity))) }
+            return try run { () throws(EngineError) in json(AccountView(try visibleAccount(identity, caller))) }
         case ("POST", "/v1/accounts/{identity}/lock"):
             try authorize(caller, forAccount: identity, "lock \(identity)")
             return try run { () throws(EngineError) in
@@ -271,7 +271,7 @@ struct ControlAPI: Sendable {
             return try run { () throws(EngineError) in json(AccountView(try engine.setPolicy(identity, policy))) }
         case ("GET", "/v1/accounts/{identity}/policy"):
             return try run { () throws(EngineError) in
-                let account = try engine.account(identity)
+                let account = try visibleAccount(identity, caller)
                 guard let policy = account.policy else { throw .notEnrolled(account.upn) }
                 return json(policy)
             }
@@ -296,6 +296,8 @@ struct ControlAPI: Sendable {
             let pid = try Self.processID(p["pid"] ?? "")
             let processes = LinuxProcessTable()
             guard processes.startTime(of: pid) != nil else { throw Self.failure(.noSuchProcess(pid)) }
+            // Whose identity a process works as is its owner's business (and the administrators').
+            try authorizeProcess(caller, pid, "read the identity of process \(pid)")
             let resolved = engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
             return json(IdentityView(pid: pid, identity: resolved.identity, source: resolved.source.description))
         case ("POST", "/v1/files/info"):
@@ -364,10 +366,19 @@ struct ControlAPI: Sendable {
         guard LinuxProcessTable().uid(of: pid) == caller.uid else { throw Self.notAuthorized(what) }
     }
 
-    func status() -> StatusView {
+    /// An account the caller may see: any for administrators, its own for a user. Another
+    /// user's account answers as an unknown one, so its existence does not show.
+    func visibleAccount(_ identity: String, _ caller: Caller) throws(EngineError) -> Account {
+        let account = try engine.account(identity)
+        guard caller.isAdmin || account.uid == caller.uid else { throw .unknownAccount(identity) }
+        return account
+    }
+
+    /// The status; a user sees only its own accounts.
+    func status(for caller: Caller? = nil) -> StatusView {
         StatusView(version: Self.version,
                    mounts: engine.volumes.map { MountView(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },
-                   accounts: engine.accounts().map { account in
+                   accounts: engine.accounts().filter { caller.map { $0.isAdmin } ?? true || $0.uid == caller?.uid }.map { account in
                        var view = AccountView(account)
                        if account.isEnrolled { view.lock = (try? engine.lockStatus(account.id))?.name }
                        return view

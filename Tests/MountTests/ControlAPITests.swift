@@ -422,6 +422,20 @@ final class ControlAPITests: XCTestCase {
         let denied = try daemon.apiJSON("POST", "/v1/lock", asUser: user)
         XCTAssertEqual(field(denied.json, "code"), "401")
         XCTAssertEqual(field(denied.json, "name"), "NotAuthorized")
+        // It sees its own account only: not in lists, not by name (answered as unknown).
+        let listed = try daemon.api("GET", "/v1/accounts", asUser: user)
+        XCTAssertEqual(listed.status, 200)
+        XCTAssertTrue(listed.body.contains("alice@contoso.com"), listed.body)
+        XCTAssertFalse(listed.body.contains("erin"), listed.body)
+        let seen = try daemon.api("GET", "/v1/status", asUser: user).body
+        XCTAssertTrue(seen.contains("alice@contoso.com") && !seen.contains("erin"), seen)
+        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains("erin@contoso.com"), "an administrator sees every account")
+        XCTAssertEqual(try status("GET", "/v1/accounts/alice@contoso.com"), 200)
+        XCTAssertEqual(try status("GET", "/v1/accounts/alice@contoso.com/policy"), 200)
+        let hidden = try daemon.apiJSON("GET", "/v1/accounts/erin@contoso.com", asUser: user)
+        XCTAssertEqual(hidden.status, 404)
+        XCTAssertEqual(field(hidden.json, "name"), "UnknownAccount")
+        XCTAssertEqual(try status("GET", "/v1/accounts/ERIN-OID/policy"), 404)
 
         // Processes: its own, not root's; identities: its own or unmanaged.
         let own = try spawnSleeper(asUser: user)
@@ -430,6 +444,8 @@ final class ControlAPITests: XCTestCase {
         XCTAssertEqual(try status("POST", "/v1/bindings", #"{"pid": \#(own), "identity": "alice@contoso.com"}"#), 201)
         XCTAssertEqual(try status("POST", "/v1/bindings", #"{"pid": \#(own), "identity": "erin@contoso.com"}"#), 403)
         XCTAssertEqual(try status("POST", "/v1/bindings", #"{"pid": \#(roots), "identity": "alice@contoso.com"}"#), 403)
+        XCTAssertEqual(try status("GET", "/v1/processes/\(own)/identity"), 200)
+        XCTAssertEqual(try status("GET", "/v1/processes/\(roots)/identity"), 403, "whose identity root's process has is not its business")
 
         // Files: only what it could read or write itself; data and exports only for its accounts.
         try writeFile(daemon.mnt("root-only.txt"), bytes("root's"), mode: 0o600)
