@@ -257,10 +257,10 @@ struct ControlAPI: Sendable {
             }
         case ("POST", "/v1/accounts/{identity}/wipe"):
             guard caller.isAdmin else { throw Self.notAuthorized("wipe \(identity)") }
-            return try wipe(identity, wait: request.query["wait"] != "false")
+            return try wipe(identity, wait: request.query["wait"] != "false", by: caller)
         case ("DELETE", "/v1/accounts/{identity}"):
             guard caller.isAdmin else { throw Self.notAuthorized("deregister \(identity)") }
-            if request.query["wipe"] == "true" { return try wipe(identity, wait: request.query["wait"] != "false") }
+            if request.query["wipe"] == "true" { return try wipe(identity, wait: request.query["wait"] != "false", by: caller) }
             return try run { () throws(EngineError) in
                 try engine.deregister(identity, wipe: false)
                 return HTTPResponse(status: 204, body: [])
@@ -321,9 +321,9 @@ struct ControlAPI: Sendable {
             let bytes = try Self.decodeData(try decode(DataRequest.self, request))
             return try run { () throws(EngineError) in json(try engine.dataProtectionInfo(bytes)) }
         case ("GET", "/v1/jobs"):
-            return json(jobs.all.map(\.snapshot))
+            return json(jobs.visible(to: caller).map(\.snapshot))
         case ("GET", "/v1/jobs/{id}"):
-            guard let id = Int(p["id"] ?? ""), let job = jobs.job(id) else {
+            guard let id = Int(p["id"] ?? ""), let job = jobs.job(id), caller.isAdmin || job.startedBy == caller.uid else {
                 throw Failure(status: 404, code: 404, name: "UnknownJob", message: "no job \(p["id"] ?? "")")
             }
             return json(job.snapshot)
@@ -400,10 +400,10 @@ struct ControlAPI: Sendable {
 
     /// Wipes an identity as a job: keys destroyed first, then its files deleted in every mount,
     /// then it is deregistered. Waits for the result unless `wait` is false (then 202 and the job).
-    func wipe(_ identity: String, wait: Bool) throws(Failure) -> HTTPResponse {
+    func wipe(_ identity: String, wait: Bool, by caller: Caller) throws(Failure) -> HTTPResponse {
         let account = try engineCall { () throws(EngineError) in try self.engine.account(identity) }
         let engine = self.engine
-        let job = jobs.start(kind: "wipe", target: account.upn) { (job) throws(Failure) -> JSONValue in
+        let job = jobs.start(kind: "wipe", target: account.upn, startedBy: caller.uid) { (job) throws(Failure) -> JSONValue in
             let token = engine.events.subscribe { event in
                 guard event.kind == .wipeProgress, event.identity == account.upn else { return }
                 var counters: [String: UInt64] = [:]

@@ -135,7 +135,7 @@ extension ControlAPI {
         let current = try info(of: located, caller)
         if let owner = current.owner { try authorizeIdentity(caller, owner, "change files") }
         let engine = self.engine
-        let job = jobs.start(kind: "protect", target: located.path) { (job) throws(Failure) -> JSONValue in
+        let job = jobs.start(kind: "protect", target: located.path, startedBy: caller.uid) { (job) throws(Failure) -> JSONValue in
             do throws(EngineError) {
                 try volumePath.volume.changeOwner(volumePath.relativePath, to: body.identity) { done in job.update(["done": UInt64(done)]) }
                 return JSONValue.of(try engine.protectionInfo(ofStoredPath: volumePath.backingPath, shownAs: located.path,

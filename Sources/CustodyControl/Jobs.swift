@@ -24,14 +24,17 @@ final class Job: @unchecked Sendable {
     }
 
     let id: Int
+    /// The uid of the caller that started it: a user sees its own jobs, administrators all.
+    let startedBy: UInt32
     private let view: Mutex<View>
     private let failureBox = Mutex<ControlAPI.Failure?>(nil)
     /// How it failed, with the HTTP status a waiting request answers with.
     var failure: ControlAPI.Failure? { failureBox.withLock { $0 } }
     private let done = DispatchSemaphore(value: 0)
 
-    init(id: Int, kind: String, target: String) {
+    init(id: Int, kind: String, target: String, startedBy: UInt32) {
         self.id = id
+        self.startedBy = startedBy
         view = Mutex(View(id: id, kind: kind, target: target, state: .running, startedAt: wallClockSeconds(),
                           progress: [:], result: nil, error: nil))
     }
@@ -75,9 +78,9 @@ final class JobRegistry: Sendable {
     let capacity = 100
 
     /// Starts `body` on a new thread as a job.
-    func start(kind: String, target: String, _ body: @escaping @Sendable (Job) throws(ControlAPI.Failure) -> JSONValue) -> Job {
+    func start(kind: String, target: String, startedBy: UInt32, _ body: @escaping @Sendable (Job) throws(ControlAPI.Failure) -> JSONValue) -> Job {
         let job = state.withLock { state in
-            let job = Job(id: state.next, kind: kind, target: target)
+            let job = Job(id: state.next, kind: kind, target: target, startedBy: startedBy)
             state.next += 1
             state.jobs.append(job)
             let finished = state.jobs.filter { $0.snapshot.state != .running }
@@ -98,6 +101,9 @@ final class JobRegistry: Sendable {
     }
 
     func job(_ id: Int) -> Job? { state.withLock { $0.jobs.first { $0.id == id } } }
+
+    /// The jobs `caller` may see: all for administrators, its own for a user.
+    func visible(to caller: Caller) -> [Job] { all.filter { caller.isAdmin || $0.startedBy == caller.uid } }
     var all: [Job] { state.withLock { $0.jobs } }
 }
 

@@ -436,6 +436,14 @@ final class ControlAPITests: XCTestCase {
         XCTAssertEqual(hidden.status, 404)
         XCTAssertEqual(field(hidden.json, "name"), "UnknownAccount")
         XCTAssertEqual(try status("GET", "/v1/accounts/ERIN-OID/policy"), 404)
+        // Jobs: its own only (an administrator's wipe job names the wiped account).
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "gone-oid", "upn": "gone@contoso.com", "enroll": false}"#).status, 201)
+        let wipeJob = try daemon.apiJSON("POST", "/v1/accounts/gone@contoso.com/wipe?wait=false")
+        XCTAssertEqual(wipeJob.status, 202)
+        let jobID = try XCTUnwrap(field(wipeJob.json, "id"))
+        XCTAssertFalse(try daemon.api("GET", "/v1/jobs", asUser: user).body.contains("gone@contoso.com"))
+        XCTAssertEqual(try status("GET", "/v1/jobs/\(jobID)"), 404)
+        XCTAssertEqual(try daemon.api("GET", "/v1/jobs/\(jobID)").status, 200, "the administrator sees it")
 
         // Processes: its own, not root's; identities: its own or unmanaged.
         let own = try spawnSleeper(asUser: user)
