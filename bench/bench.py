@@ -9,7 +9,8 @@ Systems (each mounted once for the run, alternating round by round):
   gocryptfs-plaintextnames   gocryptfs -plaintextnames (Custody does not encrypt names either)
 
 Prints a markdown table of medians (seconds, or IOPS for fio) with the ratio to gocryptfs, writes
-JSON under bench/results/, and records custodyd's peak RSS during untar.
+JSON under bench/runs/ (ignored by git: results are not committed), and records custodyd's peak
+RSS during untar.
 
 Environment: ROUNDS (3), FIO_SECONDS (10), WORKLOADS (comma list, default all), SYSTEMS (comma
 list), BENCH_DIR (/var/tmp/custody-bench), CUSTODYD (.build/release/custodyd).
@@ -272,8 +273,8 @@ def main():
     for s, values in peaks.items():
         print(f"\n{s}: peak RSS during untar {max(values) / 1024:.1f} MiB")
 
-    os.makedirs(os.path.join(ROOT, "bench/results"), exist_ok=True)
-    out = os.path.join(ROOT, "bench/results", time.strftime("%Y%m%d-%H%M%S") + ".json")
+    os.makedirs(os.path.join(ROOT, "bench/runs"), exist_ok=True)
+    out = os.path.join(ROOT, "bench/runs", time.strftime("%Y%m%d-%H%M%S") + ".json")
     with open(out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": ROUNDS, "fio_seconds": FIO_SECONDS,
                    "untar_entries": files, "elapsed_seconds": elapsed, "samples": results,
