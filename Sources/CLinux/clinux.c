@@ -150,12 +150,13 @@ int clinux_guarded_call(void (*body)(void *), void *context) {
 }
 
 int clinux_peer_in_group(int fd, gid_t group) {
-    struct ucred credentials;
-    socklen_t length = sizeof credentials;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) return -1;
-    if (credentials.gid == group) return 1;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    if (clinux_peer_credentials(fd, &pid, &uid, &gid) != 0) return -1;
+    if (gid == group) return 1;
     gid_t groups[256];
-    length = sizeof groups;
+    socklen_t length = sizeof groups;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &length) != 0) return errno == ERANGE ? 0 : -1;
     for (size_t i = 0; i < length / sizeof(gid_t); i++) if (groups[i] == group) return 1;
     return 0;

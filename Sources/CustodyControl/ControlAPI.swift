@@ -163,8 +163,7 @@ struct ControlAPI: Sendable {
 
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         // The front has checked it; the daemon checks again rather than trust another process.
-        try Self.check(request)
-        let (spec, parameters) = try Self.match(request)
+        let (spec, parameters) = try Self.check(request)
         return try dispatch(spec, parameters, request, caller)
     }
 
@@ -198,8 +197,10 @@ struct ControlAPI: Sendable {
 
     /// Everything about a request that can be checked without the engine: the route, its path
     /// and query parameters, and its body's shape. The control front runs this before it forwards
-    /// anything, so malformed requests are answered without reaching the daemon.
-    static func check(_ request: HTTPRequest) throws(Failure) {
+    /// anything, so malformed requests are answered without reaching the daemon. The route and
+    /// its parameters.
+    @discardableResult
+    static func check(_ request: HTTPRequest) throws(Failure) -> (RouteSpec, [String: String]) {
         let (spec, parameters) = try match(request)
         try checkQuery(request)
         if let pid = parameters["pid"] { _ = try processID(pid) }
@@ -219,6 +220,7 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/data/protect"), ("POST", "/v1/data/unprotect"), ("POST", "/v1/data/info"): _ = try decodeData(try decode(DataRequest.self, request))
         default: break
         }
+        return (spec, parameters)
     }
 
     /// A passphrase is at least one byte (an account without one is enrolled by leaving it out).
@@ -235,9 +237,7 @@ struct ControlAPI: Sendable {
             return json(engine.accounts().filter { caller.isAdmin || $0.uid == caller.uid }.map(AccountView.init))
         case ("POST", "/v1/accounts"):
             guard caller.isAdmin else { throw Self.notAuthorized("enroll accounts") }
-            let body = try decode(EnrollRequest.self, request)
-            if let passphrase = body.passphrase { try Self.checkPassphrase(passphrase) }
-            return try enroll(body)
+            return try enroll(try decode(EnrollRequest.self, request))
         case ("GET", "/v1/accounts/{identity}"):
             return try run { () throws(EngineError) in json(AccountView(try visibleAccount(identity, caller))) }
         case ("POST", "/v1/accounts/{identity}/lock"):
@@ -249,7 +249,6 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/accounts/{identity}/unlock"):
             try authorize(caller, forAccount: identity, "unlock \(identity)")
             let body = try decode(UnlockRequest.self, request)
-            if let passphrase = body.passphrase { try Self.checkPassphrase(passphrase) }
             return try run { () throws(EngineError) in
                 let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
                 try engine.unlock(identity, passphrase: passphrase)

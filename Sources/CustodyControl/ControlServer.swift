@@ -27,7 +27,7 @@ public enum ControlError: Error, CustomStringConvertible {
 
 /// The control socket, split as OpenSSH splits sshd (privilege separation). The daemon binds the
 /// socket and keeps it; a separate, unprivileged process — the control front
-/// (`CustodyControlFront`), started from this executable — accepts connections, parses HTTP,
+/// (`ControlFront.swift`), started from this executable — accepts connections, parses HTTP,
 /// checks each request (`ControlAPI.check`) and hands it over. Whatever input makes the front
 /// trap kills only the front: the daemon, its keys and its mounts go on, and the daemon starts a
 /// new front at once (connections wait in the socket's backlog meanwhile).
@@ -76,8 +76,14 @@ public final class ControlServer: @unchecked Sendable {
         }
         listener = fd
         ownsSocketFile = true
-        front = FrontSupervisor(listener: fd, command: frontCommand + (adminGroup.map { ["--admin-gid", "\($0)"] } ?? []))
-        api.diagnostics.frontProcess.withLock { [front] in $0 = { front.processID } }
+        front = Self.supervisor(listener: fd, frontCommand, adminGroup, api)
+    }
+
+    /// The supervisor of the front for `listener`, its PID reported in the diagnostics.
+    private static func supervisor(listener: Int32, _ command: [String], _ adminGroup: gid_t?, _ api: ControlAPI) -> FrontSupervisor {
+        let front = FrontSupervisor(listener: listener, command: command + (adminGroup.map { ["--admin-gid", "\($0)"] } ?? []))
+        api.diagnostics.frontProcess.withLock { $0 = { front.processID } }
+        return front
     }
 
     /// Serves a socket that is already listening (socket activation: systemd passed it).
@@ -87,8 +93,7 @@ public final class ControlServer: @unchecked Sendable {
         self.ownsSocketFile = false
         self.path = Self.boundPath(of: fd) ?? ""
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        front = FrontSupervisor(listener: fd, command: frontCommand + (adminGroup.map { ["--admin-gid", "\($0)"] } ?? []))
-        api.diagnostics.frontProcess.withLock { [front] in $0 = { front.processID } }
+        front = Self.supervisor(listener: fd, frontCommand, adminGroup, api)
     }
 
     /// The running executable (even if its file was replaced since) in its front role.

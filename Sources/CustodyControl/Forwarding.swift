@@ -31,6 +31,7 @@ public struct ForwardingError: Error, CustomStringConvertible {
 struct WireWriter {
     private(set) var bytes: [UInt8] = []
 
+    mutating func u8(_ value: UInt8) { bytes.append(value) }
     mutating func u16(_ value: Int) { bytes += [UInt8(truncatingIfNeeded: value), UInt8(truncatingIfNeeded: value >> 8)] }
     mutating func u32(_ value: Int) {
         let word = UInt32(truncatingIfNeeded: value)
@@ -63,6 +64,11 @@ struct WireReader {
         guard count >= 0, count <= bytes.count - offset else { throw ForwardingError("frame field runs past its end") }
         defer { offset += count }
         return bytes[offset..<(offset + count)]
+    }
+
+    mutating func u8() throws(ForwardingError) -> UInt8 {
+        let field = try take(1)
+        return field[field.startIndex]
     }
 
     mutating func u16() throws(ForwardingError) -> Int {
@@ -105,19 +111,18 @@ struct FrameChannel {
 
     @discardableResult
     func send(_ kind: FrameKind, _ payload: [UInt8]) -> Bool {
-        var frame: [UInt8] = [kind.rawValue]
-        frame.reserveCapacity(payload.count + 5)
-        let count = UInt32(truncatingIfNeeded: payload.count)
-        frame += [UInt8(truncatingIfNeeded: count), UInt8(truncatingIfNeeded: count >> 8), UInt8(truncatingIfNeeded: count >> 16), UInt8(truncatingIfNeeded: count >> 24)]
-        frame += payload
-        return sendAll(fd, frame)
+        var frame = WireWriter()
+        frame.u8(kind.rawValue)
+        frame.data(payload)
+        return sendAll(fd, frame.bytes)
     }
 
     /// The next frame, or an error (end of file, a short read, an unknown kind, too large).
     func receive() throws(ForwardingError) -> (FrameKind, [UInt8]) {
-        let head = try readExactly(5)
-        guard let kind = FrameKind(rawValue: head[0]) else { throw ForwardingError("unknown frame kind \(head[0])") }
-        let length = Int(head[1]) | Int(head[2]) << 8 | Int(head[3]) << 16 | Int(head[4]) << 24
+        var head = WireReader(try readExactly(5))
+        let byte = try head.u8()
+        guard let kind = FrameKind(rawValue: byte) else { throw ForwardingError("unknown frame kind \(byte)") }
+        let length = try head.u32()
         guard length <= maxPayload else { throw ForwardingError("frame of \(length) bytes is over the limit") }
         return (kind, try readExactly(length))
     }

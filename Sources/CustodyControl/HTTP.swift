@@ -223,10 +223,13 @@ public enum HTTPParser {
         return query
     }
 
+    /// RFC 9110 `tchar`s besides letters and digits.
+    private static let tokenPunctuation = Array("!#$%&'*+-.^_`|~".utf8)
+
     static func isTokenByte(_ byte: UInt8) -> Bool {
         switch byte {
         case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"): return true
-        default: return Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
+        default: return tokenPunctuation.contains(byte)
         }
     }
 

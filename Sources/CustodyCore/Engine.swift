@@ -134,14 +134,14 @@ public final class Engine: @unchecked Sendable {
             // Bindings of processes that are gone (or whose PID was reused) are dropped, and of
             // identities whose wipe was interrupted.
             for binding in bindings.processes {
-                if processes.startTime(of: binding.task.id) == binding.task.startTime, !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
+                if Self.isLive(binding.task, in: processes), !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
                     loaded.processBindings[binding.task] = binding.identity
                 } else {
                     dropped = true
                 }
             }
             for binding in bindings.threads {
-                if processes.startTime(of: binding.task.id) == binding.task.startTime, !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
+                if Self.isLive(binding.task, in: processes), !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
                     loaded.threadBindings[binding.task] = binding.identity
                 } else {
                     dropped = true
@@ -153,13 +153,18 @@ public final class Engine: @unchecked Sendable {
         if dropped { try saveBindings(loaded) }
     }
 
+    /// Whether the bound task still runs: the same ID and start time (not a reused ID).
+    func isLive(_ task: TaskKey) -> Bool { Self.isLive(task, in: processes) }
+
+    static func isLive(_ task: TaskKey, in processes: ProcessTable) -> Bool { processes.startTime(of: task.id) == task.startTime }
+
     /// Drops the bindings of processes and threads that have exited (or whose ID now names another
     /// one) from memory and from `bindings.json`. The daemon calls it every few seconds; binding
     /// and unbinding do it too. True when something was dropped.
     @discardableResult
     public func pruneExitedBindings() -> Bool {
         let (boundProcesses, boundThreads) = state.withLock { (Array($0.processBindings.keys), Array($0.threadBindings.keys)) }
-        let gone = Set((boundProcesses + boundThreads).filter { processes.startTime(of: $0.id) != $0.startTime })
+        let gone = Set((boundProcesses + boundThreads).filter { !isLive($0) })
         guard !gone.isEmpty else { return false }
         return state.withLock { state in
             state.processBindings = state.processBindings.filter { !gone.contains($0.key) }

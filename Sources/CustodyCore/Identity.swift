@@ -51,8 +51,8 @@ extension Engine {
 
     /// Bindings of tasks that have exited go whenever the bindings are saved.
     private func dropExited(_ state: inout State) {
-        state.processBindings = state.processBindings.filter { processes.startTime(of: $0.key.id) == $0.key.startTime }
-        state.threadBindings = state.threadBindings.filter { processes.startTime(of: $0.key.id) == $0.key.startTime }
+        state.processBindings = state.processBindings.filter { isLive($0.key) }
+        state.threadBindings = state.threadBindings.filter { isLive($0.key) }
     }
 
     /// The effective identity of thread `tid` of a caller with `uid`, by precedence: the thread's

@@ -69,11 +69,12 @@ struct HoleSet: Equatable {
     /// nonce (12) ‖ tag (16)`; the tag is AES-256-GCM under the file's content key over an empty
     /// message, with associated data `"custody/v2/holes" ‖ file ID ‖ everything before the nonce`.
     func record(cipher: ContentCipher, nonce fixedNonce: [UInt8]? = nil) throws(FormatError) -> [UInt8] {
-        var body: [UInt8] = [Self.recordVersion]
-        body.appendLE(UInt32(ranges.count))
-        for range in ranges {
-            body.appendLE(range.lowerBound)
-            body.appendLE(range.upperBound - range.lowerBound)
+        var body = [UInt8](repeating: 0, count: 5 + ranges.count * 16)
+        body[0] = Self.recordVersion
+        body.storeLE(UInt32(ranges.count), at: 1)
+        for (index, range) in ranges.enumerated() {
+            body.storeLE(range.lowerBound, at: 5 + index * 16)
+            body.storeLE(range.upperBound - range.lowerBound, at: 13 + index * 16)
         }
         // A fixed nonce only for test vectors.
         var nonce = fixedNonce ?? [UInt8](repeating: 0, count: AESGCMKey.nonceSize)
@@ -97,16 +98,18 @@ struct HoleSet: Equatable {
         let nonce = Array(record[body.count..<(body.count + AESGCMKey.nonceSize)])
         let tag = Array(record[(body.count + AESGCMKey.nonceSize)...])
         guard let expected = try? Self.tag(body: body, nonce: nonce, cipher: cipher), constantTimeEquals(expected, tag) else { return nil }
-        let count = Int(body.loadLE(UInt32.self, at: 1))
-        guard count <= maxRanges, body.count == 5 + count * 16 else { return nil }
-        var set = HoleSet()
-        for index in 0..<count {
-            let first = body.loadLE(UInt64.self, at: 5 + index * 16), length = body.loadLE(UInt64.self, at: 13 + index * 16)
-            let (end, overflow) = first.addingReportingOverflow(length)
-            guard !overflow, length > 0 else { return nil }
-            set.insert(first..<end)
+        return body.withUnsafeBytes { raw -> HoleSet? in
+            let count = Int(raw.loadLE(UInt32.self, at: 1))
+            guard count <= maxRanges, raw.count == 5 + count * 16 else { return nil }
+            var set = HoleSet()
+            for index in 0..<count {
+                let first = raw.loadLE(UInt64.self, at: 5 + index * 16), length = raw.loadLE(UInt64.self, at: 13 + index * 16)
+                let (end, overflow) = first.addingReportingOverflow(length)
+                guard !overflow, length > 0 else { return nil }
+                set.insert(first..<end)
+            }
+            return set
         }
-        return set
     }
 
     private static func tag(body: [UInt8], nonce: [UInt8], cipher: ContentCipher) throws(FormatError) -> [UInt8] {
@@ -126,18 +129,5 @@ struct HoleSet: Equatable {
             throw .crypto(error)
         }
         return tag
-    }
-}
-
-extension Array where Element == UInt8 {
-    mutating func appendLE<T: FixedWidthInteger>(_ value: T) {
-        for byte in 0..<(T.bitWidth / 8) { append(UInt8(truncatingIfNeeded: value >> (8 * byte))) }
-    }
-
-    /// Bytes past the end count as zeros (callers check lengths first).
-    func loadLE<T: FixedWidthInteger>(_: T.Type, at offset: Int) -> T {
-        var value: T = 0
-        for byte in 0..<(T.bitWidth / 8) where offset + byte < count { value |= T(self[offset + byte]) << (8 * byte) }
-        return value
     }
 }

@@ -28,9 +28,8 @@ public final class ProtectedFile: @unchecked Sendable {
 
     private var plaintextSize: UInt64
     /// Where the file stops being whole after a write failed (the disk filled up), until
-    /// `settleAfterFailedWrite` cuts it there; guarded by `failureLock`.
-    private var failedAt: UInt64?
-    private let failureLock = Mutex<Void>(())
+    /// `settleAfterFailedWrite` cuts it there.
+    private let failedAt = Mutex<UInt64?>(nil)
     /// Set once a failed write was settled: writes that would leave a gap are refused (with the
     /// error that failed the first), so the file stays a clean prefix. Guarded by the size lock.
     private var refusingGaps: FormatError?
@@ -374,7 +373,7 @@ public final class ProtectedFile: @unchecked Sendable {
             if case .io = error {
                 if newSize > oldSize { keepStoredPrefix(oldSize: oldSize, attemptedSize: newSize) } else { repairTornBlocks(first...last) }
                 let point = newSize > oldSize ? plaintextSize : first * blockSize
-                failureLock.withLock { _ in failedAt = min(failedAt ?? point, point) }
+                failedAt.withLock { $0 = min($0 ?? point, point) }
             }
             throw error
         }
@@ -464,8 +463,7 @@ public final class ProtectedFile: @unchecked Sendable {
         pthread_rwlock_wrlock(sizeLock)
         defer { pthread_rwlock_unlock(sizeLock) }
         refusingGaps = error
-        guard let point = failureLock.withLock({ _ in failedAt }) else { return false }
-        failureLock.withLock { _ in failedAt = nil }
+        guard let point = failedAt.withLock({ point in defer { point = nil }; return point }) else { return false }
         guard point < plaintextSize else { return false }
         // The new final block is re-sealed in place, which needs no space unless it is a hole
         // (the gap may begin below the failed write): step back over holes, and over blocks that
