@@ -225,10 +225,11 @@ struct Reader {
 
     // MARK: The document
 
-    static let topKeys = ["state", "log_level", "control", "settings", "default_identities", "mount"]
+    static let topKeys = ["state", "log_level", "control", "settings", "default_identities", "locations", "mount"]
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
-                               "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost"]
+                               "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
+                               "TransferExemptExecutables", "TransferExemptUids"]
     static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "threads"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
@@ -263,6 +264,7 @@ struct Reader {
                 }
             }
         }
+        if let locations = table(root, "locations") { readLocations(locations, into: &configuration) }
         if let value = root["mount"] {
             if let array = value.array {
                 for (index, element) in array.enumerated() {
@@ -307,10 +309,45 @@ struct Reader {
         if let values = strings(table, path + ["ValuesToScrubFromLogging"]) { configuration.settings.valuesToScrubFromLogging = values }
         if let value = bool(table, path + ["ScrubAccountIdentities"]) { configuration.scrubAccountIdentities = value }
         if let values = strings(table, path + ["AllowedAccounts"]) { configuration.settings.allowedAccounts = values }
+        if let values = strings(table, path + ["TransferExemptExecutables"]) {
+            for value in values where !value.hasPrefix("/") {
+                fail(path + ["TransferExemptExecutables"], "must be absolute paths of programs, not \(value)")
+            }
+            configuration.settings.transferExemptExecutables = values
+        }
+        if let value = table["TransferExemptUids"] {
+            if let array = value.array, array.allSatisfy({ $0.int.map { (0...Int(UInt32.max)).contains($0) } ?? false }) {
+                configuration.settings.transferExemptUids = array.compactMap { $0.int.map(UInt32.init) }
+            } else {
+                fail(path + ["TransferExemptUids"], "must be an array of uids (numbers)")
+            }
+        }
         if let cost = string(table, path + ["PassphraseCost"]) {
             if ["interactive", "moderate", "minimal"].contains(cost) { configuration.settings.passphraseCost = cost } else {
                 fail(path + ["PassphraseCost"], "must be interactive, moderate or minimal")
             }
+        }
+    }
+
+    /// `[locations]`: a name (an SDK location such as `OneDriveForBusiness`, or the
+    /// administrator's own) = the absolute directories it covers.
+    mutating func readLocations(_ table: TOMLTable, into configuration: inout DaemonConfiguration) {
+        for key in table.keys.sorted() {
+            let path = ["locations", key]
+            guard let location = Location(name: key) else {
+                fail(path, "not a location name (letters, digits, '.', '_', '-' and spaces, at most 64 bytes)")
+                continue
+            }
+            if [Location.accountDocument, .localDrive, .other, .cameraRoll].contains(location) {
+                fail(path, "\(location.name) is not a directory location: it is worked out from the mounts and file systems")
+                continue
+            }
+            guard let directories = strings(table, path) else { continue }
+            var kept: [String] = []
+            for directory in directories {
+                if let absolute = absolutePath(directory, path) { kept.append(absolute) }
+            }
+            configuration.settings.locations[location.name] = kept
         }
     }
 

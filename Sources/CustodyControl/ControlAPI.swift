@@ -47,7 +47,7 @@ struct ControlAPI: Sendable {
         switch error {
         case .unknownAccount, .noSuchProcess: status = 404
         case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode: status = 409
-        case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed: status = 403
+        case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed, .transferNotAllowed: status = 403
         case .invalidIdentity, .invalidPolicy, .passphraseRequired: status = 400
         case .rateLimited: status = 429
         case .locked: status = 423

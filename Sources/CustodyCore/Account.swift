@@ -1,7 +1,8 @@
 import CustodyFormat
 import CustodySystem
 
-/// What an enrolled account's files must get. Set at enrollment, pushed later over the socket.
+/// What an enrolled account's files must get, and where its data may go. Set at enrollment,
+/// pushed later over the socket.
 public struct Policy: Codable, Equatable, Sendable {
     /// isFileEncryptionRequired: files this identity creates are stored encrypted.
     public var fileEncryptionRequired: Bool = true
@@ -9,11 +10,34 @@ public struct Policy: Codable, Equatable, Sendable {
     public var protectionLevel: ProtectionClass = .complete
     /// shouldFileProviderEncryptFiles: exports must be encrypted copies.
     public var fileProviderEncryptionRequired: Bool = false
-    /// canReceiveSharedFile: whether other identities may receive its files.
-    public var canShareWithOtherIdentities: Bool = false
-    /// "Receive data from other apps": whether this identity may receive files of unmanaged
-    /// identities and of no identity (`canReceiveSharedFile` for such files).
-    public var canReceiveFromUnmanaged: Bool = true
+    /// "Send org data to other apps": which other identities may read (receive) its data.
+    public var sendToOtherIdentities: TransferScope = .none
+    /// "Receive data from other apps": from which other identities it accepts data (writes into
+    /// its files, files given to it, reads of their files by its processes).
+    public var receiveFromOtherIdentities: TransferScope = .all
+    /// Locations its data may be saved to (`isSaveToAllowedForLocation`); nil: every location.
+    public var saveToLocations: [String]?
+    /// Locations data may be opened from into it (`isOpenFromAllowedForLocation`); nil: every location.
+    public var openFromLocations: [String]?
+    /// Programs (absolute executable paths) whose processes are exempt from the transfer rules
+    /// for its data, whatever identity they run as (a backup agent, an indexer).
+    public var transferExemptExecutables: [String] = []
+    /// Users (uids) whose processes are exempt from the transfer rules for its data.
+    public var transferExemptUids: [UInt32] = []
+
+    /// canShareWithOtherIdentities, the older name: true is `sendToOtherIdentities = all`,
+    /// false is `none`.
+    public var canShareWithOtherIdentities: Bool {
+        get { sendToOtherIdentities == .all }
+        set { sendToOtherIdentities = newValue ? .all : .none }
+    }
+
+    /// canReceiveFromUnmanaged, the older name: true is `receiveFromOtherIdentities = all`,
+    /// false is `managed`.
+    public var canReceiveFromUnmanaged: Bool {
+        get { receiveFromOtherIdentities == .all }
+        set { receiveFromOtherIdentities = newValue ? .all : .managed }
+    }
 
     public init(fileEncryptionRequired: Bool = true, protectionLevel: ProtectionClass = .complete,
                 fileProviderEncryptionRequired: Bool = false, canShareWithOtherIdentities: Bool = false,
@@ -27,9 +51,12 @@ public struct Policy: Codable, Equatable, Sendable {
 
     enum CodingKeys: String, CodingKey {
         case fileEncryptionRequired, protectionLevel, fileProviderEncryptionRequired, canShareWithOtherIdentities, canReceiveFromUnmanaged
+        case sendToOtherIdentities, receiveFromOtherIdentities, saveToLocations, openFromLocations
+        case transferExemptExecutables, transferExemptUids
     }
 
-    /// Accepts the level by any of its names (Apple's constants, short forms, the admin console's words).
+    /// Accepts the level by any of its names (Apple's constants, short forms, the admin console's
+    /// words), and the older boolean sharing fields when the scopes are not given.
     public init(from decoder: Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         let defaults = Policy()
@@ -41,8 +68,36 @@ public struct Policy: Codable, Equatable, Sendable {
             protectionLevel = level
         }
         fileProviderEncryptionRequired = try container.decodeIfPresent(Bool.self, forKey: .fileProviderEncryptionRequired) ?? defaults.fileProviderEncryptionRequired
-        canShareWithOtherIdentities = try container.decodeIfPresent(Bool.self, forKey: .canShareWithOtherIdentities) ?? defaults.canShareWithOtherIdentities
-        canReceiveFromUnmanaged = try container.decodeIfPresent(Bool.self, forKey: .canReceiveFromUnmanaged) ?? defaults.canReceiveFromUnmanaged
+        if let scope = try container.decodeIfPresent(TransferScope.self, forKey: .sendToOtherIdentities) {
+            sendToOtherIdentities = scope
+        } else if let share = try container.decodeIfPresent(Bool.self, forKey: .canShareWithOtherIdentities) {
+            canShareWithOtherIdentities = share
+        }
+        if let scope = try container.decodeIfPresent(TransferScope.self, forKey: .receiveFromOtherIdentities) {
+            receiveFromOtherIdentities = scope
+        } else if let receive = try container.decodeIfPresent(Bool.self, forKey: .canReceiveFromUnmanaged) {
+            canReceiveFromUnmanaged = receive
+        }
+        saveToLocations = try Self.decodeLocations(container, .saveToLocations)
+        openFromLocations = try Self.decodeLocations(container, .openFromLocations)
+        transferExemptExecutables = try container.decodeIfPresent([String].self, forKey: .transferExemptExecutables) ?? []
+        for path in transferExemptExecutables where !path.hasPrefix("/") {
+            throw DecodingError.dataCorruptedError(forKey: .transferExemptExecutables, in: container,
+                                                   debugDescription: "executables are absolute paths, not \(path)")
+        }
+        transferExemptUids = try container.decodeIfPresent([UInt32].self, forKey: .transferExemptUids) ?? []
+    }
+
+    private static func decodeLocations(_ container: KeyedDecodingContainer<CodingKeys>, _ key: CodingKeys) throws -> [String]? {
+        guard let names = try container.decodeIfPresent([String].self, forKey: key) else { return nil }
+        var result: [String] = []
+        for name in names {
+            guard let location = Location(name: name) else {
+                throw DecodingError.dataCorruptedError(forKey: key, in: container, debugDescription: "unknown location \(name) (\(Location.knownNames))")
+            }
+            if !result.contains(location.name) { result.append(location.name) }
+        }
+        return result
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -50,8 +105,14 @@ public struct Policy: Codable, Equatable, Sendable {
         try container.encode(fileEncryptionRequired, forKey: .fileEncryptionRequired)
         try container.encode(protectionLevel.description, forKey: .protectionLevel)
         try container.encode(fileProviderEncryptionRequired, forKey: .fileProviderEncryptionRequired)
+        try container.encode(sendToOtherIdentities, forKey: .sendToOtherIdentities)
+        try container.encode(receiveFromOtherIdentities, forKey: .receiveFromOtherIdentities)
         try container.encode(canShareWithOtherIdentities, forKey: .canShareWithOtherIdentities)
         try container.encode(canReceiveFromUnmanaged, forKey: .canReceiveFromUnmanaged)
+        try container.encodeIfPresent(saveToLocations, forKey: .saveToLocations)
+        try container.encodeIfPresent(openFromLocations, forKey: .openFromLocations)
+        try container.encode(transferExemptExecutables, forKey: .transferExemptExecutables)
+        try container.encode(transferExemptUids, forKey: .transferExemptUids)
     }
 }
 

@@ -46,6 +46,15 @@ public final class Engine: @unchecked Sendable {
     private let wipeHandlerBox = Mutex<WipeHandler?>(nil)
     let volumeRegistry = VolumeRegistry()
     private let timer = Mutex<DeadlineTimer?>(nil)
+    /// Changes whenever something identity resolution reads changes (bindings, accounts,
+    /// settings): remembered answers of older generations are not used.
+    let resolutionGeneration = Atomic<UInt64>(0)
+    let resolutions = ResolutionCache()
+    /// Changes whenever a policy or the settings change: open handles granted across identities
+    /// check their grant again.
+    let policyGeneration = Atomic<UInt64>(0)
+    let transferRulesBox = Mutex<TransferRules?>(nil)
+    let transferEvents = TransferEventLimiter()
 
     enum Lock: Equatable { case locked, unlocked, locking(until: Double) }
 
@@ -164,6 +173,7 @@ public final class Engine: @unchecked Sendable {
     @discardableResult
     public func pruneExitedBindings() -> Bool {
         let (boundProcesses, boundThreads) = state.withLock { (Array($0.processBindings.keys), Array($0.threadBindings.keys)) }
+        resolutions.forgetExited()
         let gone = Set((boundProcesses + boundThreads).filter { !isLive($0) })
         guard !gone.isEmpty else { return false }
         return state.withLock { state in
@@ -178,6 +188,8 @@ public final class Engine: @unchecked Sendable {
     /// Replaces the settings (a reload). A shorter grace period applies to locks requested later.
     public func updateSettings(_ settings: Settings) {
         settingsBox.withLock { $0 = settings }
+        resolutionGeneration.add(1, ordering: .releasing)
+        policyGeneration.add(1, ordering: .releasing)
     }
 
     public func startDeadlineTimer() {
@@ -278,6 +290,7 @@ public final class Engine: @unchecked Sendable {
     private func enrollChecked(id: String, upn: String, policy: Policy, passphrase: SecretBytes?, uid: UInt32?) throws(EngineError) -> Account {
         let id = id.trimmingWhitespace(), upn = upn.trimmingWhitespace()
         guard !id.isEmpty, !upn.isEmpty else { throw .invalidIdentity("an account needs an object ID and a UPN") }
+        try checkLocations(policy)
         if !settings.allowedAccounts.isEmpty {
             let allowed = settings.allowedAccounts.map(Account.canonical)
             guard allowed.contains(Account.canonical(id)) || allowed.contains(Account.canonical(upn)) else { throw .accountNotAllowed(upn) }
@@ -324,6 +337,7 @@ public final class Engine: @unchecked Sendable {
     /// Replaces an enrolled account's policy. A change marks its files for re-protection.
     @discardableResult
     public func setPolicy(_ identity: String, _ policy: Policy) throws(EngineError) -> Account {
+        try checkLocations(policy)
         let (account, changed) = try state.withLock { (state) throws(EngineError) -> (Account, Bool) in
             guard let index = state.accounts.firstIndex(where: { $0.matches(identity) }) else { throw .unknownAccount(identity) }
             guard let old = state.accounts[index].policy else { throw .notEnrolled(state.accounts[index].upn) }
@@ -443,12 +457,15 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func saveAccounts(_ state: State) throws(EngineError) {
+        resolutionGeneration.add(1, ordering: .releasing)
+        policyGeneration.add(1, ordering: .releasing)
         try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
     }
 
     func saveBindingsLocked(_ state: State) throws(EngineError) { try saveBindings(state) }
 
     private func saveBindings(_ state: State) throws(EngineError) {
+        resolutionGeneration.add(1, ordering: .releasing)
         var bindings = Bindings()
         bindings.processes = state.processBindings.map { .init(task: $0.key, identity: $0.value) }.sorted { $0.task.id < $1.task.id }
         bindings.threads = state.threadBindings.map { .init(task: $0.key, identity: $0.value) }.sorted { $0.task.id < $1.task.id }

@@ -31,6 +31,9 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     case fileBusy(String, reason: String)
     /// The owner's policy keeps its files to itself (`canShareWithOtherIdentities` is off).
     case sharingNotAllowed(owner: String)
+    /// The transfer rules refuse moving the data (312 for the sender's policy, 313 for the
+    /// receiver's).
+    case transferNotAllowed(TransferDecision)
     // Data protection (the SDK's data protection domain, 100–105).
     case failedToProtectData(String)
     case failedToUnprotectData(String)
@@ -71,6 +74,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .identityNotManaged: return 106
         case .fileBusy: return 107
         case .sharingNotAllowed: return 312
+        case .transferNotAllowed(let decision): return decision.code ?? 312
         case .failedToProtectData: return 102
         case .failedToUnprotectData: return 103
         }
@@ -102,6 +106,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .identityNotManaged: return "IdentityNotManaged"
         case .fileBusy: return "FileBusy"
         case .sharingNotAllowed: return "SharingNotAllowed"
+        case .transferNotAllowed(let decision): return decision.name ?? "SharingNotAllowed"
         case .failedToProtectData: return "FailedToProtectData"
         case .failedToUnprotectData: return "FailedToUnprotectData"
         }
@@ -110,7 +115,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The errno a file system caller sees.
     public var errno: Int32 {
         switch self {
-        case .sharingNotAllowed: return 1  // EPERM
+        case .sharingNotAllowed, .transferNotAllowed: return 1  // EPERM
         case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed: return 13  // EACCES
         case .io(_, let error): return error.rawValue
         case .noSuchProcess: return 3  // ESRCH
@@ -147,6 +152,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .identityNotManaged(let id): return "\(id) is not a managed (enrolled) account"
         case .fileBusy(let path, let reason): return "\(path) is busy: \(reason)"
         case .sharingNotAllowed(let owner): return "\(owner)'s policy does not let other identities receive its files"
+        case .transferNotAllowed(let decision): return decision.reason
         case .failedToProtectData(let reason): return "cannot protect the data: \(reason)"
         case .failedToUnprotectData(let reason): return "cannot unprotect the data: \(reason)"
         }

@@ -25,6 +25,10 @@ public struct FileProtectionInfo: Codable, Equatable, Sendable {
 public struct SharingDecision: Codable, Equatable, Sendable {
     public var allowed: Bool
     public var reason: String
+    /// For a refusal: 312 SharingNotAllowed (the owner's policy) or 313 ReceivingNotAllowed
+    /// (the receiver's).
+    public var code: Int?
+    public var name: String?
 }
 
 /// The SDK's file protection calls on stored files: the backing file of a mount path, or a file
@@ -143,26 +147,13 @@ extension Engine {
         }
     }
 
-    /// May `identity` receive the file at `path`? Files of a managed identity go to that identity,
-    /// or to others when its policy lets them be shared; files of unmanaged identities and of no
-    /// identity go to identities whose policy accepts them (and to every unmanaged identity).
+    /// May `identity` receive the file at `path` (`canReceiveSharedFile`)? The transfer rules
+    /// decide, as in the mount: the owner's `sendToOtherIdentities`, then the receiver's
+    /// `receiveFromOtherIdentities` (see docs/identity.md).
     public func canReceiveSharedFile(storedPath path: String, identity: String) throws(EngineError) -> SharingDecision {
         let info = try protectionInfo(ofStoredPath: path)
-        let target = try? account(identity)
-        if let ownerName = info.owner, let owner = try? account(ownerName), let ownerPolicy = owner.policy {
-            if owner.matches(identity) { return SharingDecision(allowed: true, reason: "the file is \(owner.upn)'s own") }
-            if ownerPolicy.canShareWithOtherIdentities {
-                return SharingDecision(allowed: true, reason: "\(owner.upn)'s policy lets other identities receive its files")
-            }
-            return SharingDecision(allowed: false, reason: "\(owner.upn)'s policy keeps its files to itself")
-        }
-        guard let target, let policy = target.policy else {
-            return SharingDecision(allowed: true, reason: "\(identity) is not managed: no policy restricts it")
-        }
-        let from = info.owner.map { "unmanaged identity \($0)" } ?? "no identity"
-        return policy.canReceiveFromUnmanaged
-            ? SharingDecision(allowed: true, reason: "\(target.upn)'s policy accepts files of \(from)")
-            : SharingDecision(allowed: false, reason: "\(target.upn)'s policy refuses files of \(from)")
+        let decision = transferDecision(from: info.owner, to: identity, by: .ownerChange)
+        return SharingDecision(allowed: decision.allowed, reason: decision.reason, code: decision.code, name: decision.name)
     }
 
     // MARK: Pieces

@@ -17,6 +17,15 @@ public struct Settings: Codable, Equatable, Sendable {
     public var defaultIdentities: [UInt32: String] = [:]
     /// Argon2id cost for passphrases: "interactive", "moderate", or "minimal" (tests only).
     public var passphraseCost: String = "interactive"
+    /// Programs (absolute executable paths) whose processes every managed identity's transfer
+    /// rules let through (a backup agent, an indexer). See docs/identity.md.
+    public var transferExemptExecutables: [String] = []
+    /// Users whose processes every managed identity's transfer rules let through. Empty by
+    /// default: root's processes follow the rules like any other.
+    public var transferExemptUids: [UInt32] = []
+    /// Administrator-defined locations: a name (`OneDriveForBusiness`, `SharePoint` or one of
+    /// the administrator's own) and the directories it covers.
+    public var locations: [String: [String]] = [:]
 
     public init() {}
 
@@ -29,6 +38,9 @@ public struct Settings: Codable, Equatable, Sendable {
         case allowedAccounts = "AllowedAccounts"
         case defaultIdentities = "DefaultIdentities"
         case passphraseCost = "PassphraseCost"
+        case transferExemptExecutables = "TransferExemptExecutables"
+        case transferExemptUids = "TransferExemptUids"
+        case locations = "Locations"
     }
 
     public init(from decoder: Decoder) throws {
@@ -47,6 +59,9 @@ public struct Settings: Codable, Equatable, Sendable {
         allowedAccounts = try container.decodeIfPresent([String].self, forKey: .allowedAccounts) ?? []
         defaultIdentities = try container.decodeIfPresent([UInt32: String].self, forKey: .defaultIdentities) ?? [:]
         passphraseCost = try container.decodeIfPresent(String.self, forKey: .passphraseCost) ?? defaults.passphraseCost
+        transferExemptExecutables = try container.decodeIfPresent([String].self, forKey: .transferExemptExecutables) ?? []
+        transferExemptUids = try container.decodeIfPresent([UInt32].self, forKey: .transferExemptUids) ?? []
+        locations = try container.decodeIfPresent([String: [String]].self, forKey: .locations) ?? [:]
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -59,5 +74,8 @@ public struct Settings: Codable, Equatable, Sendable {
         try container.encode(allowedAccounts, forKey: .allowedAccounts)
         try container.encode(defaultIdentities, forKey: .defaultIdentities)
         try container.encode(passphraseCost, forKey: .passphraseCost)
+        try container.encode(transferExemptExecutables, forKey: .transferExemptExecutables)
+        try container.encode(transferExemptUids, forKey: .transferExemptUids)
+        try container.encode(locations, forKey: .locations)
     }
 }

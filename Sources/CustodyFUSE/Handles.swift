@@ -11,11 +11,14 @@ final class OpenFile: @unchecked Sendable {
     /// The shared content of an encrypted file. A lock revokes it; the handle then takes a fresh
     /// one (after unlock), so that long-running programs carry on.
     private let contentBox: Mutex<ProtectedContent?>
+    /// Set when the handle's data crosses identities (see `TransferGrant`).
+    let grant: TransferGrant?
 
     /// A plain file's handle, counted on its inode.
-    init(fd: Int32, inode: Inode) {
+    init(fd: Int32, inode: Inode, grant: TransferGrant? = nil) {
         self.fd = fd
         self.inode = inode
+        self.grant = grant
         self.contentBox = Mutex(nil)
         inode.protectionState.withLock {
             $0.openHandles += 1
@@ -24,9 +27,10 @@ final class OpenFile: @unchecked Sendable {
     }
 
     /// An encrypted file's handle, counted on its inode.
-    init(content: ProtectedContent, inode: Inode) {
+    init(content: ProtectedContent, inode: Inode, grant: TransferGrant? = nil) {
         self.fd = -1
         self.inode = inode
+        self.grant = grant
         self.contentBox = Mutex(content)
         inode.protectionState.withLock { $0.openHandles += 1 }
     }

@@ -28,7 +28,7 @@ final class LockEnforcement: @unchecked Sendable {
         subscription = engine.events.subscribe { [weak self] event in
             guard let self, let identity = event.identity else { return }
             switch event.kind {
-            case .lockRequested, .locked, .wipeStarted:
+            case .lockRequested, .locked, .wipeStarted, .policyChanged:
                 self.queue.async { self.invalidate(identity: identity, kind: event.kind) }
             default:
                 break
@@ -42,13 +42,18 @@ final class LockEnforcement: @unchecked Sendable {
         queue.sync {}
     }
 
-    /// Flushes or invalidates the cached data of `identity`'s class A files (all its files on a wipe).
+    /// Flushes or invalidates the cached data of `identity`'s class A files; on a wipe, and when
+    /// its policy changed (mappings made across identities then fault again and ask the
+    /// daemon), of all its files.
     private func invalidate(identity: String, kind: EngineEvent.Kind) {
         let wanted = Account.canonical(identity)
         let aliases = Set([wanted] + ((try? engine?.account(identity)).flatMap { $0.map { [Account.canonical($0.id), Account.canonical($0.upn)] } } ?? []))
         for (id, inode) in filesystem.inodes.snapshot() where inode.isRegularFile {
-            guard case .encrypted(let owner, let protectionClass) = filesystem.protection(of: inode),
-                  aliases.contains(owner.canonical), kind == .wipeStarted || protectionClass == .complete else { continue }
+            let protection = filesystem.protection(of: inode)
+            guard let owner = protection.owner, aliases.contains(owner.canonical) else { continue }
+            if kind != .wipeStarted, kind != .policyChanged {
+                guard case .encrypted(_, let protectionClass) = protection, protectionClass == .complete else { continue }
+            }
             // Offset 0, length 0: every cached page (dirty ones are written back first) and the attributes.
             _ = fuse_lowlevel_notify_inval_inode(session.pointer, fuse_ino_t(id), 0, 0)
         }

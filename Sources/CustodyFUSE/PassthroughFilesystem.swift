@@ -430,6 +430,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let inode = try inodes.inode(UInt64(id))
             var current = inode.isRegularFile ? protection(of: inode) : .untracked
             var fresh: ProtectedContent?
+            // Truncating re-owns the file to the caller below: none of the old owner's data is
+            // left to move. Any other open is a transfer when the identities differ.
+            let grant = engine != nil && fi.pointee.flags & O_TRUNC != 0 ? nil : try checkTransfer(req, inode, flags: fi.pointee.flags)
             if inode.isRegularFile, engine != nil, fi.pointee.flags & O_TRUNC != 0 {
                 // Opened with truncate: the file gets the caller's effective identity as owner.
                 let (wanted, classKey) = try plan(for: callerIdentity(req).identity)
@@ -454,12 +457,15 @@ final class PassthroughFilesystem: @unchecked Sendable {
                         throw error.errnoValue
                     }
                 }
-                fi.pointee.fh = HandleBox.store(OpenFile(content: content, inode: inode))
+                fi.pointee.fh = HandleBox.store(OpenFile(content: content, inode: inode, grant: grant))
             } else {
                 let fd = try withDescriptor { () throws(Errno) in try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags)) }
-                fi.pointee.fh = HandleBox.store(OpenFile(fd: fd, inode: inode))
+                fi.pointee.fh = HandleBox.store(OpenFile(fd: fd, inode: inode, grant: grant))
             }
             setCaching(fi)
+            // Across identities every request reaches the daemon, which checks the grant again:
+            // nothing is served from pages an owner's reads cached.
+            if grant?.bypassesCache == true { fi.pointee.direct_io = 1 }
             if fuse_reply_open(req, fi) != 0 {
                 releaseHandle(fi.pointee.fh)
             } else if inode.isRegularFile, fi.pointee.flags & O_ACCMODE == O_RDONLY, let parent = inodes.name(of: UInt64(id))?.parent {
@@ -475,7 +481,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let parent = try inodes.inode(UInt64(parentID))
             var (wanted, classKey): (Protection, ClassKey?) = (.untracked, nil)
             if let engine {
-                (wanted, classKey) = try plan(for: engine.ownerForNewFile(callerIdentity(req), directoryOwner: directoryOwner(parent)))
+                let caller = callerIdentity(req)
+                let owner = engine.ownerForNewFile(caller, directoryOwner: directoryOwner(parent))
+                try checkCreateTransfer(req, caller: caller, newOwner: owner, in: parent)
+                (wanted, classKey) = try plan(for: owner)
             }
             var flags = backingFlags(fi.pointee.flags) | O_CREAT | (fi.pointee.flags & O_EXCL)
             if wanted.isEncrypted { flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR }
@@ -538,6 +547,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         }
         let content: ProtectedContent
         do throws(Errno) {
+            try checkGrant(file, write: false)
             guard let live = try liveContent(file) else {
                 readPlain(req, file.fd, size, offset)
                 return
@@ -598,6 +608,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         }
         let content: ProtectedContent
         do throws(Errno) {
+            try checkGrant(file, write: true)
             guard let live = try liveContent(file) else {
                 let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
                 if written < 0 {
@@ -759,6 +770,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
             return
         }
         do throws(Errno) {
+            try checkGrant(input, write: false)
+            try checkGrant(output, write: true)
             var from = Int64(inOffset)
             var to = Int64(outOffset)
             let copied = try Syscall.copyFileRange(input.fd, &from, output.fd, &to, length, flags)

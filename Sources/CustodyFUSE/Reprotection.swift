@@ -20,34 +20,35 @@ extension PassthroughFilesystem {
     /// everything below them, and keep it as the owner of files later created in them by callers
     /// without identity.
     func changeOwner(id: UInt64?, _ inode: Inode, to ownerName: String?, done: () -> Void = {}) throws(Errno) {
-        if inode.isDirectory, let refused = try sharingRefusal(below: inode, to: ownerName) {
+        if inode.isDirectory, let refused = try transferRefusal(below: inode, to: ownerName) {
             // Nothing changes when any file below may not go to the new owner.
-            log("refused: \(refused.display)'s policy does not let other identities receive its files")
+            log("refused: \(refused.reason)")
             throw Errno.notPermitted
         }
         try changeOwnerChecked(id: id, inode, to: ownerName, done: done)
     }
 
-    /// The first owner below `directory` (itself included) whose policy keeps its files from `ownerName`.
-    func sharingRefusal(below directory: Inode, to ownerName: String?) throws(Errno) -> Owner? {
-        if let owner = protection(of: directory).owner, refusesSharing(owner, to: ownerName) { return owner }
-        var refused: Owner?
+    /// The first refusal below `directory` (itself included) of giving its contents to `ownerName`.
+    func transferRefusal(below directory: Inode, to ownerName: String?) throws(Errno) -> TransferDecision? {
+        if let refused = refusal(protection(of: directory).owner, to: ownerName) { return refused }
+        var refused: TransferDecision?
         try forEachChild(of: directory) { (child, _) throws(Errno) in
             guard refused == nil else { return }
             if child.isDirectory {
-                refused = try sharingRefusal(below: child, to: ownerName)
-            } else if let owner = protection(of: child).owner, refusesSharing(owner, to: ownerName) {
-                refused = owner
+                refused = try transferRefusal(below: child, to: ownerName)
+            } else {
+                refused = refusal(protection(of: child).owner, to: ownerName)
             }
         }
         return refused
     }
 
-    private func refusesSharing(_ current: Owner, to ownerName: String?) -> Bool {
-        guard let engine, let account = try? engine.account(current.canonical), let policy = account.policy,
-              !policy.canShareWithOtherIdentities else { return false }
-        if let ownerName, account.matches(ownerName) { return false }
-        return true
+    /// Why the data of `current` may not become `ownerName`'s (the engine's transfer rules, with
+    /// no exemption: an owner change is not a process's read), or nil.
+    func refusal(_ current: Owner?, to ownerName: String?) -> TransferDecision? {
+        guard let engine else { return nil }
+        let decision = engine.transferDecision(from: current?.display, to: ownerName, by: .ownerChange)
+        return decision.allowed ? nil : decision
     }
 
     private func changeOwnerChecked(id: UInt64?, _ inode: Inode, to ownerName: String?, done: () -> Void) throws(Errno) {
@@ -75,11 +76,11 @@ extension PassthroughFilesystem {
         done()
     }
 
-    /// A managed owner's files go to another identity (or to none) only when its policy lets other
-    /// identities receive them (`canShareWithOtherIdentities`): otherwise EPERM, whoever asks.
+    /// A file goes to another identity (or to none) only as the transfer rules allow: otherwise
+    /// EPERM, whoever asks.
     private func checkSharing(_ current: Owner?, to ownerName: String?) throws(Errno) {
-        guard let current, refusesSharing(current, to: ownerName) else { return }
-        log("refused: \(current.display)'s policy does not let other identities receive its files")
+        guard let refused = refusal(current, to: ownerName) else { return }
+        log("refused: \(refused.reason)")
         throw Errno.notPermitted
     }
 

@@ -43,9 +43,10 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
             case Errno(EPERM):
                 let located = try? locate(relativePath)
                 let refused = located.flatMap { (inode, _) in
-                    inode.isDirectory ? (try? filesystem.sharingRefusal(below: inode, to: owner)) ?? nil : filesystem.protection(of: inode).owner
+                    inode.isDirectory ? (try? filesystem.transferRefusal(below: inode, to: owner)) ?? nil
+                        : filesystem.refusal(filesystem.protection(of: inode).owner, to: owner)
                 }
-                throw .sharingNotAllowed(owner: refused?.display ?? "the owner")
+                throw .transferNotAllowed(refused ?? TransferDecision.refused("the transfer rules refuse giving it to \(owner ?? "no identity")"))
             case .invalidArgument: throw .invalidIdentity("not a valid identity: \(owner ?? "")")
             default: throw .io(file: shown, error)
             }

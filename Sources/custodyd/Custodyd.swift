@@ -87,6 +87,12 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("Default identity for callers of a uid with no binding (repeatable).", valueName: "uid=identity"))
     var defaultIdentity: [String] = []
 
+    @Option(help: ArgumentHelp("A uid whose processes the transfer rules let through (repeatable; TransferExemptUids).", valueName: "uid"))
+    var transferExemptUid: [UInt32] = []
+
+    @Option(help: ArgumentHelp("A program whose processes the transfer rules let through (repeatable; TransferExemptExecutables).", valueName: "path"))
+    var transferExemptExecutable: [String] = []
+
     func validate() throws {
         guard cacheTimeout >= 0, cacheTimeout.isFinite else {
             throw ValidationError("--cache-timeout must be a number of seconds, 0 or more")
@@ -107,6 +113,9 @@ struct Custodyd: ParsableCommand {
             throw ValidationError("give both BACKING and MOUNTPOINT, or neither (to use --config)")
         }
         _ = try parsedDefaultIdentities()
+        for path in transferExemptExecutable where !path.hasPrefix("/") {
+            throw ValidationError("--transfer-exempt-executable takes an absolute path, not \(path)")
+        }
         if let socketMode {
             guard let mode = mode_t(socketMode, radix: 8), mode <= 0o777 else {
                 throw ValidationError("--socket-mode must be octal permissions such as 0660, not \(socketMode)")
@@ -197,6 +206,8 @@ struct Custodyd: ParsableCommand {
         if let lockGracePeriod { configuration.settings.lockGracePeriod = lockGracePeriod }
         if let maxProtectionLevel, let level = ProtectionClass(name: maxProtectionLevel) { configuration.settings.maxFileProtectionLevel = level }
         for (uid, identity) in try parsedDefaultIdentities() { configuration.settings.defaultIdentities[uid] = identity }
+        configuration.settings.transferExemptUids += transferExemptUid
+        configuration.settings.transferExemptExecutables += transferExemptExecutable
         if let backing, let mountPoint {
             var mount = MountConfiguration(backing: backing, mountPoint: mountPoint)
             mount.allowOther = allowOther

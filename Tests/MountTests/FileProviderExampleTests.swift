@@ -11,7 +11,8 @@ final class FileProviderExampleTests: XCTestCase {
     var exports: String!
 
     override func setUpWithError() throws {
-        daemon = try MountedDaemon(extraArguments: ["--multi-identity"])
+        // The test exports and imports as root, exempt from the transfer rules.
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--transfer-exempt-uid", "0"])
         exports = try makeTemporaryDirectory("file-provider")
     }
 

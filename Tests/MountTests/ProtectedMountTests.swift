@@ -29,7 +29,9 @@ final class ProtectedMountTests: XCTestCase {
         gate = root + "/gate"
         aliceOutput = root + "/out"
         aliceStatus = root + "/status"
-        var extra = ["--allow-other", "--default-identity", "65534=bob@PERSONAL.example"]
+        // Root (the test) reads Alice's files back, exempt from the transfer rules
+        // (IdentityBoundaryTests covers them).
+        var extra = ["--allow-other", "--default-identity", "65534=bob@PERSONAL.example", "--transfer-exempt-uid", "0"]
         if multiIdentity { extra.append("--multi-identity") }
         daemon = try MountedDaemon(extraArguments: extra) { [self] state in
             var settings = Settings()

@@ -16,7 +16,9 @@ final class WipeTests: XCTestCase {
     }
 
     func testWipeDeletesExactlyTheIdentitysFilesAndKeysGoFirst() throws {
-        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--allow-other", "--default-identity", "65534=bob@personal.example"]) { state in
+        // Root (the test) reads Alice's files, exempt from the transfer rules.
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--allow-other", "--default-identity", "65534=bob@personal.example",
+                                                    "--transfer-exempt-uid", "0"]) { state in
             let engine = try Engine(stateDirectory: state, settings: { var s = Settings(); s.multiIdentity = true; return s }())
             try engine.enroll(id: "alice-oid", upn: "alice@contoso.com", policy: Policy(protectionLevel: .untilFirstAuthentication))
             try engine.register(id: "bob-oid", upn: "bob@personal.example")
