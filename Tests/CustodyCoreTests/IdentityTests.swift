@@ -144,6 +144,65 @@ final class IdentityTests: EngineTestCase {
     }
 }
 
+/// Remembered answers (`ResolutionCache`): used again only while nothing they rest on changed.
+final class ResolutionCacheTests: EngineTestCase {
+    func testAnswersAreRememberedUntilABindingOrATaskChanges() throws {
+        let table = FakeProcessTable()
+        // init(1) ← run(100, bound) ← sh(200) ← tar(300)
+        table.add(1, start: 1)
+        table.add(100, parent: 1, start: 10)
+        table.add(200, parent: 100, start: 20)
+        table.add(300, parent: 200, start: 30)
+        let engine = try makeEngine(testSettings(multiIdentity: true), processes: table)
+        try engine.bindProcess(100, to: "alice@contoso.com")
+        XCTAssertEqual(engine.resolve(thread: 300, uid: 0).source, .ancestor(100))
+        let walked = table.parentLookups.withLock { $0 }
+        for _ in 0..<100 { XCTAssertEqual(engine.resolve(thread: 300, uid: 0).source, .ancestor(100)) }
+        XCTAssertEqual(table.parentLookups.withLock { $0 }, walked, "asking again does not walk the tree again")
+
+        // Another uid is another answer (a setuid program keeps its thread ID).
+        try engine.updateSettings({ var s = testSettings(multiIdentity: true); s.defaultIdentities = [1000: "me@gmail.com"]; return s }())
+        XCTAssertEqual(engine.resolve(thread: 1, uid: 1000).identity, "me@gmail.com", "settings changes are seen at once")
+
+        // A process between the thread and the bound one exits: tar is an orphan now.
+        table.remove(200)
+        table.add(300, parent: 1, start: 30)
+        XCTAssertEqual(engine.resolve(thread: 300, uid: 0).source, .none, "the chain the answer rested on changed")
+        // A new binding is seen at once.
+        try engine.bindProcess(300, to: "bob@x")
+        XCTAssertEqual(engine.resolve(thread: 300, uid: 0), ResolvedIdentity(identity: "bob@x", source: .process(300)))
+        try engine.unbindProcess(300)
+        XCTAssertEqual(engine.resolve(thread: 300, uid: 0).source, .none)
+    }
+
+    func testThroughProcTheDescriptorOfAnExitedTaskFails() throws {
+        let table = LinuxProcessTable()
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: "/bin/sleep")
+        child.arguments = ["30"]
+        try child.run()
+        let probe = try XCTUnwrap(table.probe(child.processIdentifier))
+        XCTAssertTrue(probe.isSameTask)
+        child.terminate()
+        child.waitUntilExit()
+        XCTAssertFalse(probe.isSameTask, "the held descriptor names the task that exited")
+        XCTAssertNil(table.probe(child.processIdentifier))
+    }
+
+    func testTheCacheStaysBounded() throws {
+        let table = FakeProcessTable()
+        table.add(1, start: 1)
+        for tid in Int32(2)..<Int32(1500) { table.add(tid, parent: 1, start: UInt64(tid)) }
+        let engine = try makeEngine(testSettings(multiIdentity: true), processes: table)
+        try engine.bindProcess(1, to: "alice@contoso.com")
+        for tid in Int32(2)..<Int32(1500) { XCTAssertEqual(engine.resolve(thread: tid, uid: 0).identity, "alice@contoso.com") }
+        XCTAssertLessThanOrEqual(engine.resolutions.count, engine.resolutions.capacity)
+        for tid in Int32(2)..<Int32(1500) { table.remove(tid) }
+        engine.pruneExitedBindings()
+        XCTAssertEqual(engine.resolutions.count, 0, "exited threads are forgotten")
+    }
+}
+
 final class PersistenceTests: EngineTestCase {
     func testRestartReloadsEverything() throws {
         let table = FakeProcessTable()

@@ -28,8 +28,14 @@ final class FakeProcessTable: ProcessTable, @unchecked Sendable {
     }
     func remove(_ id: Int32) { _ = tasks.withLock { $0.removeValue(forKey: id) } }
 
+    /// How many parent lookups identity resolution made (a walk up the process tree).
+    let parentLookups = Mutex(0)
+
     func process(ofThread tid: Int32) -> Int32? { tasks.withLock { $0[tid]?.process } }
-    func parent(of pid: Int32) -> Int32? { tasks.withLock { $0[pid]?.parent } }
+    func parent(of pid: Int32) -> Int32? {
+        parentLookups.withLock { $0 += 1 }
+        return tasks.withLock { $0[pid]?.parent }
+    }
     func startTime(of pid: Int32) -> UInt64? { tasks.withLock { $0[pid]?.start } }
 }
 
