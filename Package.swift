@@ -43,7 +43,7 @@ let package = Package(
         .target(name: "CustodyClient"),
 
         .executableTarget(name: "custodyctl", dependencies: [
-            "CustodyClient", "CustodySystem",
+            "CLinux", "CustodyClient", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [

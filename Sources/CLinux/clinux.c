@@ -256,3 +256,47 @@ int clinux_landlock_deny_filesystem(void) {
     return -1;
 #endif
 }
+
+int clinux_landlock_restrict_writes(const char *const *paths, int count) {
+#if defined(SYS_landlock_create_ruleset) && defined(SYS_landlock_restrict_self) && defined(SYS_landlock_add_rule)
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 0) return -1;
+    __u64 file_rights = LANDLOCK_ACCESS_FS_WRITE_FILE;
+    __u64 handled = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR | LANDLOCK_ACCESS_FS_REMOVE_FILE |
+        LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+        LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_BLOCK |
+        LANDLOCK_ACCESS_FS_MAKE_SYM;
+#ifdef LANDLOCK_ACCESS_FS_REFER
+    if (abi >= 2) handled |= LANDLOCK_ACCESS_FS_REFER;
+#endif
+#ifdef LANDLOCK_ACCESS_FS_TRUNCATE
+    if (abi >= 3) { handled |= LANDLOCK_ACCESS_FS_TRUNCATE; file_rights |= LANDLOCK_ACCESS_FS_TRUNCATE; }
+#endif
+    struct landlock_ruleset_attr attributes = { 0 };
+    attributes.handled_access_fs = handled;
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attributes, sizeof(attributes), 0);
+    if (ruleset < 0) return -1;
+    for (int i = 0; i < count; i++) {
+        int fd = open(paths[i], O_PATH | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat info;
+        if (fstat(fd, &info) != 0) { close(fd); continue; }
+        struct landlock_path_beneath_attr rule = { 0 };
+        rule.parent_fd = fd;
+        rule.allowed_access = S_ISDIR(info.st_mode) ? handled : file_rights;
+        long added = syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0);
+        int saved = errno;
+        close(fd);
+        if (added != 0) { close(ruleset); errno = saved; return -1; }
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) { int saved = errno; close(ruleset); errno = saved; return -1; }
+    int result = (int)syscall(SYS_landlock_restrict_self, ruleset, 0);
+    int saved = errno;
+    close(ruleset);
+    errno = saved;
+    return result == 0 ? (int)abi : -1;
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}

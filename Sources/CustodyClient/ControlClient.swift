@@ -187,6 +187,17 @@ public struct ControlClient: Sendable {
         }
     }
 
+    /// Escapes one path segment or query value (an identity) for a URL: everything but
+    /// letters, digits and `-._~@`.
+    public static func escapeComponent(_ text: String) -> String {
+        var out = ""
+        for byte in text.utf8 {
+            let safe = (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || "-._~@".utf8.contains(byte)
+            out += safe ? String(UnicodeScalar(byte)) : "%" + (byte < 16 ? "0" : "") + String(byte, radix: 16, uppercase: true)
+        }
+        return out
+    }
+
     /// Escapes what may not appear in a request target (spaces, controls, non-ASCII, `#`, `%`).
     static func percentEncode(_ path: String) -> String {
         var out = ""

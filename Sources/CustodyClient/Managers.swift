@@ -111,6 +111,58 @@ public struct FileProtectionManager: Sendable {
     }
 }
 
+struct LocationBody: Encodable { var location: String; var account: String? }
+struct LocationList: Decodable { var locations: [LocationSummary] }
+
+/// The policy questions about locations (IntuneMAMPolicy's `isSaveToAllowedForLocation` and
+/// `isOpenFromAllowedForLocation`), and where a path is.
+public struct PolicyManager: Sendable {
+    public let client: ControlClient
+
+    public init(client: ControlClient = ControlClient()) { self.client = client }
+
+    /// May `account`'s data be saved to `location` (an SDK name or a configured one)?
+    public func isSaveToAllowed(location: String, account: String?) async throws(CustodyClientError) -> Bool {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/locations/save-to-allowed", json: LocationBody(location: location, account: account), as: LocationAnswer.self).allowed
+        }
+    }
+
+    public func isSaveToAllowed(location: SDKLocation, account: String?) async throws(CustodyClientError) -> Bool {
+        try await isSaveToAllowed(location: location.rawValue, account: account)
+    }
+
+    /// May data from `location` be opened into `account`?
+    public func isOpenFromAllowed(location: String, account: String?) async throws(CustodyClientError) -> Bool {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/locations/open-from-allowed", json: LocationBody(location: location, account: account), as: LocationAnswer.self).allowed
+        }
+    }
+
+    public func isOpenFromAllowed(location: SDKLocation, account: String?) async throws(CustodyClientError) -> Bool {
+        try await isOpenFromAllowed(location: location.rawValue, account: account)
+    }
+
+    /// The location `path` (absolute) is in.
+    public func location(of path: String) async throws(CustodyClientError) -> PathLocation {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("POST", "/v1/locations/classify", json: PathBody(path: path), as: PathLocation.self)
+        }
+    }
+
+    /// Every location; with `account`, what its policy allows in each.
+    public func locations(account: String? = nil) async throws(CustodyClientError) -> [LocationSummary] {
+        let client = self.client
+        let query = account.map { "?account=" + ControlClient.escapeComponent($0) } ?? ""
+        return try await offload { () throws(CustodyClientError) in
+            try client.call("GET", "/v1/locations" + query, as: LocationList.self).locations
+        }
+    }
+}
+
 /// Data protection: byte buffers protected for an identity.
 public struct DataProtectionManager: Sendable {
     public let client: ControlClient

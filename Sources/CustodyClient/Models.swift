@@ -9,6 +9,16 @@ public struct CustodyPolicy: Codable, Equatable, Sendable {
     public var fileProviderEncryptionRequired: Bool?
     public var canShareWithOtherIdentities: Bool?
     public var canReceiveFromUnmanaged: Bool?
+    /// all, managed or none: which other identities may read its data.
+    public var sendToOtherIdentities: String?
+    /// all, managed or none: from which other identities it accepts data.
+    public var receiveFromOtherIdentities: String?
+    /// Locations its data may be saved to (nil: every location).
+    public var saveToLocations: [String]?
+    /// Locations data may be opened from into it (nil: every location).
+    public var openFromLocations: [String]?
+    public var transferExemptExecutables: [String]?
+    public var transferExemptUids: [UInt32]?
 
     public init(fileEncryptionRequired: Bool? = nil, protectionLevel: String? = nil, fileProviderEncryptionRequired: Bool? = nil,
                 canShareWithOtherIdentities: Bool? = nil, canReceiveFromUnmanaged: Bool? = nil) {
@@ -65,6 +75,44 @@ public struct DataProtectionInfo: Codable, Equatable, Sendable {
 public struct SharingDecision: Codable, Equatable, Sendable {
     public var allowed: Bool
     public var reason: String
+    /// For a refusal: 312 SharingNotAllowed (the owner's policy), 313 ReceivingNotAllowed (the receiver's).
+    public var code: Int?
+    public var name: String?
+}
+
+/// The SDK's save and open locations (`IntuneMAMSaveLocation*`, `IntuneMAMOpenLocation*`) by
+/// name; an administrator's own locations are other names.
+public enum SDKLocation: String, Sendable, CaseIterable {
+    case accountDocument = "AccountDocument"
+    case localDrive = "LocalDrive"
+    case oneDriveForBusiness = "OneDriveForBusiness"
+    case sharePoint = "SharePoint"
+    case other = "Other"
+    /// Never matches a path on Linux.
+    case cameraRoll = "CameraRoll"
+}
+
+/// A location and the directories it covers; with an account, what its policy allows there.
+public struct LocationSummary: Codable, Equatable, Sendable {
+    public var name: String
+    public var paths: [String]
+    public var neverMatches: Bool
+    public var saveToAllowed: Bool?
+    public var openFromAllowed: Bool?
+}
+
+/// The location of a path.
+public struct PathLocation: Codable, Equatable, Sendable {
+    public var path: String
+    public var location: String
+    /// The configured directory, mount point or file system the path is under.
+    public var under: String
+}
+
+public struct LocationAnswer: Codable, Equatable, Sendable {
+    public var location: String
+    public var account: String?
+    public var allowed: Bool
 }
 
 public struct ProcessIdentity: Codable, Equatable, Sendable {

@@ -152,6 +152,10 @@ struct ControlAPI: Sendable {
         RouteSpec("POST", "/v1/files/encrypt"),
         RouteSpec("POST", "/v1/files/decrypt"),
         RouteSpec("POST", "/v1/files/can-receive"),
+        RouteSpec("GET", "/v1/locations"),
+        RouteSpec("POST", "/v1/locations/classify"),
+        RouteSpec("POST", "/v1/locations/save-to-allowed"),
+        RouteSpec("POST", "/v1/locations/open-from-allowed"),
         RouteSpec("POST", "/v1/data/protect"),
         RouteSpec("POST", "/v1/data/unprotect"),
         RouteSpec("POST", "/v1/data/info"),
@@ -217,6 +221,9 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/files/encrypt"), ("POST", "/v1/files/can-receive"):
             guard !(try decode(EncryptRequest.self, request)).identity.isEmpty else { throw badRequest("identity must not be empty") }
         case ("POST", "/v1/files/decrypt"): _ = try decode(DecryptRequest.self, request)
+        case ("POST", "/v1/locations/classify"): _ = try decode(PathRequest.self, request)
+        case ("POST", "/v1/locations/save-to-allowed"), ("POST", "/v1/locations/open-from-allowed"):
+            _ = try checkLocation(try decode(LocationQuery.self, request))
         case ("POST", "/v1/data/protect"), ("POST", "/v1/data/unprotect"), ("POST", "/v1/data/info"): _ = try decodeData(try decode(DataRequest.self, request))
         default: break
         }
@@ -312,6 +319,14 @@ struct ControlAPI: Sendable {
             return try decryptFile(try decode(DecryptRequest.self, request), caller)
         case ("POST", "/v1/files/can-receive"):
             return try canReceive(try decode(EncryptRequest.self, request), caller)
+        case ("GET", "/v1/locations"):
+            return locations(request, caller)
+        case ("POST", "/v1/locations/classify"):
+            return try classify(try decode(PathRequest.self, request), caller)
+        case ("POST", "/v1/locations/save-to-allowed"):
+            return try locationAnswer(try decode(LocationQuery.self, request), caller, saving: true)
+        case ("POST", "/v1/locations/open-from-allowed"):
+            return try locationAnswer(try decode(LocationQuery.self, request), caller, saving: false)
         case ("POST", "/v1/data/protect"):
             return try protectData(try decode(DataRequest.self, request), caller)
         case ("POST", "/v1/data/unprotect"):

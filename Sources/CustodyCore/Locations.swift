@@ -49,7 +49,7 @@ public struct Location: Hashable, Sendable, CustomStringConvertible {
 }
 
 /// Where a path is: its location and the directory that made it so.
-public struct LocatedPath: Codable, Equatable, Sendable {
+public struct PathLocation: Codable, Equatable, Sendable {
     public var path: String
     public var location: String
     /// The configured directory, mount point or file system the path is under.
@@ -77,7 +77,7 @@ extension Engine {
     /// The location of `path` (absolute; it need not exist): an administrator's location whose
     /// directory holds it (the deepest one), else `AccountDocument` inside a protected mount,
     /// else `Other` on a network file system, else `LocalDrive`.
-    public func locate(_ path: String) throws(EngineError) -> LocatedPath {
+    public func locate(_ path: String) throws(EngineError) -> PathLocation {
         guard path.hasPrefix("/") else { throw .invalidPath(path, reason: "an absolute path is needed") }
         let normalized = Self.normalized(path)
         var best: (name: String, directory: String)?
@@ -86,16 +86,16 @@ extension Engine {
                 if best == nil || directory.count > best!.directory.count { best = (name, directory) }
             }
         }
-        if let best { return LocatedPath(path: normalized, location: best.name, under: best.directory) }
+        if let best { return PathLocation(path: normalized, location: best.name, under: best.directory) }
         if let inMount = volume(containing: normalized) {
-            return LocatedPath(path: normalized, location: Location.accountDocument.name, under: inMount.volume.mountPoint)
+            return PathLocation(path: normalized, location: Location.accountDocument.name, under: inMount.volume.mountPoint)
         }
         let mounts = MountTable.entries()
         let holder = mounts.filter { Self.isInside(normalized, $0.mountPoint) }.max { $0.mountPoint.count < $1.mountPoint.count }
         if let holder, Self.remoteFileSystems.contains(holder.fileSystemType) {
-            return LocatedPath(path: normalized, location: Location.other.name, under: holder.mountPoint)
+            return PathLocation(path: normalized, location: Location.other.name, under: holder.mountPoint)
         }
-        return LocatedPath(path: normalized, location: Location.localDrive.name, under: holder?.mountPoint ?? "/")
+        return PathLocation(path: normalized, location: Location.localDrive.name, under: holder?.mountPoint ?? "/")
     }
 
     /// isSaveToAllowedForLocation: may data of `identity` be saved to `location`? Unmanaged
@@ -144,7 +144,7 @@ extension Engine {
 
     /// `path` without `.`, `..`, repeated and trailing slashes (lexically: symbolic links are
     /// the caller's to resolve).
-    static func normalized(_ path: String) -> String {
+    public static func normalized(_ path: String) -> String {
         var parts: [Substring] = []
         for part in path.split(separator: "/") {
             if part == "." { continue }

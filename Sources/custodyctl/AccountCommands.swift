@@ -178,6 +178,10 @@ struct PolicyCommand: ParsableCommand {
     @Option(help: ArgumentHelp("Let other identities receive its files (true/false).", valueName: "bool")) var share: Bool?
     @Option(help: ArgumentHelp("Accept files of unmanaged identities (true/false).", valueName: "bool")) var receiveUnmanaged: Bool?
     @Option(help: ArgumentHelp("Exports must be encrypted copies (true/false).", valueName: "bool")) var fileProviderEncryption: Bool?
+    @Option(help: ArgumentHelp("Which other identities may read its data: all, managed or none.", valueName: "scope")) var send: String?
+    @Option(help: ArgumentHelp("From which other identities it accepts data: all, managed or none.", valueName: "scope")) var receive: String?
+    @Option(help: ArgumentHelp("Locations its data may be saved to, comma-separated (all: every location).", valueName: "names")) var saveTo: String?
+    @Option(help: ArgumentHelp("Locations data may be opened from into it, comma-separated (all: every location).", valueName: "names")) var openFrom: String?
     @Flag(help: "Wait until the account's existing files are re-protected (a progress bar on a terminal).") var wait = false
 
     func run() throws {
@@ -185,24 +189,31 @@ struct PolicyCommand: ParsableCommand {
         let current = try request(global, "GET", path)
         var policy = try decode(CustodyPolicy.self, current)
         let changing = level != nil || encryption != nil || share != nil || receiveUnmanaged != nil || fileProviderEncryption != nil
+            || send != nil || receive != nil || saveTo != nil || openFrom != nil
         guard changing else {
             show(current, global) { describePolicy(policy) }
             return
         }
         if let level { policy.protectionLevel = level }
         if let encryption { policy.fileEncryptionRequired = encryption }
-        if let share { policy.canShareWithOtherIdentities = share }
-        if let receiveUnmanaged { policy.canReceiveFromUnmanaged = receiveUnmanaged }
+        if let share {
+            policy.canShareWithOtherIdentities = share
+            policy.sendToOtherIdentities = share ? "all" : "none"
+        }
+        if let receiveUnmanaged {
+            policy.canReceiveFromUnmanaged = receiveUnmanaged
+            policy.receiveFromOtherIdentities = receiveUnmanaged ? "all" : "managed"
+        }
         if let fileProviderEncryption { policy.fileProviderEncryptionRequired = fileProviderEncryption }
-        let body: [String: JSONBody] = [
-            "protectionLevel": .string(policy.protectionLevel ?? "complete"),
-            "fileEncryptionRequired": .bool(policy.fileEncryptionRequired ?? true),
-            "canShareWithOtherIdentities": .bool(policy.canShareWithOtherIdentities ?? false),
-            "canReceiveFromUnmanaged": .bool(policy.canReceiveFromUnmanaged ?? true),
-            "fileProviderEncryptionRequired": .bool(policy.fileProviderEncryptionRequired ?? false),
-        ]
+        if let send { policy.sendToOtherIdentities = send }
+        if let receive { policy.receiveFromOtherIdentities = receive }
+        if let saveTo { policy.saveToLocations = locationList(saveTo) }
+        if let openFrom { policy.openFromLocations = locationList(openFrom) }
+        // The scopes say it all; the older booleans would only repeat them.
+        policy.canShareWithOtherIdentities = nil
+        policy.canReceiveFromUnmanaged = nil
         let before = wait ? try lastEventSequence(global) : 0
-        let response = try request(global, "PUT", path, body)
+        let response = try request(global, "PUT", path, document: policy)
         let account = try decode(CustodyAccount.self, response)
         show(response, global) { "policy of \(account.upn) set\n" + (account.policy.map(describePolicy) ?? "") }
         if wait { try waitForReprotection(of: account.upn, after: before) }
@@ -240,14 +251,26 @@ struct PolicyCommand: ParsableCommand {
     }
 }
 
+/// "all" (every location) or a comma-separated list of names.
+func locationList(_ text: String) -> [String]? {
+    text.lowercased() == "all" ? nil : text.split(separator: ",").map { String($0).trimmingWhitespace() }.filter { !$0.isEmpty }
+}
+
 func describePolicy(_ policy: CustodyPolicy) -> String {
-    [
+    var lines = [
         "protection level: \(policy.protectionLevel ?? "complete")",
         "file encryption required: \(policy.fileEncryptionRequired ?? true)",
         "file-provider encryption required: \(policy.fileProviderEncryptionRequired ?? false)",
         "other identities may receive its files: \(policy.canShareWithOtherIdentities ?? false)",
         "accepts files of unmanaged identities: \(policy.canReceiveFromUnmanaged ?? true)",
-    ].joined(separator: "\n")
+        "sends its data to other identities: \(policy.sendToOtherIdentities ?? "none")",
+        "receives data from other identities: \(policy.receiveFromOtherIdentities ?? "all")",
+        "save to: \(policy.saveToLocations.map { $0.isEmpty ? "nowhere" : $0.joined(separator: ", ") } ?? "every location")",
+        "open from: \(policy.openFromLocations.map { $0.isEmpty ? "nowhere" : $0.joined(separator: ", ") } ?? "every location")",
+    ]
+    if let exempt = policy.transferExemptExecutables, !exempt.isEmpty { lines.append("exempt programs: " + exempt.joined(separator: ", ")) }
+    if let exempt = policy.transferExemptUids, !exempt.isEmpty { lines.append("exempt uids: " + exempt.map(String.init).joined(separator: ", ")) }
+    return lines.joined(separator: "\n")
 }
 
 struct Lock: ParsableCommand {

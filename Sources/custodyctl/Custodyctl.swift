@@ -14,7 +14,8 @@ struct Custodyctl: ParsableCommand {
             Every command prints text, or JSON with --json.
 
             Exit codes: 0 success (or "yes"); 1 the daemon refused or the operation failed; \
-            2 the answer is "no" (is-encrypted, can-receive); 64 bad usage; 69 custodyd cannot \
+            2 the answer is "no" (is-encrypted, can-receive, save-to-allowed, \
+            open-from-allowed); 64 bad usage; 69 custodyd cannot \
             be reached; 77 not authorized.
 
             Shell completion: custodyctl --generate-completion-script bash|zsh|fish.
@@ -24,6 +25,7 @@ struct Custodyctl: ParsableCommand {
             Status.self, Enroll.self, Accounts.self, Deregister.self, PolicyCommand.self,
             Lock.self, Unlock.self, Run.self, Bind.self, Unbind.self, Identity.self,
             Protect.self, Info.self, EncryptFile.self, DecryptFile.self, IsEncrypted.self, CanReceive.self,
+            Locations.self, Locate.self, SaveToAllowed.self, OpenFromAllowed.self,
             ProtectData.self, UnprotectData.self, DataInfo.self,
             Wipe.self, Jobs.self, Events.self, Diagnose.self,
         ])
@@ -86,6 +88,16 @@ func request(_ global: Global, _ method: String, _ path: String, _ body: [String
     }
 }
 
+/// A request whose body is any Encodable document (a whole policy, for example).
+func request(_ global: Global, _ method: String, _ path: String, document: some Encodable & Sendable) throws -> ControlResponse {
+    try perform { () throws(CustodyClientError) in
+        let bytes = try ControlClient.encode(document)
+        let response = try global.client.send(method, path, body: bytes)
+        try ControlClient.check(response)
+        return response
+    }
+}
+
 func decode<T: Decodable>(_ type: T.Type, _ response: ControlResponse) throws -> T {
     try perform { () throws(CustodyClientError) in
         do { return try JSONDecoder().decode(T.self, from: Data(response.body)) } catch { throw .badResponse("\(error)") }
@@ -122,14 +134,7 @@ func absolute(_ path: String) -> String {
 }
 
 /// Escapes one path segment (an identity) for a URL.
-func segment(_ text: String) -> String {
-    var out = ""
-    for byte in text.utf8 {
-        let safe = (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || "-._~@+".utf8.contains(byte)
-        out += safe ? String(UnicodeScalar(byte)) : "%" + (byte < 16 ? "0" : "") + String(byte, radix: 16, uppercase: true)
-    }
-    return out
-}
+func segment(_ text: String) -> String { ControlClient.escapeComponent(text) }
 
 func humanBytes(_ count: UInt64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"]

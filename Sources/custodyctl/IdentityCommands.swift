@@ -1,3 +1,4 @@
+import CLinux
 import ArgumentParser
 import CustodyClient
 import FoundationEssentials
@@ -6,7 +7,15 @@ import Glibc
 struct Run: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Run a command as an identity: binds this process to it, then executes the command.",
-        discussion: "Everything the command starts inherits the identity, so the files it creates in a mount are owned by it.\nExample: custodyctl run --identity alice@contoso.com -- cp report.pdf ~/Work/")
+        discussion: """
+            Everything the command starts inherits the identity, so the files it creates in a mount are owned by it.
+            When the identity's policy does not let its data be saved to LocalDrive, the command and everything it \
+            starts can create and write files only in the locations the policy allows (its protected mounts and \
+            configured directories), /dev/null and the like, and a private temporary directory in the first mount \
+            ($TMPDIR); the kernel enforces it (Landlock). Without Landlock a warning is printed and the command runs \
+            unconfined.
+            Example: custodyctl run --identity alice@contoso.com -- cp report.pdf ~/Work/
+            """)
     @OptionGroup var global: Global
     @Option(help: ArgumentHelp("The identity to run as.", valueName: "identity")) var identity: String
     @Argument(parsing: .captureForPassthrough, help: "The command and its arguments (after --).") var command: [String] = []
@@ -15,10 +24,40 @@ struct Run: ParsableCommand {
         let arguments = command.first == "--" ? Array(command.dropFirst()) : command
         guard let program = arguments.first else { throw ValidationError("give a command to run after --") }
         _ = try request(global, "POST", "/v1/bindings", ["pid": .int(Int(getpid())), "identity": .string(identity)])
+        try confine()
         let cArguments = arguments.map { strdup($0) } + [nil]
         execvp(program, cArguments)
         printError("cannot run \(program): \(String(cString: strerror(errno)))")
         throw ExitCode(127)
+    }
+
+    /// Devices a program writes to whatever it does.
+    static let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx", "/dev/shm"]
+
+    /// Applies the identity's save-to locations (see the discussion above).
+    func confine() throws {
+        let response = try request(global, "GET", "/v1/locations?account=" + segment(identity))
+        struct List: Decodable { var locations: [LocationSummary] }
+        let locations = try decode(List.self, response).locations
+        guard locations.contains(where: { $0.name == "LocalDrive" && $0.saveToAllowed == false }) else { return }
+        var writable = locations.filter { $0.saveToAllowed == true && $0.name != "LocalDrive" && !$0.neverMatches }.flatMap(\.paths)
+        if let mount = locations.first(where: { $0.name == "AccountDocument" && $0.saveToAllowed == true })?.paths.first {
+            let temporary = mount + "/.tmp-\(getuid())"
+            if mkdir(temporary, 0o700) == 0 || errno == EEXIST {
+                setenv("TMPDIR", temporary, 1)
+                writable.append(temporary)
+            }
+        }
+        writable += Self.devices
+        let paths = writable.map { strdup($0) }
+        defer { paths.forEach { free($0) } }
+        let result = paths.map { UnsafePointer($0) }.withUnsafeBufferPointer { buffer in
+            clinux_landlock_restrict_writes(buffer.baseAddress, Int32(buffer.count))
+        }
+        if result < 0 {
+            printError("warning: \(identity)'s policy keeps its data from LocalDrive, but this kernel cannot confine the command "
+                       + "(no Landlock: \(String(cString: strerror(errno)))); it runs unconfined")
+        }
     }
 }
 

@@ -83,5 +83,11 @@ int clinux_no_new_privileges(void);
    access rights and allows none). Returns the Landlock ABI version used, or -1 with errno
    (ENOSYS or EOPNOTSUPP: the kernel has no Landlock). */
 int clinux_landlock_deny_filesystem(void);
+/* Lets the process (and everything it starts) create, change, remove and rename files only
+   beneath `paths` (directories, or single files such as /dev/null); reading and running stay
+   as they were. Sets PR_SET_NO_NEW_PRIVS (Landlock needs it without CAP_SYS_ADMIN). Paths that
+   do not exist are skipped. Returns the Landlock ABI version used, or -1 with errno (ENOSYS or
+   EOPNOTSUPP: the kernel has no Landlock). */
+int clinux_landlock_restrict_writes(const char *const *paths, int count);
 
 #endif

@@ -1,0 +1,67 @@
+import CustodyCore
+import CustodySystem
+
+// The location routes: the SDK's `isSaveToAllowedForLocation` and
+// `isOpenFromAllowedForLocation`, the locations this machine has, and the location of a path.
+
+struct LocationQuery: Decodable {
+    var location: String
+    /// The account asked about (object ID or UPN); absent: no identity.
+    var account: String?
+}
+
+struct LocationAnswer: Encodable {
+    var location: String
+    var account: String?
+    var allowed: Bool
+}
+
+extension ControlAPI {
+    static func checkLocation(_ body: LocationQuery) throws(Failure) -> Location {
+        guard let location = Location(name: body.location) else {
+            throw badRequest("unknown location \(body.location) (\(Location.knownNames))")
+        }
+        return location
+    }
+
+    /// The identity a policy question is about, as the caller may see it: an account the caller
+    /// may not see is answered as any unmanaged identity would be (nothing leaks about it).
+    func policyIdentity(_ name: String?, _ caller: Caller) -> String? {
+        guard let name, !name.isEmpty, let account = try? visibleAccount(name, caller) else { return nil }
+        return account.upn
+    }
+
+    func locationAnswer(_ body: LocationQuery, _ caller: Caller, saving: Bool) throws(Failure) -> HTTPResponse {
+        let location = try Self.checkLocation(body)
+        let identity = policyIdentity(body.account, caller)
+        let allowed = saving ? engine.isSaveToAllowed(location, for: identity) : engine.isOpenFromAllowed(location, for: identity)
+        return json(LocationAnswer(location: location.name, account: body.account, allowed: allowed))
+    }
+
+    func locations(_ request: HTTPRequest, _ caller: Caller) -> HTTPResponse {
+        let identity = policyIdentity(request.query["account"], caller)
+        return json(["locations": engine.locationSummaries(for: request.query["account"] == nil ? nil : identity ?? "")])
+    }
+
+    /// The location of a path that need not exist yet (where a file would be saved): its
+    /// nearest existing directory is resolved as the caller sees it (symbolic links followed),
+    /// the rest is taken as written.
+    func classify(_ body: PathRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        guard body.path.hasPrefix("/"), !body.path.utf8.contains(0) else {
+            throw Self.failure(.invalidPath(body.path, reason: "give an absolute path"))
+        }
+        var existing = Engine.normalized(body.path)
+        var rest: [String] = []
+        let resolved = try asCaller(caller) { () throws(Failure) -> String in
+            while true {
+                if let resolved = resolvedPath(existing) { return resolved }
+                guard existing != "/" else { return "/" }
+                let (parent, name) = Syscall.split(existing)
+                rest.insert(name, at: 0)
+                existing = parent.isEmpty ? "/" : parent
+            }
+        }
+        let full = rest.isEmpty ? resolved : (resolved == "/" ? "" : resolved) + "/" + rest.joined(separator: "/")
+        return try run { () throws(EngineError) in json(try engine.locate(full)) }
+    }
+}

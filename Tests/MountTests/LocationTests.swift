@@ -1,0 +1,132 @@
+import CustodyClient
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// Save-to and open-from locations: the SDK's questions over the socket, the CLI and the client
+/// library, and the confinement of `custodyctl run` (Landlock).
+final class LocationTests: XCTestCase {
+    var daemon: MountedDaemon!
+    var work: String!
+    var config: String!
+
+    override func tearDown() {
+        // Started with --config, the daemon outlives an unmount: stop it first.
+        if let daemon, daemon.pid > 0 { kill(daemon.pid, SIGTERM) }
+        daemon?.destroy()
+        daemon = nil
+        if let work { _ = try? runCommand(["rm", "-rf", work]) }
+    }
+
+    /// A daemon whose configuration names a synced OneDrive folder.
+    func start() throws {
+        work = try makeTemporaryDirectory("custody-locations")
+        XCTAssertEqual(chmod(work, 0o755), 0)
+        try FileManager.default.createDirectory(atPath: work + "/OneDrive - Contoso", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: work + "/home", withIntermediateDirectories: true)
+        config = work + "/custody.toml"
+        try """
+            [settings]
+            MultiIdentity = true
+            [locations]
+            OneDriveForBusiness = ["\(work!)/OneDrive - Contoso"]
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+        daemon = try MountedDaemon(extraArguments: ["--config", config, "--allow-other", "--socket-mode", "0666"])
+        try daemon.openToOtherUsers()
+        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth", "saveToLocations": ["AccountDocument", "OneDriveForBusiness"], "openFromLocations": ["AccountDocument"]}}"#)
+        XCTAssertEqual(enrolled.status, 201, enrolled.body)
+    }
+
+    func testQueriesOverTheSocketTheCLIAndTheClient() throws {
+        try start()
+        // The socket.
+        let blocked = try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "alice@contoso.com"}"#)
+        XCTAssertEqual(blocked.status, 200, blocked.body)
+        XCTAssertTrue(blocked.body.contains(#""allowed":false"#), blocked.body)
+        XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalStorage", "account": "ALICE-OID"}"#).body.contains(#""allowed":false"#), "aliases and object IDs")
+        XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "OneDriveForBusiness", "account": "alice@contoso.com"}"#).body.contains(#""allowed":true"#))
+        XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "me@gmail.com"}"#).body.contains(#""allowed":true"#), "unmanaged: allowed")
+        XCTAssertTrue(try daemon.api("POST", "/v1/locations/open-from-allowed", #"{"location": "SharePoint", "account": "alice@contoso.com"}"#).body.contains(#""allowed":false"#))
+        XCTAssertEqual(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "Nowhere/../x", "account": "alice@contoso.com"}"#).status, 400)
+        // A user who does not own the account learns nothing of its policy.
+        let uid = try testUser()
+        XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "alice@contoso.com"}"#, asUser: uid).body.contains(#""allowed":true"#))
+
+        // Classifying paths.
+        let cases = [(daemon.mnt("a/b.txt"), "AccountDocument"), (work + "/OneDrive - Contoso/Reports/q3.xlsx", "OneDriveForBusiness"),
+                     (work + "/home/notes.txt", "LocalDrive"), ("/dev/shm/x", "LocalDrive")]
+        for (path, expected) in cases {
+            let located = try daemon.api("POST", "/v1/locations/classify", #"{"path": "\#(path)"}"#)
+            XCTAssertEqual(located.status, 200, located.body)
+            XCTAssertTrue(located.body.contains(#""location":"\#(expected)""#), "\(path): \(located.body)")
+        }
+        let listed = try daemon.api("GET", "/v1/locations?account=alice%40contoso.com").body
+        XCTAssertTrue(listed.contains(#""name":"CameraRoll""#) && listed.contains(#""neverMatches":true"#), listed)
+
+        // The CLI, with its exit codes.
+        XCTAssertEqual(try daemon.ctl(["save-to-allowed", "LocalDrive", "--account", "alice@contoso.com"]).status, 2)
+        XCTAssertEqual(try daemon.ctl(["save-to-allowed", "OneDriveForBusiness", "--account", "alice@contoso.com"]).status, 0)
+        XCTAssertEqual(try daemon.ctl(["open-from-allowed", "AccountDocument", "--account", "alice@contoso.com"]).status, 0)
+        let located = try daemon.ctl(["locate", work + "/OneDrive - Contoso/x"])
+        XCTAssertTrue(located.output.contains("OneDriveForBusiness"), located.output + located.error)
+        let list = try daemon.ctl(["locations", "--account", "alice@contoso.com"])
+        XCTAssertTrue(list.output.contains("LocalDrive: /  save to: blocked"), list.output + list.error)
+        let policy = try daemon.ctl(["policy", "alice@contoso.com", "--save-to", "all", "--send", "managed"])
+        XCTAssertEqual(policy.status, 0, policy.error)
+        XCTAssertTrue(policy.output.contains("save to: every location") && policy.output.contains("sends its data to other identities: managed"), policy.output)
+        XCTAssertTrue(policy.output.contains("open from: AccountDocument"), "fields not named stay as they were: \(policy.output)")
+
+        // The client library, with the SDK's names.
+        let manager = PolicyManager(client: ControlClient(socketPath: daemon.socket))
+        let expectation = XCTestExpectation()
+        let socket = daemon.socket
+        let mount = daemon.mountPoint
+        Task {
+            let save = try await manager.isSaveToAllowed(location: .localDrive, account: "alice@contoso.com")
+            let open = try await manager.isOpenFromAllowed(location: .sharePoint, account: "alice@contoso.com")
+            let where_ = try await manager.location(of: mount + "/x")
+            XCTAssertTrue(save, "saveToLocations is every location now (\(socket))")
+            XCTAssertFalse(open)
+            XCTAssertEqual(where_.location, "AccountDocument")
+            expectation.fulfill()
+        }
+        wait(for: [expectation], timeout: 10)
+    }
+
+    func testARunBlockedFromLocalDriveWritesOnlyWhereThePolicyAllows() throws {
+        try start()
+        let outside = work + "/home"
+        let script = """
+            set -u
+            cd '\(daemon.mountPoint)'
+            echo CORP > corp.txt && echo mount-ok
+            echo synced > '\(work!)/OneDrive - Contoso/q3.txt' && echo onedrive-ok
+            echo leak > '\(outside)/out.txt' 2>/dev/null || echo outside-refused
+            cp corp.txt '\(outside)/copy.txt' 2>/dev/null || echo copy-refused
+            sh -c "echo child > '\(outside)/child.txt'" 2>/dev/null || echo child-refused
+            mkdir '\(outside)/dir' 2>/dev/null || echo mkdir-refused
+            echo fine > /dev/null && echo devnull-ok
+            echo scratch > "$TMPDIR/scratch" && echo tmp-ok
+            case "$TMPDIR" in '\(daemon.mountPoint)'/*) echo tmp-in-mount ;; esac
+            """
+        let result = try daemon.ctl(["run", "--identity", "alice@contoso.com", "--", "sh", "-c", script])
+        XCTAssertEqual(result.status, 0, result.error)
+        for line in ["mount-ok", "onedrive-ok", "outside-refused", "copy-refused", "child-refused", "mkdir-refused", "devnull-ok", "tmp-ok", "tmp-in-mount"] {
+            XCTAssertTrue(result.output.contains(line), "\(line) missing: \(result.output) \(result.error)")
+        }
+        for name in ["out.txt", "copy.txt", "child.txt", "dir"] {
+            XCTAssertFalse(FileManager.default.fileExists(atPath: outside + "/" + name), "\(name) was created outside")
+        }
+        XCTAssertEqual(xattr(daemon.mnt("corp.txt"), "user.custody.owner"), "alice@contoso.com")
+        // The errno a program sees is EACCES.
+        let errno = try daemon.ctl(["run", "--identity", "alice@contoso.com", "--", "/usr/bin/python3", "-c",
+                                    "import os\ntry:\n  os.open('\(outside)/p.txt', os.O_CREAT|os.O_WRONLY)\nexcept OSError as e:\n  print(e.errno)"])
+        XCTAssertEqual(errno.output.trimmingCharacters(in: .whitespacesAndNewlines), "13", errno.error)
+
+        // Another identity, or the same one once its policy allows LocalDrive, is not confined.
+        XCTAssertEqual(try daemon.ctl(["run", "--identity", "me@gmail.com", "--", "sh", "-c", "echo mine > '\(outside)/mine.txt'"]).status, 0)
+        XCTAssertEqual(try daemon.ctl(["policy", "alice@contoso.com", "--save-to", "all"]).status, 0)
+        XCTAssertEqual(try daemon.ctl(["run", "--identity", "alice@contoso.com", "--", "sh", "-c", "echo ok > '\(outside)/allowed.txt'"]).status, 0)
+    }
+}
