@@ -3,7 +3,10 @@
 
 Systems (each mounted once for the run, alternating round by round):
   raw                        the backing disk itself
-  custody-encrypted          custodyd, every file owned by a managed identity (class C, unlocked)
+  custody-encrypted          custodyd, every file owned by a managed identity (class C, unlocked),
+                             written as the uid's default identity
+  custody-encrypted-bound    the same, every workload run with `custodyctl run --identity` (a bound
+                             process tree, as the README works), so identity resolution is measured
   custody-plain              custodyd with no identity: the plaintext passthrough
   gocryptfs                  gocryptfs (Debian), default settings
   gocryptfs-plaintextnames   gocryptfs -plaintextnames (Custody does not encrypt names either)
@@ -13,7 +16,8 @@ JSON under bench/runs/ (ignored by git: results are not committed), and records 
 RSS during untar.
 
 Environment: ROUNDS (3), FIO_SECONDS (10), WORKLOADS (comma list, default all), SYSTEMS (comma
-list), BENCH_DIR (/var/tmp/custody-bench), CUSTODYD (.build/release/custodyd).
+list), BENCH_DIR (/var/tmp/custody-bench), CUSTODYD (.build/release/custodyd), CUSTODYCTL (next to
+custodyd), CUSTODY_ARGS (more custodyd arguments, such as --no-low-latency).
 """
 import json
 import os
@@ -32,7 +36,8 @@ FIO_SECONDS = int(os.environ.get("FIO_SECONDS", "10"))
 ALL_WORKLOADS = ["dd_write", "dd_read_cold", "untar", "ls_lR_cold", "read_all_cold", "rm_rf",
                  "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", ",".join(ALL_WORKLOADS)).split(",") if w]
-ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames"]
+CUSTODYCTL = os.environ.get("CUSTODYCTL", os.path.join(os.path.dirname(CUSTODYD), "custodyctl"))
+ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-encrypted-bound", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames"]
 SYSTEMS = [s for s in os.environ.get("SYSTEMS", ",".join(ALL_SYSTEMS)).split(",") if s]
 IOPS_WORKLOADS = {"fio_randread_4k", "fio_randwrite_4k"}
 
@@ -61,6 +66,8 @@ class System:
         self.backing = os.path.join(self.base, "backing")
         self.mnt = os.path.join(self.base, "mnt")
         self.process = None
+        # What every workload command runs under (a bound process tree for the bound system).
+        self.prefix = []
 
     def start(self):
         # A run that was killed (SIGKILL, a lost session) can leave a dead mount behind.
@@ -82,6 +89,9 @@ class System:
             if self.name == "custody-encrypted":
                 # Everything root (this benchmark) writes belongs to a managed identity.
                 cmd += ["--default-identity", "0=bench@custody.example"]
+            if self.name == "custody-encrypted-bound":
+                self.prefix = [CUSTODYCTL, "run", "--socket", self.socket, "--identity", "bench@custody.example", "--"]
+            cmd += os.environ.get("CUSTODY_ARGS", "").split()
             cmd += [self.backing, self.mnt]
         else:
             passfile = os.path.join(self.base, "pass")
@@ -96,7 +106,7 @@ class System:
             if self.process.poll() is not None or time.time() > deadline:
                 raise SystemExit(f"{self.name} did not mount; see {self.base}/daemon.log")
             time.sleep(0.02)
-        if self.name == "custody-encrypted":
+        if self.name.startswith("custody-encrypted"):
             body = '{"id": "bench-oid", "upn": "bench@custody.example", "policy": {"protectionLevel": "untilFirstAuth"}}'
             out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", "--unix-socket", self.socket, "-X", "POST",
                                   "--data-binary", body, "http://localhost/v1/accounts"], capture_output=True, text=True)
@@ -141,9 +151,9 @@ def timed(fn):
     return time.perf_counter() - start
 
 
-def fio(path, mode):
+def fio(path, mode, prefix=()):
     out = subprocess.run(
-        ["fio", "--name=bench", f"--filename={path}", "--size=256M", "--bs=4k", f"--rw={mode}",
+        [*prefix, "fio", "--name=bench", f"--filename={path}", "--size=256M", "--bs=4k", f"--rw={mode}",
          "--ioengine=psync", "--direct=1", "--numjobs=1", f"--runtime={FIO_SECONDS}", "--time_based",
          "--output-format=json"], check=True, capture_output=True, text=True).stdout
     job = json.loads(out)["jobs"][0]
@@ -151,6 +161,7 @@ def fio(path, mode):
 
 
 def run_round(system, round_index, tarball, results, peaks):
+    run = lambda *args, **kwargs: sh(*system.prefix, *args, **kwargs)
     work = os.path.join(system.dir, f"round{round_index}")
     os.makedirs(work)
     big = os.path.join(work, "big")
@@ -162,36 +173,36 @@ def run_round(system, round_index, tarball, results, peaks):
         # Like every other workload, the write starts from clean caches: without this it also paid
         # for the write-back of whatever the previous system's fio run left dirty.
         drop_caches()
-        record("dd_write", timed(lambda: sh("dd", "if=/dev/zero", f"of={big}", "bs=1M", "count=512",
+        record("dd_write", timed(lambda: run("dd", "if=/dev/zero", f"of={big}", "bs=1M", "count=512",
                                               "conv=fsync", "status=none")))
         drop_caches()
-        record("dd_read_cold", timed(lambda: sh("dd", f"if={big}", "of=/dev/null", "bs=1M", "status=none")))
+        record("dd_read_cold", timed(lambda: run("dd", f"if={big}", "of=/dev/null", "bs=1M", "status=none")))
         os.unlink(big)
     if {"untar", "ls_lR_cold", "read_all_cold", "rm_rf"} & set(WORKLOADS):
         os.makedirs(tree)
         drop_caches()
         system.reset_peak_rss()
-        record("untar", timed(lambda: (sh("tar", "-xf", tarball, "-C", tree), sh("sync"))))
+        record("untar", timed(lambda: (run("tar", "-xf", tarball, "-C", tree), sh("sync"))))
         peak = system.peak_rss_kib()
         if peak is not None:
             peaks.setdefault(system.name, []).append(peak)
         drop_caches()
-        record("ls_lR_cold", timed(lambda: sh("ls", "-lR", tree, stdout=subprocess.DEVNULL)))
+        record("ls_lR_cold", timed(lambda: run("ls", "-lR", tree, stdout=subprocess.DEVNULL)))
         drop_caches()
-        record("read_all_cold", timed(lambda: sh(
+        record("read_all_cold", timed(lambda: run(
             "sh", "-c", f"find '{tree}' -type f -print0 | xargs -0 cat > /dev/null")))
-        record("rm_rf", timed(lambda: (sh("rm", "-rf", tree), sh("sync"))))
+        record("rm_rf", timed(lambda: (run("rm", "-rf", tree), sh("sync"))))
     if "sqlite_300_commits" in WORKLOADS:
-        sh("sqlite3", db, "create table t(id integer primary key, v text);")
+        run("sqlite3", db, "create table t(id integer primary key, v text);")
         script = "".join(f"begin; insert into t(v) values('row {i} {'x' * 100}'); commit;\n" for i in range(300))
-        record("sqlite_300_commits", timed(lambda: subprocess.run(["sqlite3", db], input=script, text=True, check=True)))
+        record("sqlite_300_commits", timed(lambda: subprocess.run([*system.prefix, "sqlite3", db], input=script, text=True, check=True)))
     if "fio_randread_4k" in WORKLOADS or "fio_randwrite_4k" in WORKLOADS:
         path = os.path.join(work, "fio.dat")
-        sh("dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=256", "conv=fsync", "status=none")
+        run("dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=256", "conv=fsync", "status=none")
         if "fio_randread_4k" in WORKLOADS:
-            record("fio_randread_4k", fio(path, "randread"))
+            record("fio_randread_4k", fio(path, "randread", system.prefix))
         if "fio_randwrite_4k" in WORKLOADS:
-            record("fio_randwrite_4k", fio(path, "randwrite"))
+            record("fio_randwrite_4k", fio(path, "randwrite", system.prefix))
     shutil.rmtree(work, ignore_errors=True)
 
 

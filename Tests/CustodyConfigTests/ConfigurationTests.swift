@@ -29,6 +29,32 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(configuration.mounts, [])
     }
 
+    func testTransferExemptionsAndLocations() throws {
+        let configuration = try parse("""
+            [settings]
+            TransferExemptExecutables = ["/usr/sbin/backup-agent"]
+            TransferExemptUids = [0, 34]
+            [locations]
+            OneDriveForBusiness = ["/home/alice/OneDrive - Contoso/"]
+            "Team Share" = ["/srv/team"]
+            """)
+        XCTAssertEqual(configuration.settings.transferExemptExecutables, ["/usr/sbin/backup-agent"])
+        XCTAssertEqual(configuration.settings.transferExemptUids, [0, 34])
+        XCTAssertEqual(configuration.settings.locations, ["OneDriveForBusiness": ["/home/alice/OneDrive - Contoso"], "Team Share": ["/srv/team"]])
+        let bad = errors("""
+            [settings]
+            TransferExemptExecutables = ["cat"]
+            TransferExemptUids = ["root"]
+            [locations]
+            LocalDrive = ["/"]
+            OneDriveForBusiness = ["relative"]
+            "../x" = ["/x"]
+            """)
+        XCTAssertEqual(bad.count, 5, "\(bad)")
+        XCTAssertTrue(bad.contains { $0.contains("settings.TransferExemptExecutables") && $0.contains("absolute") }, "\(bad)")
+        XCTAssertTrue(bad.contains { $0.contains("locations.LocalDrive") && $0.contains("worked out") }, "\(bad)")
+    }
+
     func testAFullConfiguration() throws {
         let configuration = try parse("""
             state = "/var/lib/custody/"
