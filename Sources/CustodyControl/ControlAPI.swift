@@ -140,6 +140,7 @@ struct ControlAPI: Sendable {
         RouteSpec("PUT", "/v1/accounts/{identity}/policy"),
         RouteSpec("POST", "/v1/accounts/{identity}/lock"),
         RouteSpec("POST", "/v1/accounts/{identity}/unlock"),
+        RouteSpec("POST", "/v1/accounts/{identity}/passphrase"),
         RouteSpec("POST", "/v1/accounts/{identity}/wipe"),
         RouteSpec("POST", "/v1/lock"),
         RouteSpec("POST", "/v1/unlock"),
@@ -214,6 +215,10 @@ struct ControlAPI: Sendable {
             if let passphrase = body.passphrase { try checkPassphrase(passphrase) }
         case ("POST", "/v1/accounts/{identity}/unlock"):
             if let passphrase = try decode(UnlockRequest.self, request).passphrase { try checkPassphrase(passphrase) }
+        case ("POST", "/v1/accounts/{identity}/passphrase"):
+            let body = try decode(PassphraseRequest.self, request)
+            if let old = body.old { try checkPassphrase(old) }
+            if let new = body.new { try checkPassphrase(new) }
         case ("PUT", "/v1/accounts/{identity}/policy"): _ = try decode(Policy.self, request)
         case ("POST", "/v1/bindings"): _ = try decode(BindRequest.self, request)
         case ("POST", "/v1/files/info"), ("POST", "/v1/files/is-encrypted"): _ = try decode(PathRequest.self, request)
@@ -260,6 +265,15 @@ struct ControlAPI: Sendable {
                 let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
                 try engine.unlock(identity, passphrase: passphrase)
                 return json(LockView(identity: identity, status: try engine.lockStatus(identity)))
+            }
+        case ("POST", "/v1/accounts/{identity}/passphrase"):
+            try authorize(caller, forAccount: identity, "change the passphrase of \(identity)")
+            let body = try decode(PassphraseRequest.self, request)
+            return try run { () throws(EngineError) in
+                let old = try body.old.map { (text) throws(EngineError) in try Self.secret(text) }
+                let new = try body.new.map { (text) throws(EngineError) in try Self.secret(text) }
+                try engine.changePassphrase(identity, old: old, new: new)
+                return json(AccountView(try engine.account(identity)))
             }
         case ("POST", "/v1/accounts/{identity}/wipe"):
             guard caller.isAdmin else { throw Self.notAuthorized("wipe \(identity)") }
@@ -400,13 +414,19 @@ struct ControlAPI: Sendable {
     }
 
     func enroll(_ body: EnrollRequest) throws(Failure) -> HTTPResponse {
-        try run { () throws(EngineError) in
+        var uid = body.uid
+        if let user = body.user {
+            guard let entry = getpwnam(user) else { throw Self.badRequest("no local user named \(user)") }
+            if let uid, uid != entry.pointee.pw_uid { throw Self.badRequest("user \(user) is uid \(entry.pointee.pw_uid), not \(uid)") }
+            uid = entry.pointee.pw_uid
+        }
+        return try run { () throws(EngineError) in
             let account: Account
             if body.enroll ?? true {
                 let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
-                account = try engine.enroll(id: body.id, upn: body.upn, policy: body.policy ?? Policy(), passphrase: passphrase, uid: body.uid)
+                account = try engine.enroll(id: body.id, upn: body.upn, policy: body.policy ?? Policy(), passphrase: passphrase, uid: uid)
             } else {
-                account = try engine.register(id: body.id, upn: body.upn, uid: body.uid)
+                account = try engine.register(id: body.id, upn: body.upn, uid: uid)
             }
             return json(AccountView(account), status: 201)
         }
@@ -474,9 +494,13 @@ struct EnrollRequest: Decodable {
     var policy: Policy?
     var passphrase: String?
     var uid: UInt32?
+    /// The local user by name, instead of `uid`.
+    var user: String?
 }
 
 struct UnlockRequest: Decodable { var passphrase: String? }
+/// The current passphrase (absent when there is none) and the new one (absent: remove it).
+struct PassphraseRequest: Decodable { var old: String?; var new: String? }
 
 struct BindRequest: Decodable {
     var pid: Int32?

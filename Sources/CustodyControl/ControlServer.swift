@@ -50,9 +50,9 @@ public final class ControlServer: @unchecked Sendable {
     private let stopping = Atomic<Bool>(false)
     private let front: FrontSupervisor
 
-    /// Binds the socket (mode 0660 by default, group `group` when given); `start()` serves it.
+    /// Binds the socket (mode 0666 by default, group `group` when given); `start()` serves it.
     /// `frontCommand` starts the control front (default: this executable with `--control-front`).
-    public init(path: String, engine: Engine, mode: mode_t = 0o660, group: gid_t? = nil, adminGroup: gid_t? = nil,
+    public init(path: String, engine: Engine, mode: mode_t = 0o666, group: gid_t? = nil, adminGroup: gid_t? = nil,
                 frontCommand: [String] = ControlServer.defaultFrontCommand) throws(ControlError) {
         self.path = path
         self.api = ControlAPI(engine: engine, adminGroup: adminGroup)

@@ -102,11 +102,15 @@ extension Engine {
         return resolveUnbound(uid: uid)
     }
 
-    /// Rules 4 to 6: the uid's default identity, the primary account, or none.
+    /// Rules 4 to 6: the uid's default identity (configured, or the managed account the uid
+    /// owns), the primary account, or none.
     private func resolveUnbound(uid: UInt32) -> ResolvedIdentity {
         let settings = self.settings
         if let identity = settings.defaultIdentities[uid] {
             return ResolvedIdentity(identity: registeredName(identity), source: .uidDefault(uid))
+        }
+        if let owned = state.withLock({ $0.accounts.first { $0.uid == uid && $0.isEnrolled } }) {
+            return ResolvedIdentity(identity: owned.upn, source: .uidAccount(uid))
         }
         if !settings.multiIdentity, let primary = accounts().first(where: { $0.isEnrolled }) {
             return ResolvedIdentity(identity: primary.upn, source: .primaryAccount)

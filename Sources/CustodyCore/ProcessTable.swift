@@ -115,6 +115,8 @@ public enum IdentitySource: Equatable, Sendable, CustomStringConvertible {
     /// Inherited from an ancestor process bound to it.
     case ancestor(Int32)
     case uidDefault(UInt32)
+    /// The managed account that belongs to the uid (enrolled with its uid or user name).
+    case uidAccount(UInt32)
     case primaryAccount
     case none
 
@@ -124,6 +126,7 @@ public enum IdentitySource: Equatable, Sendable, CustomStringConvertible {
         case .process(let pid): return "process \(pid)"
         case .ancestor(let pid): return "ancestor process \(pid)"
         case .uidDefault(let uid): return "default of uid \(uid)"
+        case .uidAccount(let uid): return "account of uid \(uid)"
         case .primaryAccount: return "primary account"
         case .none: return "none"
         }

@@ -42,6 +42,13 @@ struct PassphraseOptions: ParsableArguments {
     @Flag(help: "Read the passphrase from standard input (first line).")
     var passphraseStdin = false
 
+    /// A passphrase from `file` (its first line), else asked for on the terminal.
+    static func read(file: String?, prompt: String) throws -> String {
+        var options = PassphraseOptions()
+        options.passphraseFile = file
+        return try options.read(prompt: prompt, required: true) ?? ""
+    }
+
     func read(prompt: String, required: Bool) throws -> String? {
         if let passphraseFile {
             guard let file = fopen(passphraseFile, "r") else {
@@ -102,7 +109,14 @@ struct Enroll: ParsableCommand {
     @Flag(help: "Other identities may receive its files (canShareWithOtherIdentities).") var share = false
     @Flag(help: "Refuse files of unmanaged identities (canReceiveSharedFile for them).") var refuseUnmanaged = false
     @Flag(help: "Exports must be encrypted copies (shouldFileProviderEncryptFiles).") var fileProviderEncryption = false
-    @Option(help: ArgumentHelp("The local user whose processes act as this account.", valueName: "uid")) var uid: UInt32?
+    @Option(help: ArgumentHelp("Which other identities may read its data: all, managed or none (default none; --share is all).", valueName: "scope"))
+    var send: String?
+    @Option(help: ArgumentHelp("From which other identities it accepts data: all, managed or none (default all).", valueName: "scope"))
+    var receive: String?
+    @Option(help: ArgumentHelp("Locations its data may be saved to, comma-separated (default every location).", valueName: "names")) var saveTo: String?
+    @Option(help: ArgumentHelp("Locations data may be opened from into it, comma-separated (default every location).", valueName: "names")) var openFrom: String?
+    @Option(help: ArgumentHelp("The local user (uid) whose processes act as this account.", valueName: "uid")) var uid: UInt32?
+    @Option(help: ArgumentHelp("The local user, by name, whose processes act as this account.", valueName: "name")) var user: String?
     @Flag(help: "Register only (unmanaged: no policy, no keys).") var registerOnly = false
     @Flag(help: "Protect the account's keys with a passphrase (asked for, or see --passphrase-file).") var passphrase = false
     @OptionGroup var passphraseOptions: PassphraseOptions
@@ -114,6 +128,10 @@ struct Enroll: ParsableCommand {
                                               "canReceiveFromUnmanaged": .bool(!refuseUnmanaged),
                                               "fileProviderEncryptionRequired": .bool(fileProviderEncryption)]
             if let level { policy["protectionLevel"] = .string(level) }
+            if let send { policy["sendToOtherIdentities"] = .string(send) }
+            if let receive { policy["receiveFromOtherIdentities"] = .string(receive) }
+            if let names = saveTo.flatMap(locationList) { policy["saveToLocations"] = .array(names.map(JSONBody.string)) }
+            if let names = openFrom.flatMap(locationList) { policy["openFromLocations"] = .array(names.map(JSONBody.string)) }
             body["policy"] = .object(policy)
             let wanted = passphrase || passphraseOptions.passphraseFile != nil || passphraseOptions.passphraseStdin
             if wanted, let secret = try passphraseOptions.read(prompt: "Passphrase for \(upn): ", required: true) {
@@ -121,6 +139,7 @@ struct Enroll: ParsableCommand {
             }
         }
         if let uid { body["uid"] = .int(Int(uid)) }
+        if let user { body["user"] = .string(user) }
         let response = try request(global, "POST", "/v1/accounts", body)
         let account = try decode(CustodyAccount.self, response)
         show(response, global) { (account.enrolled ? "enrolled" : "registered") + describe(account).dropFirst(1) }
@@ -337,4 +356,31 @@ func lastEventSequence(_ global: Global) throws -> UInt64 {
         }
     }
     return last
+}
+
+struct Passphrase: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Set, change or remove an account's passphrase (its owner or an administrator; the current one is needed).")
+    @OptionGroup var global: Global
+    @Argument(help: "The account (ID or UPN).") var identity: String
+    @Option(help: ArgumentHelp("Read the current passphrase from this file (leave out when there is none).", valueName: "file"))
+    var oldFile: String?
+    @Option(help: ArgumentHelp("Read the new passphrase from this file.", valueName: "file")) var newFile: String?
+    @Flag(help: "The account has a passphrase now: ask for it.") var hasPassphrase = false
+    @Flag(help: "Remove the passphrase (the account then unlocks on authorization alone).") var remove = false
+
+    func validate() throws {
+        if remove, newFile != nil { throw ValidationError("give --new-file or --remove, not both") }
+    }
+
+    func run() throws {
+        var body: [String: JSONBody] = [:]
+        if oldFile != nil || hasPassphrase {
+            body["old"] = .string(try PassphraseOptions.read(file: oldFile, prompt: "Current passphrase for \(identity): "))
+        }
+        if !remove { body["new"] = .string(try PassphraseOptions.read(file: newFile, prompt: "New passphrase for \(identity): ")) }
+        let response = try request(global, "POST", "/v1/accounts/\(segment(identity))/passphrase", body)
+        let account = try decode(CustodyAccount.self, response)
+        show(response, global) { remove ? "passphrase of \(account.upn) removed" : "passphrase of \(account.upn) set" }
+    }
 }

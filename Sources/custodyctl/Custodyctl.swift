@@ -23,12 +23,37 @@ struct Custodyctl: ParsableCommand {
         version: "custodyctl 0.3.0",
         subcommands: [
             Status.self, Enroll.self, Accounts.self, Deregister.self, PolicyCommand.self,
-            Lock.self, Unlock.self, Run.self, Bind.self, Unbind.self, Identity.self,
+            Lock.self, Unlock.self, Passphrase.self, Run.self, Bind.self, Unbind.self, Identity.self,
             Protect.self, Info.self, EncryptFile.self, DecryptFile.self, IsEncrypted.self, CanReceive.self,
             Locations.self, Locate.self, SaveToAllowed.self, OpenFromAllowed.self,
             ProtectData.self, UnprotectData.self, DataInfo.self,
             Wipe.self, Jobs.self, Events.self, Diagnose.self,
         ])
+
+    /// The options every command takes (`--socket`, `--json`) may also come before the
+    /// subcommand: `custodyctl --socket PATH status` is `custodyctl status --socket PATH`.
+    static func main() {
+        main(Self.movingGlobalOptions(Array(CommandLine.arguments.dropFirst())))
+    }
+
+    static func movingGlobalOptions(_ arguments: [String]) -> [String] {
+        var global: [String] = []
+        var rest = arguments[...]
+        while let first = rest.first {
+            if first == "--socket", rest.count >= 2 {
+                global += rest.prefix(2)
+                rest = rest.dropFirst(2)
+            } else if first.hasPrefix("--socket=") || first == "--json" {
+                global.append(first)
+                rest = rest.dropFirst()
+            } else {
+                break
+            }
+        }
+        guard !global.isEmpty, let subcommand = rest.first, !subcommand.hasPrefix("-") else { return arguments }
+        // After the subcommand, before its arguments (and before a `--` that ends options).
+        return [subcommand] + global + rest.dropFirst()
+    }
 }
 
 /// Options every command takes.
@@ -111,6 +136,7 @@ enum JSONBody: Encodable {
     case bool(Bool)
     case null
     case object([String: JSONBody])
+    case array([JSONBody])
 
     func encode(to encoder: Encoder) throws {
         var container = encoder.singleValueContainer()
@@ -120,6 +146,7 @@ enum JSONBody: Encodable {
         case .bool(let value): try container.encode(value)
         case .null: try container.encodeNil()
         case .object(let value): try container.encode(value)
+        case .array(let value): try container.encode(value)
         }
     }
 }

@@ -42,7 +42,7 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("Control socket path (default /run/custody/control.sock for root).", valueName: "path"))
     var socket: String?
 
-    @Option(help: ArgumentHelp("Permissions of the control socket (octal, default 0660).", valueName: "mode"))
+    @Option(help: ArgumentHelp("Permissions of the control socket (octal, default 0666: every local user may connect; the routes authorize each caller).", valueName: "mode"))
     var socketMode: String?
 
     @Option(help: ArgumentHelp("Group of the control socket (default custody-admin when it exists).", valueName: "group"))

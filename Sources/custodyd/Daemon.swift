@@ -124,7 +124,7 @@ final class Daemon: @unchecked Sendable {
             logger.info("control socket from the service manager (socket activation)")
         } else {
             let path = configuration.socket ?? Custodyd.defaultSocketPath()
-            server = try ControlServer(path: path, engine: engine, mode: mode_t(configuration.socketMode ?? 0o660),
+            server = try ControlServer(path: path, engine: engine, mode: mode_t(configuration.socketMode ?? 0o666),
                                        group: socketGroup, adminGroup: adminGroup)
             logger.info("control socket \(path)")
         }

@@ -21,7 +21,7 @@ final class ConfigurationTests: XCTestCase {
     func testTheShippedExampleIsValid() throws {
         let configuration = try DaemonConfiguration.load(path: Self.repository.appendingPathComponent("config/custody.toml").path)
         XCTAssertEqual(configuration.stateDirectory, "/var/lib/custody")
-        XCTAssertEqual(configuration.socketMode, 0o660)
+        XCTAssertEqual(configuration.socketMode, 0o666)
         XCTAssertEqual(configuration.adminGroup, "custody-admin")
         XCTAssertEqual(configuration.settings.maxFileProtectionLevel, .complete)
         XCTAssertTrue(configuration.settings.multiIdentity)

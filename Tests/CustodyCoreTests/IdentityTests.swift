@@ -47,6 +47,24 @@ final class IdentityTests: EngineTestCase {
         XCTAssertEqual(single.resolve(thread: 200, uid: 0), ResolvedIdentity(identity: "carol@contoso.com", source: .primaryAccount))
     }
 
+    func testAUsersProcessesActAsTheAccountItOwns() throws {
+        let table = FakeProcessTable()
+        table.add(1, start: 1)
+        table.add(50, parent: 1, start: 5)
+        var settings = testSettings(multiIdentity: true)
+        settings.defaultIdentities = [1002: "configured@example.org"]
+        let engine = try makeEngine(settings, processes: table)
+        try engine.register(id: "reg-id", upn: "registered@contoso.com", uid: 1001)
+        XCTAssertEqual(engine.resolve(thread: 50, uid: 1001).source, .none, "a registered (unmanaged) account is not acted as")
+        try engine.enroll(id: "pat-id", upn: "pat@contoso.com", uid: 1001)
+        try engine.enroll(id: "quinn-id", upn: "quinn@contoso.com", uid: 1002)
+        XCTAssertEqual(engine.resolve(thread: 50, uid: 1001), ResolvedIdentity(identity: "pat@contoso.com", source: .uidAccount(1001)))
+        XCTAssertEqual(engine.resolve(thread: 50, uid: 1002).source, .uidDefault(1002), "a configured default comes first")
+        XCTAssertEqual(engine.resolve(thread: 50, uid: 1003).source, .none)
+        try engine.bindProcess(50, to: "me@gmail.com")
+        XCTAssertEqual(engine.resolve(thread: 50, uid: 1001).identity, "me@gmail.com", "a binding comes first")
+    }
+
     func testAReusedPIDDoesNotInheritTheBinding() throws {
         let table = FakeProcessTable()
         table.add(1, start: 1)

@@ -35,6 +35,44 @@ final class CustodyctlTests: XCTestCase {
         (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
     }
 
+    func testGlobalOptionsBeforeTheSubcommandUsersByNameAndPassphrases() throws {
+        // --socket and --json before the subcommand.
+        let tool = MountedDaemon.tool("custodyctl")
+        let early = try runCommand([tool, "--socket", daemon.socket, "--json", "status"])
+        XCTAssertEqual(early.status, 0, early.error)
+        XCTAssertTrue(early.output.hasPrefix("{"), early.output)
+        XCTAssertEqual(try runCommand([tool, "--socket=\(daemon.socket)", "accounts"]).status, 0)
+        XCTAssertEqual(try runCommand([tool, "status"], environment: ["CUSTODY_SOCKET": daemon.socket]).status, 0)
+
+        // An account for a local user by name: that user's processes act as it.
+        try daemon.openToOtherUsers()
+        try mustRun(["chmod", "0755", work])
+        let user = try testUser()
+        let name = String(cString: try XCTUnwrap(getpwuid(user)).pointee.pw_name)
+        XCTAssertEqual(field(json(try ctl(["enroll", "pat-oid", "pat@contoso.com", "--user", name, "--level", "untilFirstAuth", "--json"])), "uid"), "\(user)")
+        XCTAssertEqual(try daemon.ctl(["enroll", "nobody-oid", "n@contoso.com", "--user", "no-such-user-here"]).status, 1)
+        try mustRun(["chmod", "1777", daemon.mountPoint])
+        try mustRun(["setpriv", "--reuid=\(user)", "--regid=\(user)", "--clear-groups", "sh", "-c", "echo mine > '\(daemon.mnt("pat.txt"))'"])
+        XCTAssertEqual(xattr(daemon.mnt("pat.txt"), "user.custody.owner"), "pat@contoso.com", "the user's processes act as its account")
+        XCTAssertEqual(xattr(daemon.mnt("pat.txt"), "user.custody.encrypted"), "1")
+
+        // Its owner sets, changes and removes the passphrase.
+        let first = work + "/first", second = work + "/second"
+        try writeFile(first, bytes("first passphrase\n"), mode: 0o644)
+        try writeFile(second, bytes("second passphrase\n"), mode: 0o644)
+        try ctl(["passphrase", "pat@contoso.com", "--new-file", first], asUser: user)
+        XCTAssertEqual(field(json(try ctl(["accounts", "pat@contoso.com", "--json"])), "hasPassphrase"), "1")
+        try ctl(["passphrase", "pat@contoso.com", "--old-file", second, "--new-file", second], exit: 77, asUser: user)
+        try ctl(["passphrase", "pat@contoso.com", "--old-file", first, "--new-file", second], asUser: user)
+        try ctl(["lock", "pat@contoso.com"], asUser: user)
+        try ctl(["unlock", "pat@contoso.com", "--passphrase-file", first], exit: 77, asUser: user)
+        try ctl(["unlock", "pat@contoso.com", "--passphrase-file", second], asUser: user)
+        let other = try testUser("custody-test2")
+        try ctl(["passphrase", "pat@contoso.com", "--old-file", second, "--remove"], exit: 77, asUser: other)
+        try ctl(["passphrase", "pat@contoso.com", "--old-file", second, "--remove"], asUser: user)
+        XCTAssertEqual(field(json(try ctl(["accounts", "pat@contoso.com", "--json"])), "hasPassphrase"), "0")
+    }
+
     func testAccountLockAndIdentityCommands() throws {
         let passphrase = work + "/passphrase"
         try writeFile(passphrase, bytes("correct horse\n"), mode: 0o600)

@@ -177,6 +177,37 @@ final class IdentityBoundaryTests: XCTestCase {
         XCTAssertTrue(text.contains("second errno 13"), "the open handle's next read fails: \(text)")
     }
 
+    func testAPolicyChangeFailsTheNextWriteOfAnOpenHandle() throws {
+        try start()
+        try write("inbox.txt", "A", as: Self.alice)
+        let gate = work + "/gate", out = work + "/writer.out"
+        let script = """
+            import os, time
+            fd = os.open("inbox.txt", os.O_WRONLY | os.O_APPEND)
+            print("first", os.write(fd, b"1"), flush=True)
+            open("\(work!)/ready", "w").close()
+            while not os.path.exists("\(gate)"): time.sleep(0.02)
+            try:
+                print("second", os.write(fd, b"2"), flush=True)
+            except OSError as e:
+                print("second errno", e.errno, flush=True)
+            """
+        try script.write(toFile: work + "/writer.py", atomically: true, encoding: .utf8)
+        let writer = try spawn(MountedDaemon.tool("custodyctl"), ["run", "--socket", daemon.socket, "--identity", Self.personal, "--",
+                                                                  "sh", "-c", "cd '\(daemon.mountPoint)' && exec /usr/bin/python3 '\(work!)/writer.py' > '\(out)' 2>&1"])
+        children.append(writer)
+        let deadline = Date().addingTimeInterval(10)
+        while !FileManager.default.fileExists(atPath: work + "/ready"), Date() < deadline { usleep(20_000) }
+        try setPolicy(Self.alice, #""receiveFromOtherIdentities": "managed""#)
+        FileManager.default.createFile(atPath: gate, contents: nil)
+        XCTAssertTrue(waitForExit(writer, seconds: 10))
+        children.removeAll()
+        let text = try String(contentsOfFile: out, encoding: .utf8)
+        XCTAssertTrue(text.contains("first 1"), text)
+        XCTAssertTrue(text.contains("second errno 13"), "the open handle's next write fails: \(text)")
+        XCTAssertEqual(try read("inbox.txt", as: Self.alice).text, "A1")
+    }
+
     // MARK: Exceptions
 
     func testExemptExecutablesAndUidsReadAcrossIdentities() throws {
@@ -210,11 +241,20 @@ final class IdentityBoundaryTests: XCTestCase {
             ("managed", Self.personal, false), ("managed", nil, false), ("managed", Self.carol, true),
             ("none", Self.personal, false), ("none", Self.carol, false), ("none", Self.alice, true),
         ]
+        // A file of each writer's, for asking can-receive the same question the write asks.
+        for (index, writer) in [Self.personal, Self.carol].enumerated() { try write("from\(index).txt", "w", as: writer) }
+        let fromNone = try run(as: nil, "printf w > from-none.txt")
+        XCTAssertEqual(fromNone.status, 0, fromNone.error)
+        let sample = [Self.personal: "from0.txt", Self.carol: "from1.txt"]
         for row in rows {
             try setPolicy(Self.alice, #""receiveFromOtherIdentities": "\#(row.scope)""#)
             let result = try run(as: row.writer, "printf x >> inbox.txt")
             XCTAssertEqual(result.status == 0, row.allowed, "receive \(row.scope), writer \(row.writer ?? "none"): \(result.error)")
             if !row.allowed { XCTAssertTrue(result.error.contains("Permission denied"), result.error) }
+            guard row.writer != Self.alice else { continue }
+            let file = row.writer.flatMap { sample[$0] } ?? "from-none.txt"
+            let asked = try daemon.api("POST", "/v1/files/can-receive", #"{"path": "\#(daemon.mnt(file))", "identity": "\#(Self.alice)"}"#)
+            XCTAssertTrue(asked.body.contains(#""allowed":\#(row.allowed)"#), "can-receive agrees with the write under \(row.scope) from \(row.writer ?? "none"): \(asked.body)")
         }
         XCTAssertEqual(xattr(daemon.mnt("inbox.txt"), "user.custody.owner"), Self.alice, "appending does not change the owner")
         let events = try blockedEvents().compactMap { $0["details"] as? [String: String] }
