@@ -6,8 +6,8 @@ BIN := .build/debug
 RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
-BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libsodium-dev
-TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3 python3-pip
+BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libsodium-dev libsystemd-dev
+TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock
 # From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon.
 PIP_TEST_PACKAGES := schemathesis==4.32.5
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3

@@ -20,6 +20,7 @@ let package = Package(
         // System-library and C shims.
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .target(name: "CLinux"),
 
         // Typed wrappers over the syscalls (Errno, *at calls, xattrs, mount table).
@@ -36,6 +37,9 @@ let package = Package(
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
                                                    .product(name: "Logging", package: "swift-log")]),
 
+        // Login sessions (systemd-logind over D-Bus, sd-bus) driving the engine's locks.
+        .target(name: "CustodySessions", dependencies: ["CSystemd", "CustodyCore", "CustodySystem"]),
+
         // The daemon's configuration file (custody.toml): typed, checked, with line numbers in errors.
         .target(name: "CustodyConfig", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", .product(name: "TOMLKit", package: "TOMLKit")]),
 
@@ -47,7 +51,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto",
+            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto", "CustodySessions",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -66,6 +70,7 @@ let package = Package(
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
         .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient", "CLinux"]),
+        .testTarget(name: "CustodySessionsTests", dependencies: ["CustodySessions", "CustodyCore"]),
         .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyConfig", "CustodyCore", "CustodyFormat"]),
     ]
 )

@@ -57,6 +57,8 @@ public struct DaemonConfiguration: Equatable, Sendable {
     public var scrubAccountIdentities = false
     public var settings = Settings()
     public var mounts: [MountConfiguration] = []
+    /// Follow logind's sessions (screen lock, suspend, logout lock identities).
+    public var followSessions = true
 
     public init() {}
 
@@ -229,7 +231,7 @@ struct Reader {
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
-                               "TransferExemptExecutables", "TransferExemptUids"]
+                               "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout"]
     static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "threads"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
@@ -322,6 +324,9 @@ struct Reader {
                 fail(path + ["TransferExemptUids"], "must be an array of uids (numbers)")
             }
         }
+        if let value = bool(table, path + ["LockOnSessionLock"]) { configuration.settings.lockOnSessionLock = value }
+        if let value = bool(table, path + ["LockOnSuspend"]) { configuration.settings.lockOnSuspend = value }
+        if let value = bool(table, path + ["LockOnLogout"]) { configuration.settings.lockOnLogout = value }
         if let cost = string(table, path + ["PassphraseCost"]) {
             if ["interactive", "moderate", "minimal"].contains(cost) { configuration.settings.passphraseCost = cost } else {
                 fail(path + ["PassphraseCost"], "must be interactive, moderate or minimal")

@@ -33,6 +33,9 @@ extension ControlAPI {
 
     func locationAnswer(_ body: LocationQuery, _ caller: Caller, saving: Bool) throws(Failure) -> HTTPResponse {
         let location = try Self.checkLocation(body)
+        guard engine.isKnown(location) else {
+            throw Self.badRequest("unknown location \(body.location) (\(Location.knownNames) configured in Locations)")
+        }
         let identity = policyIdentity(body.account, caller)
         let allowed = saving ? engine.isSaveToAllowed(location, for: identity) : engine.isOpenFromAllowed(location, for: identity)
         return json(LocationAnswer(location: location.name, account: body.account, allowed: allowed))

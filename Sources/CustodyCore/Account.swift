@@ -24,6 +24,11 @@ public struct Policy: Codable, Equatable, Sendable {
     public var transferExemptExecutables: [String] = []
     /// Users (uids) whose processes are exempt from the transfer rules for its data.
     public var transferExemptUids: [UInt32] = []
+    /// Whether a screen lock, a suspend or a logout locks this identity (nil: the settings'
+    /// `LockOnSessionLock`, `LockOnSuspend`, `LockOnLogout`).
+    public var lockOnSessionLock: Bool?
+    public var lockOnSuspend: Bool?
+    public var lockOnLogout: Bool?
 
     /// canShareWithOtherIdentities, the older name: true is `sendToOtherIdentities = all`,
     /// false is `none`.
@@ -53,6 +58,7 @@ public struct Policy: Codable, Equatable, Sendable {
         case fileEncryptionRequired, protectionLevel, fileProviderEncryptionRequired, canShareWithOtherIdentities, canReceiveFromUnmanaged
         case sendToOtherIdentities, receiveFromOtherIdentities, saveToLocations, openFromLocations
         case transferExemptExecutables, transferExemptUids
+        case lockOnSessionLock, lockOnSuspend, lockOnLogout
     }
 
     /// Accepts the level by any of its names (Apple's constants, short forms, the admin console's
@@ -86,6 +92,9 @@ public struct Policy: Codable, Equatable, Sendable {
                                                    debugDescription: "executables are absolute paths, not \(path)")
         }
         transferExemptUids = try container.decodeIfPresent([UInt32].self, forKey: .transferExemptUids) ?? []
+        lockOnSessionLock = try container.decodeIfPresent(Bool.self, forKey: .lockOnSessionLock)
+        lockOnSuspend = try container.decodeIfPresent(Bool.self, forKey: .lockOnSuspend)
+        lockOnLogout = try container.decodeIfPresent(Bool.self, forKey: .lockOnLogout)
     }
 
     private static func decodeLocations(_ container: KeyedDecodingContainer<CodingKeys>, _ key: CodingKeys) throws -> [String]? {
@@ -113,6 +122,9 @@ public struct Policy: Codable, Equatable, Sendable {
         try container.encodeIfPresent(openFromLocations, forKey: .openFromLocations)
         try container.encode(transferExemptExecutables, forKey: .transferExemptExecutables)
         try container.encode(transferExemptUids, forKey: .transferExemptUids)
+        try container.encodeIfPresent(lockOnSessionLock, forKey: .lockOnSessionLock)
+        try container.encodeIfPresent(lockOnSuspend, forKey: .lockOnSuspend)
+        try container.encodeIfPresent(lockOnLogout, forKey: .lockOnLogout)
     }
 }
 

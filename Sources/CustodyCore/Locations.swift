@@ -127,12 +127,16 @@ extension Engine {
         }
     }
 
+    /// An SDK location, or one named in the settings.
+    public func isKnown(_ location: Location) -> Bool {
+        Location.sdk.contains(location) || settings.locations[location.name] != nil
+    }
+
     /// Checks a policy's location names against the SDK's and the configured ones.
     func checkLocations(_ policy: Policy) throws(EngineError) {
-        let configured = Set(settings.locations.keys)
         for name in (policy.saveToLocations ?? []) + (policy.openFromLocations ?? []) {
             guard let location = Location(name: name) else { throw .invalidPolicy("unknown location \(name)") }
-            if !Location.sdk.contains(location), !configured.contains(location.name) {
+            if !isKnown(location) {
                 throw .invalidPolicy("unknown location \(name) (\(Location.knownNames) configured in Locations)")
             }
         }

@@ -25,25 +25,48 @@ extension Engine {
         return state.withLock { $0.keys[Account.canonical(account.id)]?.classC != nil }
     }
 
-    /// Requests a lock. Class A keys (and open class A files) go when the grace period ends;
-    /// the class B private key too (open class B files keep working).
-    public func lock(_ identity: String) throws(EngineError) {
+    /// Requests a lock. Class A keys (and open class A files) go when the grace period ends (at
+    /// once with `immediately`, as before a suspend); the class B private key too (open class B
+    /// files keep working). `cause` says why, in the events: manual, sessionLock, suspend, logout.
+    public func lock(_ identity: String, cause: LockCause = .manual, immediately: Bool = false) throws(EngineError) {
         let account = try self.account(identity)
-        let deadline = clock.now() + settings.lockGracePeriod
+        let grace = immediately ? 0 : settings.lockGracePeriod
+        let deadline = clock.now() + grace
         let requested = try state.withLock { (state) throws(EngineError) -> Bool in
             let key = Account.canonical(account.id)
             guard var keys = state.keys[key] else { throw .notEnrolled(account.upn) }
-            guard keys.lock == .unlocked else { return false }
+            switch keys.lock {
+            case .locked: return false
+            case .locking(let until) where until <= deadline: return false
+            case .locking, .unlocked: break
+            }
             keys.lock = .locking(until: deadline)
             state.keys[key] = keys
             return true
         }
         if requested {
             pokeDeadlineTimer()
-            events.emit(.lockRequested, identity: account.upn, "lock requested for \(account.upn); class A keys go in \(settings.lockGracePeriod) s",
-                        details: ["gracePeriod": "\(settings.lockGracePeriod)"])
+            events.emit(.lockRequested, identity: account.upn, "lock requested for \(account.upn) (\(cause.rawValue)); class A keys go in \(grace) s",
+                        details: ["gracePeriod": "\(grace)", "cause": cause.rawValue])
         }
         processDeadlines()
+    }
+
+    /// A lock still in its grace period is called off (the keys never left): the user came back
+    /// in time, as on iOS. True when one was.
+    @discardableResult
+    public func cancelPendingLock(_ identity: String) throws(EngineError) -> Bool {
+        processDeadlines()
+        let account = try self.account(identity)
+        let cancelled = state.withLock { state -> Bool in
+            let key = Account.canonical(account.id)
+            guard var keys = state.keys[key], case .locking = keys.lock else { return false }
+            keys.lock = .unlocked
+            state.keys[key] = keys
+            return true
+        }
+        if cancelled { events.emit(.unlocked, identity: account.upn, "lock of \(account.upn) called off within the grace period", details: ["cause": "graceCancelled"]) }
+        return cancelled
     }
 
     /// Locks every enrolled identity.

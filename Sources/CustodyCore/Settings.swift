@@ -26,6 +26,12 @@ public struct Settings: Codable, Equatable, Sendable {
     /// Administrator-defined locations: a name (`OneDriveForBusiness`, `SharePoint` or one of
     /// the administrator's own) and the directories it covers.
     public var locations: [String: [String]] = [:]
+    /// Lock a user's identities when every session of the user is locked (screen lock).
+    public var lockOnSessionLock = true
+    /// Lock every identity at once before the machine suspends.
+    public var lockOnSuspend = true
+    /// Lock a user's identities when the user's last session ends.
+    public var lockOnLogout = true
 
     public init() {}
 
@@ -41,6 +47,9 @@ public struct Settings: Codable, Equatable, Sendable {
         case transferExemptExecutables = "TransferExemptExecutables"
         case transferExemptUids = "TransferExemptUids"
         case locations = "Locations"
+        case lockOnSessionLock = "LockOnSessionLock"
+        case lockOnSuspend = "LockOnSuspend"
+        case lockOnLogout = "LockOnLogout"
     }
 
     public init(from decoder: Decoder) throws {
@@ -62,6 +71,9 @@ public struct Settings: Codable, Equatable, Sendable {
         transferExemptExecutables = try container.decodeIfPresent([String].self, forKey: .transferExemptExecutables) ?? []
         transferExemptUids = try container.decodeIfPresent([UInt32].self, forKey: .transferExemptUids) ?? []
         locations = try container.decodeIfPresent([String: [String]].self, forKey: .locations) ?? [:]
+        lockOnSessionLock = try container.decodeIfPresent(Bool.self, forKey: .lockOnSessionLock) ?? true
+        lockOnSuspend = try container.decodeIfPresent(Bool.self, forKey: .lockOnSuspend) ?? true
+        lockOnLogout = try container.decodeIfPresent(Bool.self, forKey: .lockOnLogout) ?? true
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -77,5 +89,8 @@ public struct Settings: Codable, Equatable, Sendable {
         try container.encode(transferExemptExecutables, forKey: .transferExemptExecutables)
         try container.encode(transferExemptUids, forKey: .transferExemptUids)
         try container.encode(locations, forKey: .locations)
+        try container.encode(lockOnSessionLock, forKey: .lockOnSessionLock)
+        try container.encode(lockOnSuspend, forKey: .lockOnSuspend)
+        try container.encode(lockOnLogout, forKey: .lockOnLogout)
     }
 }

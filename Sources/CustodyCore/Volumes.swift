@@ -15,6 +15,13 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
     /// directory everything below it; calls `progress` with the number of objects done so far.
     /// (`wipeFiles`, from `WipeHandler`, deletes an identity's files in the mount.)
     func changeOwner(_ relativePath: String, to owner: String?, progress: (Int) -> Void) throws(EngineError)
+    /// Returns once the mount has acted on every lock so far (cached plaintext of locked files
+    /// dropped from the kernel).
+    func settleCaches()
+}
+
+extension ProtectedVolume {
+    public func settleCaches() {}
 }
 
 /// A path located in a mount: the volume and the path below its mount point.

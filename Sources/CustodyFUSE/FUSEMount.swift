@@ -140,7 +140,7 @@ public final class FUSEMount: @unchecked Sendable {
         let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }
         defer { reprotection?.stop() }
         let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther,
-                                 filesystem: filesystem, session: session)
+                                 filesystem: filesystem, session: session, enforcement: enforcement)
         engine?.attach(volume)
         defer { engine?.detach(volume) }
         // A wipe a stopped daemon journaled is finished before requests are served (with several

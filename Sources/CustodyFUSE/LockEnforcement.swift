@@ -36,6 +36,9 @@ final class LockEnforcement: @unchecked Sendable {
         }
     }
 
+    /// Returns once every invalidation queued so far has been sent to the kernel.
+    func settle() { queue.sync {} }
+
     func stop() {
         if let subscription { engine?.events.unsubscribe(subscription) }
         subscription = nil

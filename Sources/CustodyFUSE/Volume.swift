@@ -12,14 +12,20 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     let allowsOtherUsers: Bool
     private let filesystem: PassthroughFilesystem
     private let wipe: MountWipe
+    private let enforcement: LockEnforcement?
 
-    init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: PassthroughFilesystem, session: OpaquePointer?) {
+    init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: PassthroughFilesystem, session: OpaquePointer?,
+         enforcement: LockEnforcement? = nil) {
+        self.enforcement = enforcement
         self.mountPoint = mountPoint
         self.backingDirectory = backingDirectory
         self.allowsOtherUsers = allowsOtherUsers
         self.filesystem = filesystem
         self.wipe = MountWipe(filesystem: filesystem, session: session)
     }
+
+    /// Waits for the lock enforcement queue: every invalidation for locks so far has been sent.
+    func settleCaches() { enforcement?.settle() }
 
     func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
         try wipe.wipeFiles(of: account, progress: progress)

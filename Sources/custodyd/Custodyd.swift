@@ -87,6 +87,9 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("Default identity for callers of a uid with no binding (repeatable).", valueName: "uid=identity"))
     var defaultIdentity: [String] = []
 
+    @Flag(help: "Do not follow login sessions (logind): only custodyctl locks identities.")
+    var noSessions = false
+
     @Option(help: ArgumentHelp("A uid whose processes the transfer rules let through (repeatable; TransferExemptUids).", valueName: "uid"))
     var transferExemptUid: [UInt32] = []
 
@@ -207,6 +210,7 @@ struct Custodyd: ParsableCommand {
         if let maxProtectionLevel, let level = ProtectionClass(name: maxProtectionLevel) { configuration.settings.maxFileProtectionLevel = level }
         for (uid, identity) in try parsedDefaultIdentities() { configuration.settings.defaultIdentities[uid] = identity }
         configuration.settings.transferExemptUids += transferExemptUid
+        if noSessions { configuration.followSessions = false }
         configuration.settings.transferExemptExecutables += transferExemptExecutable
         if let backing, let mountPoint {
             var mount = MountConfiguration(backing: backing, mountPoint: mountPoint)

@@ -2,6 +2,7 @@ import CustodyConfig
 import CustodyControl
 import CustodyCore
 import CustodyFUSE
+import CustodySessions
 import CustodySystem
 import Dispatch
 import Glibc
@@ -109,6 +110,8 @@ final class Daemon: @unchecked Sendable {
     private var watchdogThread: pthread_t?
     let baseOptions: MountOptions
     private var eventSubscription: Int?
+    /// Login sessions (logind) locking the identities; nil when not followed.
+    private var sessions: LoginMonitor?
 
     init(configuration: DaemonConfiguration, configurationPath: String?, baseOptions: MountOptions) throws {
         self.configuration = configuration
@@ -224,6 +227,10 @@ final class Daemon: @unchecked Sendable {
                 return false
             }
         }
+        if configuration.followSessions {
+            let monitor = LoginMonitor(engine: engine) { [logger] message in logger.notice("\(message)") }
+            if monitor.start() { sessions = monitor }
+        }
         Systemd.notify("READY=1\nSTATUS=\(statusLine())\nMAINPID=\(getpid())")
         logger.info("ready (pid \(getpid()), \(mounts.count) mount\(mounts.count == 1 ? "" : "s"))")
         startWatchdog()
@@ -319,6 +326,8 @@ final class Daemon: @unchecked Sendable {
         watchdogStop.store(true, ordering: .releasing)
         if let watchdogThread { pthread_join(watchdogThread, nil) }
         watchdogThread = nil
+        sessions?.stop()
+        sessions = nil
         for running in mounts {
             running.stop()
             logger.info("unmounted \(running.mount.mountPoint)")

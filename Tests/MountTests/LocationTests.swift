@@ -49,6 +49,7 @@ final class LocationTests: XCTestCase {
         XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "me@gmail.com"}"#).body.contains(#""allowed":true"#), "unmanaged: allowed")
         XCTAssertTrue(try daemon.api("POST", "/v1/locations/open-from-allowed", #"{"location": "SharePoint", "account": "alice@contoso.com"}"#).body.contains(#""allowed":false"#))
         XCTAssertEqual(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "Nowhere/../x", "account": "alice@contoso.com"}"#).status, 400)
+        XCTAssertEqual(try daemon.api("POST", "/v1/locations/open-from-allowed", #"{"location": "NotConfigured", "account": ""}"#).status, 400, "a name that is neither the SDK's nor configured")
         // A user who does not own the account learns nothing of its policy.
         let uid = try testUser()
         XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "alice@contoso.com"}"#, asUser: uid).body.contains(#""allowed":true"#))
