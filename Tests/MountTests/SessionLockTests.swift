@@ -14,6 +14,7 @@ final class SessionLockTests: XCTestCase {
     static let alice = "alice@contoso.com"   // class A, a passphrase, custody-test's
     static let bob = "bob@contoso.com"       // class C, custody-test's
     static let carol = "carol@contoso.com"   // class A, custody-test2's (no session)
+    static let dave = "dave@contoso.com"     // class B, custody-test's
 
     override func tearDown() {
         daemon?.destroy()
@@ -96,12 +97,13 @@ final class SessionLockTests: XCTestCase {
         try waitFor("the daemon to follow logind") { self.daemon.log.contains("following logind") }
         let passphrase = #""passphrase": "correct horse""#
         for (id, upn, level, user, secret) in [("alice-oid", Self.alice, "complete", "custody-test", true), ("bob-oid", Self.bob, "untilFirstAuth", "custody-test", false),
-                                               ("carol-oid", Self.carol, "complete", "custody-test2", false)] {
+                                               ("carol-oid", Self.carol, "complete", "custody-test2", false),
+                                               ("dave-oid", Self.dave, "completeUnlessOpen", "custody-test", false)] {
             let body = #"{"id": "\#(id)", "upn": "\#(upn)", "user": "\#(user)", "policy": {"protectionLevel": "\#(level)"}\#(secret ? ", " + passphrase : "")}"#
             let enrolled = try daemon.api("POST", "/v1/accounts", body)
             XCTAssertEqual(enrolled.status, 201, enrolled.body)
         }
-        for (identity, name) in [(Self.alice, "a.txt"), (Self.bob, "c.txt"), (Self.carol, "carol.txt")] {
+        for (identity, name) in [(Self.alice, "a.txt"), (Self.bob, "c.txt"), (Self.carol, "carol.txt"), (Self.dave, "b.txt")] {
             let result = try daemon.ctl(["run", "--identity", identity, "--", "sh", "-c", "echo \(identity) > '\(daemon.mnt(name))'"])
             XCTAssertEqual(result.status, 0, result.error)
         }
@@ -113,9 +115,20 @@ final class SessionLockTests: XCTestCase {
     func testTheScreenLockLocksTheUsersIdentitiesAndUnlockingCallsOffAPendingLock() throws {
         _ = try start()
         XCTAssertTrue(readable("a.txt"))
+        // Handles open across the lock: class A's fail, class B's keep writing.
+        let classA = try Syscall.open(daemon.mnt("a.txt"), O_RDONLY)
+        let classB = try Syscall.open(daemon.mnt("b.txt"), O_WRONLY | O_APPEND)
+        defer { close(classA); close(classB) }
+        var byte: UInt8 = 0
+        XCTAssertEqual(pread(classA, &byte, 1, 0), 1)
         try mustCall("/org/freedesktop/login1/session/c1", "org.freedesktop.login1.Session.Lock")
         try waitForLock(Self.alice, "locked")
         XCTAssertEqual(errnoOf { _ = try readFile(self.daemon.mnt("a.txt")) }, EACCES, "class A is unreadable once locked")
+        usleep(200_000)
+        XCTAssertEqual(pread(classA, &byte, 1, 0), -1, "the open class A handle is refused")
+        XCTAssertEqual(errno, EACCES)
+        XCTAssertEqual("more\n".withCString { write(classB, $0, 5) }, 5, "an open class B handle keeps writing")
+        XCTAssertEqual(fsync(classB), 0)
         XCTAssertTrue(readable("c.txt"), "class C stays readable after the first unlock")
         XCTAssertEqual(try lockState(Self.carol), "unlocked", "another user's identity is not touched")
         let events = try daemon.api("GET", "/v1/events?follow=false").body
