@@ -6,8 +6,8 @@ BIN := .build/debug
 RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
-BUILD_PACKAGES := pkg-config fuse3 libfuse3-dev libsodium-dev libsystemd-dev
-TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock
+BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev libsodium-dev libsystemd-dev libpam0g-dev
+TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester
 # From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon.
 PIP_TEST_PACKAGES := schemathesis==4.32.5
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
@@ -24,6 +24,9 @@ UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 STATIC_BIN := .build-static/release
+# The system's PAM module directory (Debian: /usr/lib/<triplet>/security).
+PAMDIR ?= $(shell pkg-config --variable=libdir pam 2>/dev/null || echo /usr/lib)/security
+CC ?= cc
 
 all: build
 
@@ -48,8 +51,13 @@ pip-deps:
 bench-deps: deps
 	$(call install_missing,$(BENCH_PACKAGES))
 
-build: deps
+build: deps $(BIN)/pam_custody.so
 	$(SWIFT) build $(BUILD_FLAGS)
+
+# The PAM module (C: it is loaded into login, sshd, gdm …, which carry no Swift runtime).
+$(BIN)/pam_custody.so: pam/pam_custody.c | deps
+	@mkdir -p $(BIN)
+	$(CC) -O2 -g -Wall -Wextra -Werror -fPIC -shared -fvisibility=default -o $@ $< -lpam
 
 release: deps
 	$(SWIFT) build -c release $(BUILD_FLAGS)
@@ -72,7 +80,7 @@ test: build pip-deps
 
 # Installs into a temporary DESTDIR, verifies the systemd units there and runs the installed
 # binaries with the Swift toolchain's libraries hidden (tests/install-test.sh).
-test-install: static
+test-install: static $(BIN)/pam_custody.so
 	bash tests/install-test.sh
 
 # Release binaries with the Swift runtime linked in, so they run without the toolchain.
@@ -80,9 +88,10 @@ static: deps
 	$(SWIFT) build -c release --static-swift-stdlib --scratch-path .build-static --product custodyd
 	$(SWIFT) build -c release --static-swift-stdlib --scratch-path .build-static --product custodyctl
 
-install: static
+install: static $(BIN)/pam_custody.so
 	install -D -m 0755 $(STATIC_BIN)/custodyd "$(DESTDIR)$(PREFIX)/bin/custodyd"
 	install -D -m 0755 $(STATIC_BIN)/custodyctl "$(DESTDIR)$(PREFIX)/bin/custodyctl"
+	install -D -m 0644 $(BIN)/pam_custody.so "$(DESTDIR)$(PAMDIR)/pam_custody.so"
 	install -d -m 0755 "$(DESTDIR)$(UNITDIR)"
 	sed 's|/usr/local/bin/|$(PREFIX)/bin/|g; s|/usr/local/share/|$(PREFIX)/share/|g; s|/etc/custody/|$(SYSCONFDIR)/custody/|g' systemd/custodyd.service > "$(DESTDIR)$(UNITDIR)/custodyd.service"
 	sed 's|/usr/local/share/|$(PREFIX)/share/|g' systemd/custodyd.socket > "$(DESTDIR)$(UNITDIR)/custodyd.socket"
@@ -101,7 +110,7 @@ install: static
 
 # Removes what `make install` put there (the configuration file stays).
 uninstall:
-	rm -f "$(DESTDIR)$(PREFIX)/bin/custodyd" "$(DESTDIR)$(PREFIX)/bin/custodyctl"
+	rm -f "$(DESTDIR)$(PREFIX)/bin/custodyd" "$(DESTDIR)$(PREFIX)/bin/custodyctl" "$(DESTDIR)$(PAMDIR)/pam_custody.so"
 	rm -f "$(DESTDIR)$(UNITDIR)/custodyd.service" "$(DESTDIR)$(UNITDIR)/custodyd.socket"
 	rm -f "$(DESTDIR)$(SYSUSERSDIR)/custody.conf" "$(DESTDIR)$(TMPFILESDIR)/custody.conf"
 	rm -f "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml.example"

@@ -141,6 +141,11 @@ struct ControlAPI: Sendable {
         RouteSpec("POST", "/v1/accounts/{identity}/lock"),
         RouteSpec("POST", "/v1/accounts/{identity}/unlock"),
         RouteSpec("POST", "/v1/accounts/{identity}/passphrase"),
+        RouteSpec("POST", "/v1/accounts/{identity}/login-protector"),
+        RouteSpec("DELETE", "/v1/accounts/{identity}/login-protector"),
+        RouteSpec("POST", "/v1/login/unlock"),
+        RouteSpec("POST", "/v1/login/password"),
+        RouteSpec("POST", "/v1/login/lock"),
         RouteSpec("POST", "/v1/accounts/{identity}/wipe"),
         RouteSpec("POST", "/v1/lock"),
         RouteSpec("POST", "/v1/unlock"),
@@ -219,6 +224,13 @@ struct ControlAPI: Sendable {
             let body = try decode(PassphraseRequest.self, request)
             if let old = body.old { try checkPassphrase(old) }
             if let new = body.new { try checkPassphrase(new) }
+        case ("POST", "/v1/accounts/{identity}/login-protector"): try checkPassphrase(try decode(ProtectorRequest.self, request).password)
+        case ("POST", "/v1/login/unlock"): try checkPassphrase(try decode(LoginRequest.self, request).password)
+        case ("POST", "/v1/login/password"):
+            let body = try decode(PasswordChangeRequest.self, request)
+            try checkPassphrase(body.new)
+            if let old = body.old { try checkPassphrase(old) }
+        case ("POST", "/v1/login/lock"): _ = try decode(LogoutRequest.self, request)
         case ("PUT", "/v1/accounts/{identity}/policy"): _ = try decode(Policy.self, request)
         case ("POST", "/v1/bindings"): _ = try decode(BindRequest.self, request)
         case ("POST", "/v1/files/info"), ("POST", "/v1/files/is-encrypted"): _ = try decode(PathRequest.self, request)
@@ -275,6 +287,16 @@ struct ControlAPI: Sendable {
                 try engine.changePassphrase(identity, old: old, new: new)
                 return json(AccountView(try engine.account(identity)))
             }
+        case ("POST", "/v1/accounts/{identity}/login-protector"):
+            return try addLoginProtector(identity, try decode(ProtectorRequest.self, request), caller)
+        case ("DELETE", "/v1/accounts/{identity}/login-protector"):
+            return try removeLoginProtector(identity, caller)
+        case ("POST", "/v1/login/unlock"):
+            return try login(try decode(LoginRequest.self, request), caller)
+        case ("POST", "/v1/login/password"):
+            return try loginPasswordChanged(try decode(PasswordChangeRequest.self, request), caller)
+        case ("POST", "/v1/login/lock"):
+            return try logout(try decode(LogoutRequest.self, request), caller)
         case ("POST", "/v1/accounts/{identity}/wipe"):
             guard caller.isAdmin else { throw Self.notAuthorized("wipe \(identity)") }
             return try wipe(identity, wait: request.query["wait"] != "false", by: caller)
@@ -515,6 +537,7 @@ struct AccountView: Encodable {
     var policy: Policy?
     var uid: UInt32?
     var hasPassphrase: Bool
+    var hasLoginProtector: Bool
     var reprotectPending: Bool
     var lock: String?
 
@@ -525,6 +548,7 @@ struct AccountView: Encodable {
         policy = account.policy
         uid = account.uid
         hasPassphrase = account.hasPassphrase
+        hasLoginProtector = account.hasLoginProtector ?? false
         reprotectPending = account.reprotectPending
     }
 }

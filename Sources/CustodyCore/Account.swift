@@ -138,6 +138,8 @@ public struct Account: Codable, Equatable, Sendable {
     /// The uid this account belongs to on this machine (who may lock, unlock and bind it).
     public var uid: UInt32?
     public var hasPassphrase: Bool = false
+    /// The owner's login password unlocks it too (a login protector); nil or false: not.
+    public var hasLoginProtector: Bool?
     /// Set when a policy change needs existing files re-protected; cleared once that is done.
     public var reprotectPending: Bool = false
 

@@ -19,6 +19,29 @@ struct StoredKeybag: Codable, Equatable {
     var passphrase: Argon2Parameters?
     /// "A", "B", "C", "D".
     var classes: [String: WrappedKey]
+    /// Classes A, B (private) and C wrapped once more, under the owner's login password (see
+    /// `LoginProtector`); nil when there is none.
+    var loginProtector: LoginProtector?
+}
+
+/// A second way to unlock an identity: its class keys wrapped under a key derived from its local
+/// user's login password (Argon2id, a salt of its own) and the machine key, as pam_fscrypt's
+/// login protector. The passphrase stays as it was; the PAM module unlocks with the password.
+struct LoginProtector: Codable, Equatable {
+    var uid: UInt32
+    var salt: Data
+    var parameters: Argon2Parameters
+    var classes: [String: StoredKeybag.WrappedKey]
+
+    /// The protector as a keybag of its own, for the usual unlock and rewrap.
+    func keybag(of stored: StoredKeybag) -> StoredKeybag {
+        var view = stored
+        view.salt = salt
+        view.passphrase = parameters
+        view.classes.merge(classes) { _, protected in protected }
+        view.loginProtector = nil
+        return view
+    }
 }
 
 /// Class keys unwrapped in memory.
@@ -169,6 +192,18 @@ enum Keybags {
         } catch .crypto(.authenticationFailed) {
             throw .corruptState(file: file, reason: "class D key does not unwrap with this machine key")
         }
+    }
+
+    /// A login protector for `keys` under `password` (fresh salt and parameters).
+    static func loginProtector(_ stored: StoredKeybag, keys: ClassKeys, password: SecretBytes, uid: UInt32, cost: String,
+                               machineKey: SecretBytes, file: String) throws(EngineError) -> LoginProtector {
+        var view = stored
+        do { view.salt = Data(try Random.bytes(16)) } catch { throw .crypto(error) }
+        let wrapped = try rewrap(view, keys: keys, newPassphrase: password, cost: cost, machineKey: machineKey, file: file)
+        guard let parameters = wrapped.passphrase else { throw .corruptState(file: file, reason: "no parameters for the login protector") }
+        var classes: [String: StoredKeybag.WrappedKey] = [:]
+        for letter in ["A", "B", "C"] { classes[letter] = wrapped.classes[letter] }
+        return LoginProtector(uid: uid, salt: wrapped.salt, parameters: parameters, classes: classes)
     }
 
     /// The same class keys wrapped under a new passphrase (or none). Needs them unwrapped.

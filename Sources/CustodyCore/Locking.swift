@@ -74,9 +74,21 @@ extension Engine {
         for account in accounts() where account.isEnrolled { try? lock(account.id) }
     }
 
+    /// What unlocks an identity: its passphrase (nil when it has none), or its owner's login
+    /// password through the login protector.
+    public enum Credential {
+        case passphrase(SecretBytes?)
+        case login(SecretBytes)
+    }
+
     /// Unlocks with the passphrase (nil for an identity that has none). A wrong passphrase fails
     /// with `wrongPassphrase`; after three in a row, attempts wait 1, 2, 4 … (at most 300) seconds.
     public func unlock(_ identity: String, passphrase: SecretBytes?) throws(EngineError) {
+        try unlock(identity, using: .passphrase(passphrase))
+    }
+
+    /// Unlocks with a credential; wrong ones count against the same limit, whichever kind.
+    public func unlock(_ identity: String, using credential: Credential) throws(EngineError) {
         let account = try self.account(identity)
         let key = Account.canonical(account.id)
         let now = clock.now()
@@ -85,10 +97,17 @@ extension Engine {
             if keys.retryAt > now { throw .rateLimited(account.upn, retryAfterSeconds: keys.retryAt - now) }
             return keys.stored
         }
+        let (view, secret): (StoredKeybag, SecretBytes?)
+        switch credential {
+        case .passphrase(let passphrase): (view, secret) = (stored, passphrase)
+        case .login(let password):
+            guard let protector = stored.loginProtector else { throw .passphraseRequired(account.upn) }
+            (view, secret) = (protector.keybag(of: stored), password)
+        }
         // Argon2id runs outside the lock: a slow unlock does not hold up other requests.
         let unlocked: ClassKeys
         do {
-            unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: passphrase, file: files.path(Self.keybagName(account.id)))
+            unlocked = try Keybags.unlock(view, machineKey: machineKey, passphrase: secret, file: files.path(Self.keybagName(account.id)))
         } catch {
             if case .wrongPassphrase = error {
                 let failures = state.withLock { state -> Int in
@@ -98,14 +117,19 @@ extension Engine {
                     state.keys[key] = keys
                     return keys.failures
                 }
-                events.emit(.unlockFailed, identity: account.upn, "wrong passphrase for \(account.upn)", details: ["failures": "\(failures)"])
+                let what = if case .login = credential { "login password" } else { "passphrase" }
+                events.emit(.unlockFailed, identity: account.upn, "wrong \(what) for \(account.upn)", details: ["failures": "\(failures)"])
             }
             throw error
         }
         state.withLock { state in
             state.keys[key]?.install(unlocked)
         }
-        events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn)")
+        if case .login = credential {
+            events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn) at login", details: ["cause": "login"])
+        } else {
+            events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn)")
+        }
     }
 
     /// Unlocks every identity that has no passphrase; returns those that still need one.

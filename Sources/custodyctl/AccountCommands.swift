@@ -384,3 +384,41 @@ struct Passphrase: ParsableCommand {
         show(response, global) { remove ? "passphrase of \(account.upn) removed" : "passphrase of \(account.upn) set" }
     }
 }
+
+struct Protector: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Let the owner's login password unlock an account too (a login protector), or stop it.",
+        subcommands: [AddLogin.self, RemoveLogin.self])
+
+    struct AddLogin: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "add-login",
+            abstract: "Wrap the account's keys under its owner's login password (the account must be unlocked).",
+            discussion: "The password is not checked against the system's here: the PAM module (pam_custody.so with add_protector) sets the protector up at login with a password PAM has checked.")
+        @OptionGroup var global: Global
+        @Argument(help: "The account (ID or UPN).") var identity: String
+        @Option(help: ArgumentHelp("Read the login password from this file (first line).", valueName: "file")) var passwordFile: String?
+        @Flag(help: "Read the login password from standard input (first line).") var passwordStdin = false
+
+        func run() throws {
+            var options = PassphraseOptions()
+            options.passphraseFile = passwordFile
+            options.passphraseStdin = passwordStdin
+            let password = try options.read(prompt: "Login password of the owner of \(identity): ", required: true) ?? ""
+            let response = try request(global, "POST", "/v1/accounts/\(segment(identity))/login-protector", ["password": .string(password)])
+            let account = try decode(CustodyAccount.self, response)
+            show(response, global) { "\(account.upn): the login password unlocks it too" }
+        }
+    }
+
+    struct RemoveLogin: ParsableCommand {
+        static let configuration = CommandConfiguration(commandName: "remove-login", abstract: "Remove the account's login protector.")
+        @OptionGroup var global: Global
+        @Argument(help: "The account (ID or UPN).") var identity: String
+
+        func run() throws {
+            let response = try request(global, "DELETE", "/v1/accounts/\(segment(identity))/login-protector")
+            show(response, global) { "\(identity): the login password no longer unlocks it" }
+        }
+    }
+}

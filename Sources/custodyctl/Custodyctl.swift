@@ -23,36 +23,37 @@ struct Custodyctl: ParsableCommand {
         version: "custodyctl 0.3.0",
         subcommands: [
             Status.self, Enroll.self, Accounts.self, Deregister.self, PolicyCommand.self,
-            Lock.self, Unlock.self, Passphrase.self, Run.self, Bind.self, Unbind.self, Identity.self,
+            Lock.self, Unlock.self, Passphrase.self, Protector.self, Run.self, Bind.self, Unbind.self, Identity.self,
             Protect.self, Info.self, EncryptFile.self, DecryptFile.self, IsEncrypted.self, CanReceive.self,
             Locations.self, Locate.self, SaveToAllowed.self, OpenFromAllowed.self,
             ProtectData.self, UnprotectData.self, DataInfo.self,
             Wipe.self, Jobs.self, Events.self, Diagnose.self,
         ])
 
-    /// The options every command takes (`--socket`, `--json`) may also come before the
-    /// subcommand: `custodyctl --socket PATH status` is `custodyctl status --socket PATH`.
+    /// The options every command takes (`--socket`, `--json`) may come anywhere before `--`,
+    /// also before the subcommand (`custodyctl --socket PATH status`) or between a command and
+    /// its subcommand (`custodyctl protector --socket PATH add-login …`): they are moved to the
+    /// end of the options, where the innermost subcommand reads them.
     static func main() {
         main(Self.movingGlobalOptions(Array(CommandLine.arguments.dropFirst())))
     }
 
     static func movingGlobalOptions(_ arguments: [String]) -> [String] {
-        var global: [String] = []
-        var rest = arguments[...]
-        while let first = rest.first {
-            if first == "--socket", rest.count >= 2 {
-                global += rest.prefix(2)
-                rest = rest.dropFirst(2)
-            } else if first.hasPrefix("--socket=") || first == "--json" {
-                global.append(first)
-                rest = rest.dropFirst()
-            } else {
-                break
+        let end = arguments.firstIndex(of: "--") ?? arguments.endIndex
+        var kept: [String] = [], global: [String] = []
+        var index = arguments.startIndex
+        while index < end {
+            let argument = arguments[index]
+            if argument == "--socket", index + 1 < end {
+                global += [argument, arguments[index + 1]]
+                index += 2
+                continue
             }
+            if argument.hasPrefix("--socket=") || argument == "--json" { global.append(argument) } else { kept.append(argument) }
+            index += 1
         }
-        guard !global.isEmpty, let subcommand = rest.first, !subcommand.hasPrefix("-") else { return arguments }
-        // After the subcommand, before its arguments (and before a `--` that ends options).
-        return [subcommand] + global + rest.dropFirst()
+        guard !global.isEmpty, !kept.isEmpty else { return arguments }
+        return kept + global + arguments[end...]
     }
 }
 

@@ -100,6 +100,8 @@ final class AuthorizationTableTests: XCTestCase {
             return "{}"
         case ("POST", "/v1/accounts/X/passphrase"):
             return #"{"new": "a new passphrase"}"#
+        case ("POST", "/v1/accounts/X/login-protector"), ("POST", "/v1/login/unlock"):
+            return #"{"password": "a login password"}"#
         case ("POST", "/v1/bindings"):
             let process = try spawnSleeper(asUser: uid)
             children.append(process)

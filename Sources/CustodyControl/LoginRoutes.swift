@@ -1,0 +1,71 @@
+import CustodyCore
+import CustodySystem
+import Glibc
+
+// The login routes, for the PAM module (pam_custody.so) and `custodyctl protector`: a login
+// unlocks the user's identities with its password (their login protectors), a password change
+// rewraps the protectors, a logout locks.
+
+struct ProtectorRequest: Decodable { var password: String }
+struct LoginRequest: Decodable {
+    /// The local user by name; administrators only (others act for themselves).
+    var user: String?
+    var password: String
+    /// Unlocked identities of the user without a login protector get one.
+    var addProtectors: Bool?
+}
+struct PasswordChangeRequest: Decodable { var user: String?; var old: String?; var new: String }
+struct LogoutRequest: Decodable { var user: String? }
+
+extension ControlAPI {
+    /// The uid a login route acts for: the caller's own, or (administrators) the named user's.
+    func loginUser(_ name: String?, _ caller: Caller) throws(Failure) -> UInt32 {
+        guard let name else { return caller.uid }
+        guard let entry = getpwnam(name) else { throw Self.badRequest("no local user named \(name)") }
+        let uid = entry.pointee.pw_uid
+        guard caller.isAdmin || uid == caller.uid else { throw Self.notAuthorized("act for user \(name)") }
+        return uid
+    }
+
+    func addLoginProtector(_ identity: String, _ body: ProtectorRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        try authorize(caller, forAccount: identity, "set the login protector of \(identity)")
+        return try run { () throws(EngineError) in
+            try engine.addLoginProtector(identity, password: try Self.secret(body.password))
+            return json(AccountView(try engine.account(identity)))
+        }
+    }
+
+    func removeLoginProtector(_ identity: String, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        try authorize(caller, forAccount: identity, "remove the login protector of \(identity)")
+        return try run { () throws(EngineError) in
+            try engine.removeLoginProtector(identity)
+            return HTTPResponse(status: 204, body: [])
+        }
+    }
+
+    func login(_ body: LoginRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        let uid = try loginUser(body.user, caller)
+        return try run { () throws(EngineError) in
+            json(engine.login(uid: uid, password: try Self.secret(body.password), addProtectors: body.addProtectors ?? false))
+        }
+    }
+
+    func loginPasswordChanged(_ body: PasswordChangeRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        let uid = try loginUser(body.user, caller)
+        // Without the old password only an administrator (root's PAM stack) may rewrap from the
+        // keys in memory.
+        guard body.old != nil || caller.isAdmin else { throw Self.badRequest("give the old password") }
+        return try run { () throws(EngineError) in
+            let old = try body.old.map { (text) throws(EngineError) in try Self.secret(text) }
+            let (rewrapped, stale) = engine.loginPasswordChanged(uid: uid, old: old, new: try Self.secret(body.new))
+            return json(["rewrapped": rewrapped, "stale": stale])
+        }
+    }
+
+    func logout(_ body: LogoutRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        let uid = try loginUser(body.user, caller)
+        let accounts = engine.accounts(ofUser: uid)
+        engine.userLeft(uid, cause: .logout)
+        return json(["locking": accounts.map(\.upn)])
+    }
+}

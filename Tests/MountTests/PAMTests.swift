@@ -1,0 +1,137 @@
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// pam_custody.so with pamtester, against a PAM service the test writes (pam_unix + the module)
+/// and a user whose password it sets with chpasswd.
+final class PAMTests: XCTestCase {
+    var daemon: MountedDaemon!
+    var service: String?
+    var work: String!
+    static let user = "custody-pam"
+    static let identity = "pat@contoso.com"
+
+    override func tearDown() {
+        daemon?.destroy()
+        daemon = nil
+        if let service { unlink("/etc/pam.d/" + service) }
+        if let work { _ = try? runCommand(["rm", "-rf", work]) }
+    }
+
+    /// The module `make build` made, else one compiled here.
+    func module() throws -> String {
+        let built = MountedDaemon.tool("pam_custody.so")
+        if access(built, R_OK) == 0 { return built }
+        let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("pam/pam_custody.c").path
+        let output = work + "/pam_custody.so"
+        try mustRun(["cc", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-o", output, source, "-lpam"])
+        return output
+    }
+
+    func setPassword(_ password: String) throws {
+        try mustRun(["chpasswd"], input: Data("\(Self.user):\(password)\n".utf8))
+    }
+
+    /// pamtester as root with `input` on its standard input; the exit status and output.
+    func pamtester(_ operations: [String], input: String) throws -> CommandResult {
+        try runCommand(["pamtester", try XCTUnwrap(service), Self.user] + operations, input: Data(input.utf8))
+    }
+
+    func lockState() throws -> String {
+        let body = try daemon.api("GET", "/v1/status").body
+        guard let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
+              let accounts = object["accounts"] as? [[String: Any]],
+              let account = accounts.first(where: { ($0["upn"] as? String) == Self.identity }) else { return "unknown" }
+        return account["lock"] as? String ?? "unknown"
+    }
+
+    func lock() throws {
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/\(Self.identity)/lock").status, 200)
+        XCTAssertEqual(try lockState(), "locked")
+    }
+
+    func testLoginUnlocksPasswordChangesRewrapAndNothingBlocksALogin() throws {
+        work = try makeTemporaryDirectory("custody-pam")
+        XCTAssertEqual(chmod(work, 0o755), 0)
+        _ = try testUser(Self.user)
+        try setPassword("Login-pass-1")
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "0", "--no-sessions"])
+        let module = try self.module()
+        service = "custody-test-\(getpid())"
+        try """
+            auth     required pam_unix.so
+            auth     optional \(module) socket=\(daemon.socket)
+            account  required pam_unix.so
+            session  optional \(module) socket=\(daemon.socket)
+            password required pam_unix.so
+            password optional \(module) socket=\(daemon.socket)
+            """.write(toFile: "/etc/pam.d/" + service!, atomically: true, encoding: .utf8)
+
+        // Pat's identity has a passphrase of its own; the login password becomes a second key.
+        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "pat-oid", "upn": "\#(Self.identity)", "user": "\#(Self.user)", "policy": {"protectionLevel": "complete"}, "passphrase": "corporate passphrase"}"#)
+        XCTAssertEqual(enrolled.status, 201, enrolled.body)
+        let protected = try daemon.ctl(["protector", "add-login", Self.identity, "--password-stdin"], input: "Login-pass-1\n")
+        XCTAssertEqual(protected.status, 0, protected.error)
+        XCTAssertTrue(try daemon.api("GET", "/v1/accounts/\(Self.identity)").body.contains(#""hasLoginProtector":true"#))
+
+        // The right password: the login goes through and the identity unlocks.
+        try lock()
+        let login = try pamtester(["authenticate", "open_session"], input: "Login-pass-1\n")
+        XCTAssertEqual(login.status, 0, login.output + login.error)
+        XCTAssertEqual(try lockState(), "unlocked", daemon.log)
+
+        // A wrong one: pam_unix refuses the login, the identity stays locked.
+        try lock()
+        let wrong = try pamtester(["authenticate", "open_session"], input: "not the password\n")
+        XCTAssertNotEqual(wrong.status, 0, "the login's result is pam_unix's")
+        XCTAssertEqual(try lockState(), "locked")
+
+        // A password change rewraps the protector: the new password unlocks, the old does not.
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/\(Self.identity)/unlock", #"{"passphrase": "corporate passphrase"}"#).status, 200)
+        let changed = try pamtester(["chauthtok"], input: "New-pass-2\nNew-pass-2\n")
+        XCTAssertEqual(changed.status, 0, changed.output + changed.error)
+        try lock()
+        let old = try daemon.api("POST", "/v1/login/unlock", #"{"user": "\#(Self.user)", "password": "Login-pass-1"}"#)
+        XCTAssertTrue(old.body.contains(#""stillLocked":["\#(Self.identity)"]"#), old.body)
+        XCTAssertEqual(try lockState(), "locked", "the old password no longer unlocks")
+        let relogin = try pamtester(["authenticate", "open_session"], input: "New-pass-2\n")
+        XCTAssertEqual(relogin.status, 0, relogin.output + relogin.error)
+        XCTAssertEqual(try lockState(), "unlocked")
+        XCTAssertTrue(try daemon.api("POST", "/v1/accounts/\(Self.identity)/unlock", #"{"passphrase": "corporate passphrase"}"#).status == 200,
+                      "the passphrase still unlocks as well")
+
+        // No password in the daemon's log.
+        for secret in ["Login-pass-1", "New-pass-2", "not the password", "corporate passphrase"] {
+            XCTAssertFalse(daemon.log.contains(secret), "\(secret) is in the log")
+        }
+
+        // The daemon stopped: the login still goes through.
+        daemon.stop()
+        let unreachable = try pamtester(["authenticate", "open_session", "close_session"], input: "New-pass-2\n")
+        XCTAssertEqual(unreachable.status, 0, unreachable.output + unreachable.error)
+    }
+
+    func testTheLoginRoutesAuthorizeByUser() throws {
+        work = try makeTemporaryDirectory("custody-pam")
+        let pat = try testUser(Self.user)
+        let other = try testUser("custody-test2")
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "0", "--no-sessions", "--socket-mode", "0666"])
+        try daemon.openToOtherUsers()
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "pat-oid", "upn": "\#(Self.identity)", "user": "\#(Self.user)", "passphrase": "corporate passphrase"}"#).status, 201)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/\(Self.identity)/login-protector", #"{"password": "pw-1"}"#, asUser: other).status, 403)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/\(Self.identity)/login-protector", #"{"password": "pw-1"}"#, asUser: pat).status, 200)
+        try lock()
+        XCTAssertEqual(try daemon.api("POST", "/v1/login/unlock", #"{"user": "\#(Self.user)", "password": "pw-1"}"#, asUser: other).status, 403,
+                       "another user may not log in for Pat")
+        let own = try daemon.api("POST", "/v1/login/unlock", #"{"password": "pw-1"}"#, asUser: pat)
+        XCTAssertTrue(own.body.contains(#""unlocked":["\#(Self.identity)"]"#), own.body)
+        XCTAssertEqual(try daemon.api("POST", "/v1/login/password", #"{"new": "pw-2"}"#, asUser: pat).status, 400, "a user gives its old password")
+        XCTAssertEqual(try daemon.api("POST", "/v1/login/password", #"{"old": "pw-1", "new": "pw-2"}"#, asUser: pat).status, 200)
+        XCTAssertEqual(try daemon.api("POST", "/v1/login/lock", "{}", asUser: pat).status, 200)
+        XCTAssertEqual(try lockState(), "locked")
+        XCTAssertEqual(try daemon.api("DELETE", "/v1/accounts/\(Self.identity)/login-protector", nil, asUser: pat).status, 204)
+        XCTAssertTrue(try daemon.api("POST", "/v1/login/unlock", #"{"password": "pw-2"}"#, asUser: pat).body.contains(#""unlocked":[]"#))
+    }
+}
