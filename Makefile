@@ -103,6 +103,7 @@ install: static $(BIN)/pam_custody.so
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/doc/custody/docs"
 	install -m 0644 README.md "$(DESTDIR)$(PREFIX)/share/doc/custody/"
 	install -m 0644 docs/*.md docs/openapi.yaml "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/"
+	install -D -m 0644 docs/examples/pam.d-common-custody "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/examples/pam.d-common-custody"
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/bash-completion/completions" "$(DESTDIR)$(PREFIX)/share/zsh/site-functions"
 	$(STATIC_BIN)/custodyctl --generate-completion-script bash > "$(DESTDIR)$(PREFIX)/share/bash-completion/completions/custodyctl"
 	$(STATIC_BIN)/custodyctl --generate-completion-script zsh > "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_custodyctl"
