@@ -113,6 +113,35 @@ final class PAMTests: XCTestCase {
         XCTAssertEqual(unreachable.status, 0, unreachable.output + unreachable.error)
     }
 
+    func testFirstLoginSetsUpTheProtectorAndLogoutLocks() throws {
+        work = try makeTemporaryDirectory("custody-pam")
+        XCTAssertEqual(chmod(work, 0o755), 0)
+        _ = try testUser(Self.user)
+        try setPassword("Login-pass-3")
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "0", "--no-sessions"])
+        let module = try self.module()
+        service = "custody-test-\(getpid())"
+        try """
+            auth     required pam_unix.so
+            auth     optional \(module) socket=\(daemon.socket) add_protector
+            account  required pam_unix.so
+            session  optional \(module) socket=\(daemon.socket) add_protector lock_on_close
+            """.write(toFile: "/etc/pam.d/" + service!, atomically: true, encoding: .utf8)
+        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "pat-oid", "upn": "\#(Self.identity)", "user": "\#(Self.user)", "passphrase": "corporate passphrase"}"#)
+        XCTAssertEqual(enrolled.status, 201, enrolled.body)
+        XCTAssertTrue(try daemon.api("GET", "/v1/accounts/\(Self.identity)").body.contains(#""hasLoginProtector":false"#))
+        // The first login, the identity unlocked: it gets a protector with the checked password.
+        let first = try pamtester(["authenticate", "open_session"], input: "Login-pass-3\n")
+        XCTAssertEqual(first.status, 0, first.output + first.error)
+        XCTAssertTrue(try daemon.api("GET", "/v1/accounts/\(Self.identity)").body.contains(#""hasLoginProtector":true"#))
+        // A session that closes locks it (lock_on_close); the next login unlocks it.
+        let whole = try pamtester(["authenticate", "open_session", "close_session"], input: "Login-pass-3\n")
+        XCTAssertEqual(whole.status, 0, whole.output + whole.error)
+        XCTAssertEqual(try lockState(), "locked")
+        XCTAssertEqual(try pamtester(["authenticate", "open_session"], input: "Login-pass-3\n").status, 0)
+        XCTAssertEqual(try lockState(), "unlocked")
+    }
+
     func testTheLoginRoutesAuthorizeByUser() throws {
         work = try makeTemporaryDirectory("custody-pam")
         let pat = try testUser(Self.user)
