@@ -1,7 +1,9 @@
 /*
  * pam_custody: unlock a user's Custody identities at login with the login password.
  *
- *   auth     optional pam_custody.so   keeps the password pam_unix checked, for the session step
+ *   auth     optional pam_custody.so   keeps the password pam_unix checked, for the session step;
+ *                                      setcred with PAM_REINITIALIZE_CRED or PAM_REFRESH_CRED (a
+ *                                      screen locker's unlock) unlocks with it at once
  *   session  optional pam_custody.so   open: unlocks the user's identities (their login protectors);
  *                                      close: locks them, with the lock_on_close option
  *   password optional pam_custody.so   chauthtok: rewraps the login protectors under the new password
@@ -180,8 +182,46 @@ PAM_EXTERN int pam_sm_authenticate(pam_handle_t *pamh, int flags, int argc, cons
     return PAM_IGNORE;
 }
 
+/* Unlocks the user's identities with the password the auth step kept, then drops it. */
+static void unlock_with_stash(pam_handle_t *pamh, const struct options *options) {
+    const char *user = NULL;
+    const void *stash = NULL;
+    if (pam_get_user(pamh, &user, NULL) != PAM_SUCCESS || !user) return;
+    if (pam_get_data(pamh, STASH, &stash) != PAM_SUCCESS || !stash) {
+        if (options->debug) pam_syslog(pamh, LOG_DEBUG, "no password from the auth step for %s", user);
+        return;
+    }
+    struct buffer body = { 0 };
+    buffer_text(&body, "{\"user\": ");
+    buffer_json_string(&body, user);
+    buffer_text(&body, ", \"password\": ");
+    buffer_json_string(&body, stash);
+    buffer_text(&body, options->add_protector ? ", \"addProtectors\": true}" : "}");
+    /* The password is not needed any more: the stash is zeroed and dropped now. */
+    pam_set_data(pamh, STASH, NULL, NULL);
+    char answer[2048];
+    int status = body.failed ? -1 : post(options->socket, "/v1/login/unlock", &body, answer, sizeof answer);
+    int saved = errno;
+    buffer_free(&body);
+    if (status == 200) {
+        if (strstr(answer, "\"stillLocked\":[\"") != NULL)
+            pam_syslog(pamh, LOG_NOTICE, "custody: some identities of %s stay locked (the login password did not unlock them)", user);
+        else if (options->debug) pam_syslog(pamh, LOG_DEBUG, "custody: identities of %s unlocked", user);
+    } else if (status < 0) {
+        pam_syslog(pamh, LOG_NOTICE, "custody: cannot reach custodyd at %s (%s); identities of %s stay locked", options->socket, strerror(saved), user);
+    } else {
+        pam_syslog(pamh, LOG_NOTICE, "custody: custodyd refused to unlock identities of %s (HTTP %d)", user, status);
+    }
+}
+
 PAM_EXTERN int pam_sm_setcred(pam_handle_t *pamh, int flags, int argc, const char **argv) {
-    (void)pamh; (void)flags; (void)argc; (void)argv;
+    /* A screen locker authenticates, then refreshes the credentials: that is its unlock. A
+       login's PAM_ESTABLISH_CRED waits for the session step. */
+    if (flags & (PAM_REINITIALIZE_CRED | PAM_REFRESH_CRED)) {
+        struct options options;
+        parse_options(argc, argv, &options);
+        unlock_with_stash(pamh, &options);
+    }
     return PAM_IGNORE;
 }
 
@@ -189,34 +229,7 @@ PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, cons
     (void)flags;
     struct options options;
     parse_options(argc, argv, &options);
-    const char *user = NULL;
-    const void *stash = NULL;
-    if (pam_get_user(pamh, &user, NULL) != PAM_SUCCESS || !user) return PAM_IGNORE;
-    if (pam_get_data(pamh, STASH, &stash) != PAM_SUCCESS || !stash) {
-        if (options.debug) pam_syslog(pamh, LOG_DEBUG, "no password from the auth step for %s", user);
-        return PAM_IGNORE;
-    }
-    struct buffer body = { 0 };
-    buffer_text(&body, "{\"user\": ");
-    buffer_json_string(&body, user);
-    buffer_text(&body, ", \"password\": ");
-    buffer_json_string(&body, stash);
-    buffer_text(&body, options.add_protector ? ", \"addProtectors\": true}" : "}");
-    /* The password is not needed any more: the stash is zeroed and dropped now. */
-    pam_set_data(pamh, STASH, NULL, NULL);
-    char answer[2048];
-    int status = body.failed ? -1 : post(options.socket, "/v1/login/unlock", &body, answer, sizeof answer);
-    int saved = errno;
-    buffer_free(&body);
-    if (status == 200) {
-        if (strstr(answer, "\"stillLocked\":[]") == NULL && strstr(answer, "\"stillLocked\":[\"") != NULL)
-            pam_syslog(pamh, LOG_NOTICE, "custody: some identities of %s stay locked (the login password did not unlock them)", user);
-        else if (options.debug) pam_syslog(pamh, LOG_DEBUG, "custody: identities of %s unlocked", user);
-    } else if (status < 0) {
-        pam_syslog(pamh, LOG_NOTICE, "custody: cannot reach custodyd at %s (%s); identities of %s stay locked", options.socket, strerror(saved), user);
-    } else {
-        pam_syslog(pamh, LOG_NOTICE, "custody: custodyd refused to unlock identities of %s (HTTP %d)", user, status);
-    }
+    unlock_with_stash(pamh, &options);
     return PAM_SUCCESS;
 }
 

@@ -82,6 +82,12 @@ final class PAMTests: XCTestCase {
         XCTAssertEqual(login.status, 0, login.output + login.error)
         XCTAssertEqual(try lockState(), "unlocked", daemon.log)
 
+        // A screen locker's unlock: authenticate, then refresh the credentials.
+        try lock()
+        let screen = try pamtester(["authenticate", "setcred(PAM_REINITIALIZE_CRED)"], input: "Login-pass-1\n")
+        XCTAssertEqual(screen.status, 0, screen.output + screen.error)
+        XCTAssertEqual(try lockState(), "unlocked", "unlocking the screen with the login password unlocks the identity")
+
         // A wrong one: pam_unix refuses the login, the identity stays locked.
         try lock()
         let wrong = try pamtester(["authenticate", "open_session"], input: "not the password\n")
