@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <errno.h>
 #include <linux/landlock.h>
@@ -299,4 +300,21 @@ int clinux_landlock_restrict_writes(const char *const *paths, int count) {
     errno = ENOSYS;
     return -1;
 #endif
+}
+
+int clinux_disable_core_dumps(void) {
+    struct rlimit none = { 0, 0 };
+    if (setrlimit(RLIMIT_CORE, &none) != 0) return -1;
+    return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+int clinux_protect_memory(void *address, size_t length, int lock) {
+    (void)madvise(address, length, MADV_DONTDUMP);
+    return lock && mlock(address, length) == 0 ? 1 : 0;
+}
+
+long long clinux_memlock_limit(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;
+    return limit.rlim_cur == RLIM_INFINITY ? -1 : (long long)limit.rlim_cur;
 }

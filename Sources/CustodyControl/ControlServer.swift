@@ -198,6 +198,11 @@ public final class ControlServer: @unchecked Sendable {
         } catch {
             return
         }
+        #if DEBUG
+        // Test builds only: an administrator's request can make the daemon itself crash, to show
+        // that a crash writes no core dump (keys and plaintext never reach the disk).
+        if caller.isAdmin, request.query["custody-test-trap"] == "daemon-abort" { abort() }
+        #endif
         let response = api.handle(request, from: caller)
         guard let stream = response.stream else {
             channel.send(.response, response.forwardedPayload())

@@ -1,3 +1,4 @@
+import CLinux
 import Glibc
 import Synchronization
 
@@ -41,9 +42,12 @@ public final class BufferPool: Sendable {
         }
     }
 
+    /// A fresh buffer, kept out of core dumps: its bytes are plaintext of protected files. (Not
+    /// locked: pooled buffers come and go; the threads' scratch regions, which stay, are.)
     private static func map(_ byteCount: Int) -> UnsafeMutableRawBufferPointer? {
         let address = mmap(nil, byteCount, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
         guard let address, address != MAP_FAILED else { return nil }
+        _ = clinux_protect_memory(address, byteCount, 0)
         return UnsafeMutableRawBufferPointer(start: address, count: byteCount)
     }
 

@@ -16,11 +16,29 @@ public enum ThreadScratch {
     public static let regionSize = 256 << 10
     static let alignment = 64
 
-    /// One thread's region: `top` bytes of it are in use.
+    /// One thread's region: `top` bytes of it are in use. Mapped on its own, so that it can be
+    /// kept out of core dumps and swap (it holds plaintext).
     final class Region {
-        let base = UnsafeMutableRawPointer.allocate(byteCount: ThreadScratch.regionSize, alignment: ThreadScratch.alignment)
+        let base: UnsafeMutableRawPointer
+        let mapped: Bool
+        let locked: Bool
         var top = 0
-        deinit { base.deallocate() }
+        init() {
+            let address = mmap(nil, ThreadScratch.regionSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+            if let address, address != MAP_FAILED {
+                base = address
+                mapped = true
+                locked = LockedMemory.protect(address, ThreadScratch.regionSize)
+            } else {
+                base = UnsafeMutableRawPointer.allocate(byteCount: ThreadScratch.regionSize, alignment: ThreadScratch.alignment)
+                mapped = false
+                locked = false
+            }
+        }
+        deinit {
+            if mapped { munmap(base, ThreadScratch.regionSize) } else { base.deallocate() }
+            if locked { LockedMemory.released(ThreadScratch.regionSize) }
+        }
     }
 
     private static let regions = PerThread { Region() }

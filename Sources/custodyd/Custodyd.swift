@@ -1,4 +1,5 @@
 import ArgumentParser
+import CLinux
 import CustodyConfig
 import Logging
 import CustodyControl
@@ -242,6 +243,8 @@ struct Custodyd: ParsableCommand {
 
         let (configuration, path) = try effectiveConfiguration()
         DaemonLog.bootstrap(level: Logger.Level(rawValue: configuration.logLevel) ?? .info)
+        // Keys and plaintext never reach a core dump (systemd-coredump, apport, core_pattern).
+        if clinux_disable_core_dumps() != 0 { Logger(label: "custodyd").warning("cannot turn core dumps off: \(Errno.current)") }
         Syscall.raiseDescriptorLimit()
         var options = MountOptions()
         options.debug = debug

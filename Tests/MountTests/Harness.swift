@@ -13,7 +13,7 @@ final class MountedDaemon {
     let logPath: String
     /// The daemon's control socket.
     let socket: String
-    private(set) var pid: pid_t = 0
+    var pid: pid_t = 0
 
     /// Where the daemon binary is: `CUSTODYD`, else next to the test bundle.
     static var binary: String {

@@ -79,6 +79,14 @@ void clinux_close_from(int first);
 int clinux_die_with_parent(void);
 /* PR_SET_NO_NEW_PRIVS and no core dumps (PR_SET_DUMPABLE 0). */
 int clinux_no_new_privileges(void);
+/* No core dump of this process, whatever core_pattern and systemd-coredump say: RLIMIT_CORE 0
+   and PR_SET_DUMPABLE 0 (the kernel then writes no dump at all). 0, or -1 with errno. */
+int clinux_disable_core_dumps(void);
+/* Keeps [address, address + length) out of core dumps (MADV_DONTDUMP) and, with `lock`, out of
+   swap (mlock, as far as the locked-memory limit allows). Returns 1 when locked, 0 when not. */
+int clinux_protect_memory(void *address, size_t length, int lock);
+/* The soft RLIMIT_MEMLOCK in bytes; -1 for no limit. */
+long long clinux_memlock_limit(void);
 /* Takes every file system access away from the process (a Landlock ruleset that handles all
    access rights and allows none). Returns the Landlock ABI version used, or -1 with errno
    (ENOSYS or EOPNOTSUPP: the kernel has no Landlock). */
