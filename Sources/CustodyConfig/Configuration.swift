@@ -231,7 +231,8 @@ struct Reader {
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
-                               "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout"]
+                               "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout",
+                               "MaxUnlockAttempts", "UnlockAttemptsAction"]
     static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "threads"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
@@ -327,6 +328,16 @@ struct Reader {
         if let value = bool(table, path + ["LockOnSessionLock"]) { configuration.settings.lockOnSessionLock = value }
         if let value = bool(table, path + ["LockOnSuspend"]) { configuration.settings.lockOnSuspend = value }
         if let value = bool(table, path + ["LockOnLogout"]) { configuration.settings.lockOnLogout = value }
+        if let value = integer(table, path + ["MaxUnlockAttempts"]) {
+            if (0...1_000_000).contains(value) { configuration.settings.maxUnlockAttempts = value } else {
+                fail(path + ["MaxUnlockAttempts"], "must be 0 (no limit) or a number of attempts")
+            }
+        }
+        if let value = string(table, path + ["UnlockAttemptsAction"]) {
+            if ["backoff", "wipe"].contains(value) { configuration.settings.unlockAttemptsAction = value } else {
+                fail(path + ["UnlockAttemptsAction"], "must be backoff or wipe, not \(value)")
+            }
+        }
         if let cost = string(table, path + ["PassphraseCost"]) {
             if ["interactive", "moderate", "minimal"].contains(cost) { configuration.settings.passphraseCost = cost } else {
                 fail(path + ["PassphraseCost"], "must be interactive, moderate or minimal")

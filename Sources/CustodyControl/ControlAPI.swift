@@ -430,7 +430,12 @@ struct ControlAPI: Sendable {
                    mounts: engine.volumes.map { MountView(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },
                    accounts: engine.accounts().filter { caller.map { $0.isAdmin } ?? true || $0.uid == caller?.uid }.map { account in
                        var view = AccountView(account)
-                       if account.isEnrolled { view.lock = (try? engine.lockStatus(account.id))?.name }
+                       if account.isEnrolled {
+                           view.lock = (try? engine.lockStatus(account.id))?.name
+                           let attempts = engine.unlockAttempts(account.id)
+                           view.failedUnlockAttempts = attempts.failures
+                           view.retryAfterSeconds = attempts.retryAfter
+                       }
                        return view
                    })
     }
@@ -540,6 +545,9 @@ struct AccountView: Encodable {
     var hasLoginProtector: Bool
     var reprotectPending: Bool
     var lock: String?
+    /// Wrong passphrases (or login passwords) in a row, and the wait before the next attempt.
+    var failedUnlockAttempts: Int?
+    var retryAfterSeconds: Double?
 
     init(_ account: Account) {
         id = account.id

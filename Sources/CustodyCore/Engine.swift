@@ -138,6 +138,7 @@ public final class Engine: @unchecked Sendable {
             }
             loaded.keys[Account.canonical(account.id)] = keys
         }
+        try Self.loadAttempts(files, into: &loaded.keys, clock: clock)
         var dropped = false
         if let bindings = try files.read(Bindings.self, from: "bindings.json") {
             // Bindings of processes that are gone (or whose PID was reused) are dropped, and of

@@ -5,7 +5,7 @@ import Synchronization
 public struct EngineEvent: Codable, Equatable, Sendable {
     public enum Kind: String, Codable, Sendable {
         case registered, enrolled, enrollmentFailed, policyChanged, policyUnchanged, deregistered
-        case passphraseChanged, lockRequested, locked, unlocked, unlockFailed
+        case passphraseChanged, lockRequested, locked, unlocked, unlockFailed, unlockAttemptsExceeded
         case identityBound, identityUnbound, transferBlocked
         case wipeStarted, wipeProgress, wipeFinished, wipeFailed, reprotectRequired, reprotectProgress, reprotectFinished
     }

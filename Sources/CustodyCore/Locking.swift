@@ -82,7 +82,7 @@ extension Engine {
     }
 
     /// Unlocks with the passphrase (nil for an identity that has none). A wrong passphrase fails
-    /// with `wrongPassphrase`; after three in a row, attempts wait 1, 2, 4 … (at most 300) seconds.
+    /// with `wrongPassphrase`; after three in a row, attempts wait (see UnlockAttempts.swift).
     public func unlock(_ identity: String, passphrase: SecretBytes?) throws(EngineError) {
         try unlock(identity, using: .passphrase(passphrase))
     }
@@ -110,18 +110,12 @@ extension Engine {
             unlocked = try Keybags.unlock(view, machineKey: machineKey, passphrase: secret, file: files.path(Self.keybagName(account.id)))
         } catch {
             if case .wrongPassphrase = error {
-                let failures = state.withLock { state -> Int in
-                    guard var keys = state.keys[key] else { return 0 }
-                    keys.failures += 1
-                    if keys.failures >= 3 { keys.retryAt = clock.now() + min(300, Double(1 << min(keys.failures - 3, 16))) }
-                    state.keys[key] = keys
-                    return keys.failures
-                }
                 let what = if case .login = credential { "login password" } else { "passphrase" }
-                events.emit(.unlockFailed, identity: account.upn, "wrong \(what) for \(account.upn)", details: ["failures": "\(failures)"])
+                _ = recordFailedUnlock(account, what: what)
             }
             throw error
         }
+        clearFailedUnlocks(key)
         state.withLock { state in
             state.keys[key]?.install(unlocked)
         }

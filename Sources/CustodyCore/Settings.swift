@@ -32,6 +32,11 @@ public struct Settings: Codable, Equatable, Sendable {
     public var lockOnSuspend = true
     /// Lock a user's identities when the user's last session ends.
     public var lockOnLogout = true
+    /// Wrong passphrases (or login passwords) in a row after which `unlockAttemptsAction`
+    /// applies; 0: no limit (the back-off alone).
+    public var maxUnlockAttempts = 0
+    /// "backoff" (keep waiting longer) or "wipe" (selectively wipe the identity).
+    public var unlockAttemptsAction = "backoff"
 
     public init() {}
 
@@ -50,6 +55,8 @@ public struct Settings: Codable, Equatable, Sendable {
         case lockOnSessionLock = "LockOnSessionLock"
         case lockOnSuspend = "LockOnSuspend"
         case lockOnLogout = "LockOnLogout"
+        case maxUnlockAttempts = "MaxUnlockAttempts"
+        case unlockAttemptsAction = "UnlockAttemptsAction"
     }
 
     public init(from decoder: Decoder) throws {
@@ -74,6 +81,8 @@ public struct Settings: Codable, Equatable, Sendable {
         lockOnSessionLock = try container.decodeIfPresent(Bool.self, forKey: .lockOnSessionLock) ?? true
         lockOnSuspend = try container.decodeIfPresent(Bool.self, forKey: .lockOnSuspend) ?? true
         lockOnLogout = try container.decodeIfPresent(Bool.self, forKey: .lockOnLogout) ?? true
+        maxUnlockAttempts = try container.decodeIfPresent(Int.self, forKey: .maxUnlockAttempts) ?? 0
+        unlockAttemptsAction = try container.decodeIfPresent(String.self, forKey: .unlockAttemptsAction) ?? "backoff"
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -92,5 +101,7 @@ public struct Settings: Codable, Equatable, Sendable {
         try container.encode(lockOnSessionLock, forKey: .lockOnSessionLock)
         try container.encode(lockOnSuspend, forKey: .lockOnSuspend)
         try container.encode(lockOnLogout, forKey: .lockOnLogout)
+        try container.encode(maxUnlockAttempts, forKey: .maxUnlockAttempts)
+        try container.encode(unlockAttemptsAction, forKey: .unlockAttemptsAction)
     }
 }

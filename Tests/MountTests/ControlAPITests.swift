@@ -403,6 +403,23 @@ final class ControlAPITests: XCTestCase {
         XCTAssertEqual(unknown.status, 64, unknown.error)
     }
 
+    func testWrongPassphrasesAreCountedInTheStatusAndSurviveARestart() throws {
+        try enroll("alice-oid", "alice@contoso.com", passphrase: "right")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock").status, 200)
+        for _ in 0..<3 { XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "wrong"}"#).status, 403) }
+        let limited = try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "right"}"#)
+        XCTAssertEqual(limited.status, 429, "the right passphrase waits too: \(limited.body)")
+        var status = try daemon.api("GET", "/v1/status").body
+        XCTAssertTrue(status.contains(#""failedUnlockAttempts":3"#), status)
+        daemon.stop()
+        try daemon.start(extraArguments: ["--multi-identity"])
+        status = try daemon.api("GET", "/v1/status").body
+        XCTAssertTrue(status.contains(#""failedUnlockAttempts":3"#), "a restart resets nothing: \(status)")
+        usleep(1_100_000)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "right"}"#).status, 200)
+        XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""failedUnlockAttempts":0"#))
+    }
+
     func testNonAdminUserIsLimitedToItsOwnAccountsFilesAndProcesses() throws {
         let user = try testUser()
         try daemon.openToOtherUsers()

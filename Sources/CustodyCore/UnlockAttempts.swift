@@ -1,0 +1,99 @@
+import CustodySystem
+import Dispatch
+
+/// Wrong passphrases and login passwords, counted per identity and kept in the state directory
+/// (`attempts.json`), so that stopping the daemon does not reset the count or the wait. After
+/// three wrong ones in a row each attempt waits 1, 2, 4 … (at most 300) seconds; after
+/// `MaxUnlockAttempts` (when set) `UnlockAttemptsAction` decides: keep backing off, or wipe the
+/// identity (a selective wipe, as an administrator's).
+extension Engine {
+    struct AttemptsFile: Codable {
+        var version = 1
+        /// By canonical object ID.
+        var identities: [String: Attempts] = [:]
+    }
+
+    struct Attempts: Codable, Equatable {
+        var failures: Int
+        /// Wall-clock seconds (since 1970) before which no attempt is taken.
+        var retryAt: Double
+    }
+
+    static let attemptsFile = "attempts.json"
+
+    /// Applies the kept counters to freshly loaded keys (the engine's clock is monotonic: the
+    /// wait left is carried over from the wall clock).
+    static func loadAttempts(_ files: StateFiles, into keys: inout [String: IdentityKeys], clock: EngineClock) throws(EngineError) {
+        guard let kept = try files.read(AttemptsFile.self, from: attemptsFile) else { return }
+        let wall = wallClockSeconds(), now = clock.now()
+        for (key, attempts) in kept.identities where keys[key] != nil {
+            keys[key]?.failures = attempts.failures
+            keys[key]?.retryAt = attempts.retryAt > wall ? now + (attempts.retryAt - wall) : 0
+        }
+    }
+
+    /// Writes every identity's counters (only those with failures).
+    func saveAttempts(_ state: State) {
+        var file = AttemptsFile()
+        let wall = wallClockSeconds(), now = clock.now()
+        for (key, keys) in state.keys where keys.failures > 0 {
+            file.identities[key] = Attempts(failures: keys.failures, retryAt: keys.retryAt > now ? wall + (keys.retryAt - now) : 0)
+        }
+        try? files.write(file, to: Self.attemptsFile)
+    }
+
+    /// The wait after `failures` wrong attempts in a row.
+    static func backoff(after failures: Int) -> Double {
+        failures >= 3 ? min(300, Double(1 << min(failures - 3, 16))) : 0
+    }
+
+    /// Counts a wrong credential for `account`; returns the failures so far and the wait.
+    func recordFailedUnlock(_ account: Account, what: String) -> (failures: Int, wait: Double) {
+        let key = Account.canonical(account.id)
+        let (failures, wait) = state.withLock { state -> (Int, Double) in
+            guard var keys = state.keys[key] else { return (0, 0) }
+            keys.failures += 1
+            let wait = Self.backoff(after: keys.failures)
+            if wait > 0 { keys.retryAt = clock.now() + wait }
+            state.keys[key] = keys
+            saveAttempts(state)
+            return (keys.failures, wait)
+        }
+        events.emit(.unlockFailed, identity: account.upn, "wrong \(what) for \(account.upn)",
+                    details: ["failures": "\(failures)", "retryAfterSeconds": "\(wait)"])
+        let settings = self.settings
+        if settings.maxUnlockAttempts > 0, failures >= settings.maxUnlockAttempts {
+            if settings.unlockAttemptsAction == "wipe" {
+                events.emit(.unlockAttemptsExceeded, identity: account.upn, code: 102,
+                            "\(failures) wrong attempts for \(account.upn): wiping it (UnlockAttemptsAction = wipe)",
+                            details: ["failures": "\(failures)", "action": "wipe"])
+                // The wipe deletes files; the refused request does not wait for it.
+                DispatchQueue.global().async { [self] in try? self.deregister(account.id, wipe: true) }
+            } else if failures == settings.maxUnlockAttempts {
+                events.emit(.unlockAttemptsExceeded, identity: account.upn, "\(failures) wrong attempts for \(account.upn): backing off",
+                            details: ["failures": "\(failures)", "action": "backoff"])
+            }
+        }
+        return (failures, wait)
+    }
+
+    /// A right credential: the counters start again.
+    func clearFailedUnlocks(_ key: String) {
+        state.withLock { state in
+            guard let keys = state.keys[key], keys.failures > 0 || keys.retryAt > 0 else { return }
+            state.keys[key]?.failures = 0
+            state.keys[key]?.retryAt = 0
+            saveAttempts(state)
+        }
+    }
+
+    /// Wrong attempts in a row for `identity`, and the seconds to wait before the next.
+    public func unlockAttempts(_ identity: String) -> (failures: Int, retryAfter: Double) {
+        guard let account = try? self.account(identity) else { return (0, 0) }
+        let now = clock.now()
+        return state.withLock { state in
+            guard let keys = state.keys[Account.canonical(account.id)] else { return (0, 0) }
+            return (keys.failures, max(0, keys.retryAt - now))
+        }
+    }
+}

@@ -1,0 +1,55 @@
+@testable import CustodyCore
+import Foundation
+import XCTest
+
+/// Wrong passphrases: the back-off survives a restart, and MaxUnlockAttempts can wipe.
+final class UnlockAttemptsTests: EngineTestCase {
+    func testTheBackOffSurvivesARestart() throws {
+        let clock = ManualClock()
+        do {
+            let engine = try makeEngine(testSettings(), clock: clock)
+            try engine.enroll(id: "alice-id", upn: "alice@contoso.com", passphrase: try passphrase("right"))
+            try engine.lock("alice-id", immediately: true)
+            for _ in 0..<4 {
+                XCTAssertThrowsError(try engine.unlock("alice-id", passphrase: try passphrase("wrong")))
+                clock.advance(by: 301)
+            }
+            XCTAssertThrowsError(try engine.unlock("alice-id", passphrase: try passphrase("wrong")))
+            XCTAssertEqual(engine.unlockAttempts("alice-id").failures, 5)
+            XCTAssertEqual(engine.unlockAttempts("alice-id").retryAfter, 4, accuracy: 0.01, "after five: 4 s")
+        }
+        // The daemon restarts: the count and the wait are still there.
+        let engine = try makeEngine(testSettings(), clock: clock)
+        XCTAssertEqual(engine.unlockAttempts("alice-id").failures, 5)
+        XCTAssertGreaterThan(engine.unlockAttempts("alice-id").retryAfter, 3)
+        XCTAssertThrowsError(try engine.unlock("alice-id", passphrase: try passphrase("right"))) {
+            guard case .rateLimited = $0 as? EngineError else { return XCTFail("\($0)") }
+        }
+        clock.advance(by: 5)
+        XCTAssertNoThrow(try engine.unlock("alice-id", passphrase: try passphrase("right")))
+        XCTAssertEqual(engine.unlockAttempts("alice-id").failures, 0, "a right passphrase starts the count again")
+        let kept = try String(contentsOfFile: directory + "/attempts.json", encoding: .utf8)
+        XCTAssertFalse(kept.contains("alice"), kept)
+    }
+
+    func testTooManyWrongAttemptsWipeWhenConfigured() throws {
+        var settings = testSettings()
+        settings.maxUnlockAttempts = 3
+        settings.unlockAttemptsAction = "wipe"
+        let clock = ManualClock()
+        let engine = try makeEngine(settings, clock: clock)
+        let recorder = recorded(engine)
+        try engine.enroll(id: "alice-id", upn: "alice@contoso.com", passphrase: try passphrase("right"))
+        try engine.enroll(id: "bob-id", upn: "bob@contoso.com", passphrase: try passphrase("right"))
+        for _ in 0..<3 {
+            XCTAssertThrowsError(try engine.unlock("alice-id", passphrase: try passphrase("wrong")))
+            clock.advance(by: 301)
+        }
+        let deadline = Date().addingTimeInterval(5)
+        while (try? engine.account("alice-id")) != nil, Date() < deadline { usleep(10_000) }
+        XCTAssertThrowsError(try engine.account("alice-id"), "wiped")
+        XCTAssertNoThrow(try engine.account("bob-id"), "only that identity")
+        XCTAssertTrue(recorder.withLock { $0.contains { $0.kind == .unlockAttemptsExceeded && $0.details["action"] == "wipe" } })
+        XCTAssertTrue(recorder.withLock { $0.contains { $0.kind == .wipeFinished && $0.identity == "alice@contoso.com" } })
+    }
+}
