@@ -229,29 +229,42 @@ int clinux_no_new_privileges(void) {
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
-int clinux_landlock_deny_filesystem(void) {
-#if defined(SYS_landlock_create_ruleset) && defined(SYS_landlock_restrict_self)
-    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
-    if (abi < 0) return -1;
-    struct landlock_ruleset_attr attributes = { 0 };
-    attributes.handled_access_fs = LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_WRITE_FILE |
-        LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR | LANDLOCK_ACCESS_FS_REMOVE_DIR |
-        LANDLOCK_ACCESS_FS_REMOVE_FILE | LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR |
-        LANDLOCK_ACCESS_FS_MAKE_REG | LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO |
-        LANDLOCK_ACCESS_FS_MAKE_BLOCK | LANDLOCK_ACCESS_FS_MAKE_SYM;
+#if defined(SYS_landlock_create_ruleset) && defined(SYS_landlock_restrict_self) && defined(SYS_landlock_add_rule)
+/* The rights that create, change, remove or move files, as far as Landlock ABI `abi` knows them. */
+static __u64 landlock_write_rights(long abi) {
+    __u64 rights = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR | LANDLOCK_ACCESS_FS_REMOVE_FILE |
+        LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
+        LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_BLOCK |
+        LANDLOCK_ACCESS_FS_MAKE_SYM;
 #ifdef LANDLOCK_ACCESS_FS_REFER
-    if (abi >= 2) attributes.handled_access_fs |= LANDLOCK_ACCESS_FS_REFER;
+    if (abi >= 2) rights |= LANDLOCK_ACCESS_FS_REFER;
 #endif
 #ifdef LANDLOCK_ACCESS_FS_TRUNCATE
-    if (abi >= 3) attributes.handled_access_fs |= LANDLOCK_ACCESS_FS_TRUNCATE;
+    if (abi >= 3) rights |= LANDLOCK_ACCESS_FS_TRUNCATE;
 #endif
-    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attributes, sizeof(attributes), 0);
-    if (ruleset < 0) return -1;
+    return rights;
+}
+
+/* Restricts the calling process with `ruleset` and closes it: the ABI version, or -1 (errno). */
+static int landlock_enforce(int ruleset, long abi) {
     int result = (int)syscall(SYS_landlock_restrict_self, ruleset, 0);
     int saved = errno;
     close(ruleset);
     errno = saved;
     return result == 0 ? (int)abi : -1;
+}
+#endif
+
+int clinux_landlock_deny_filesystem(void) {
+#if defined(SYS_landlock_create_ruleset) && defined(SYS_landlock_restrict_self) && defined(SYS_landlock_add_rule)
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 0) return -1;
+    struct landlock_ruleset_attr attributes = { 0 };
+    attributes.handled_access_fs = landlock_write_rights(abi) | LANDLOCK_ACCESS_FS_EXECUTE |
+        LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attributes, sizeof(attributes), 0);
+    if (ruleset < 0) return -1;
+    return landlock_enforce(ruleset, abi);
 #else
     errno = ENOSYS;
     return -1;
@@ -262,17 +275,13 @@ int clinux_landlock_restrict_writes(const char *const *paths, int count) {
 #if defined(SYS_landlock_create_ruleset) && defined(SYS_landlock_restrict_self) && defined(SYS_landlock_add_rule)
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
     if (abi < 0) return -1;
-    __u64 file_rights = LANDLOCK_ACCESS_FS_WRITE_FILE;
-    __u64 handled = LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_REMOVE_DIR | LANDLOCK_ACCESS_FS_REMOVE_FILE |
-        LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG |
-        LANDLOCK_ACCESS_FS_MAKE_SOCK | LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_BLOCK |
-        LANDLOCK_ACCESS_FS_MAKE_SYM;
-#ifdef LANDLOCK_ACCESS_FS_REFER
-    if (abi >= 2) handled |= LANDLOCK_ACCESS_FS_REFER;
-#endif
+    __u64 handled = landlock_write_rights(abi);
+    /* What a single file (not a directory) may be granted. */
+    __u64 file_rights = handled & (LANDLOCK_ACCESS_FS_WRITE_FILE
 #ifdef LANDLOCK_ACCESS_FS_TRUNCATE
-    if (abi >= 3) { handled |= LANDLOCK_ACCESS_FS_TRUNCATE; file_rights |= LANDLOCK_ACCESS_FS_TRUNCATE; }
+        | LANDLOCK_ACCESS_FS_TRUNCATE
 #endif
+        );
     struct landlock_ruleset_attr attributes = { 0 };
     attributes.handled_access_fs = handled;
     int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attributes, sizeof(attributes), 0);
@@ -291,12 +300,10 @@ int clinux_landlock_restrict_writes(const char *const *paths, int count) {
         if (added != 0) { close(ruleset); errno = saved; return -1; }
     }
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) { int saved = errno; close(ruleset); errno = saved; return -1; }
-    int result = (int)syscall(SYS_landlock_restrict_self, ruleset, 0);
-    int saved = errno;
-    close(ruleset);
-    errno = saved;
-    return result == 0 ? (int)abi : -1;
+    return landlock_enforce(ruleset, abi);
 #else
+    (void)paths;
+    (void)count;
     errno = ENOSYS;
     return -1;
 #endif

@@ -148,31 +148,11 @@ final class IdentityBoundaryTests: XCTestCase {
         try start()
         try setPolicy(Self.alice, #""sendToOtherIdentities": "all""#)
         try write("shared.txt", String(repeating: "x", count: 10000), as: Self.alice)
-        let gate = work + "/gate", out = work + "/reader.out"
-        let script = """
-            import os, time
-            fd = os.open("shared.txt", os.O_RDONLY)
-            print("first", len(os.pread(fd, 100, 0)), flush=True)
-            open("\(work!)/ready", "w").close()
-            while not os.path.exists("\(gate)"): time.sleep(0.02)
-            try:
-                print("second", len(os.pread(fd, 100, 5000)), flush=True)
-            except OSError as e:
-                print("second errno", e.errno, flush=True)
-            """
-        try script.write(toFile: work + "/reader.py", atomically: true, encoding: .utf8)
-        let reader = try spawn(MountedDaemon.tool("custodyctl"), ["run", "--socket", daemon.socket, "--identity", Self.personal, "--",
-                                                                  "sh", "-c", "cd '\(daemon.mountPoint)' && exec /usr/bin/python3 '\(work!)/reader.py' > '\(out)' 2>&1"])
-        children.append(reader)
-        let deadline = Date().addingTimeInterval(10)
-        while !FileManager.default.fileExists(atPath: work + "/ready"), Date() < deadline { usleep(20_000) }
-        // Alice reads the same file meanwhile: her pages must not serve the other handle later.
-        XCTAssertTrue(try read("shared.txt", as: Self.alice).ok)
-        try setPolicy(Self.alice, #""sendToOtherIdentities": "none""#)
-        FileManager.default.createFile(atPath: gate, contents: nil)
-        XCTAssertTrue(waitForExit(reader, seconds: 10))
-        children.removeAll()
-        let text = try String(contentsOfFile: out, encoding: .utf8)
+        let text = try withOpenHandle(as: Self.personal, open: #"os.open("shared.txt", os.O_RDONLY)"#, use: "len(os.pread(fd, 100, 0))") {
+            // Alice reads the same file meanwhile: her pages must not serve the other handle later.
+            XCTAssertTrue(try read("shared.txt", as: Self.alice).ok)
+            try setPolicy(Self.alice, #""sendToOtherIdentities": "none""#)
+        }
         XCTAssertTrue(text.contains("first 100"), text)
         XCTAssertTrue(text.contains("second errno 13"), "the open handle's next read fails: \(text)")
     }
@@ -180,32 +160,40 @@ final class IdentityBoundaryTests: XCTestCase {
     func testAPolicyChangeFailsTheNextWriteOfAnOpenHandle() throws {
         try start()
         try write("inbox.txt", "A", as: Self.alice)
-        let gate = work + "/gate", out = work + "/writer.out"
-        let script = """
-            import os, time
-            fd = os.open("inbox.txt", os.O_WRONLY | os.O_APPEND)
-            print("first", os.write(fd, b"1"), flush=True)
-            open("\(work!)/ready", "w").close()
-            while not os.path.exists("\(gate)"): time.sleep(0.02)
-            try:
-                print("second", os.write(fd, b"2"), flush=True)
-            except OSError as e:
-                print("second errno", e.errno, flush=True)
-            """
-        try script.write(toFile: work + "/writer.py", atomically: true, encoding: .utf8)
-        let writer = try spawn(MountedDaemon.tool("custodyctl"), ["run", "--socket", daemon.socket, "--identity", Self.personal, "--",
-                                                                  "sh", "-c", "cd '\(daemon.mountPoint)' && exec /usr/bin/python3 '\(work!)/writer.py' > '\(out)' 2>&1"])
-        children.append(writer)
-        let deadline = Date().addingTimeInterval(10)
-        while !FileManager.default.fileExists(atPath: work + "/ready"), Date() < deadline { usleep(20_000) }
-        try setPolicy(Self.alice, #""receiveFromOtherIdentities": "managed""#)
-        FileManager.default.createFile(atPath: gate, contents: nil)
-        XCTAssertTrue(waitForExit(writer, seconds: 10))
-        children.removeAll()
-        let text = try String(contentsOfFile: out, encoding: .utf8)
+        let text = try withOpenHandle(as: Self.personal, open: #"os.open("inbox.txt", os.O_WRONLY | os.O_APPEND)"#, use: #"os.write(fd, b"1")"#) {
+            try setPolicy(Self.alice, #""receiveFromOtherIdentities": "managed""#)
+        }
         XCTAssertTrue(text.contains("first 1"), text)
         XCTAssertTrue(text.contains("second errno 13"), "the open handle's next write fails: \(text)")
         XCTAssertEqual(try read("inbox.txt", as: Self.alice).text, "A1")
+    }
+
+    /// Runs a Python process as `identity` in the mount that opens a file (`open`, the
+    /// descriptor is `fd`) and uses it (`use`) once, runs `meanwhile`, and uses the same handle
+    /// again; returns its report ("first …", then "second …" or "second errno N").
+    func withOpenHandle(as identity: String, open: String, use: String, meanwhile: () throws -> Void) throws -> String {
+        let gate = work + "/gate", ready = work + "/ready", out = work + "/handle.out"
+        try """
+            import os, time
+            fd = \(open)
+            print("first", \(use), flush=True)
+            open("\(ready)", "w").close()
+            while not os.path.exists("\(gate)"): time.sleep(0.02)
+            try:
+                print("second", \(use), flush=True)
+            except OSError as e:
+                print("second errno", e.errno, flush=True)
+            """.write(toFile: work + "/handle.py", atomically: true, encoding: .utf8)
+        let process = try spawn(MountedDaemon.tool("custodyctl"), ["run", "--socket", daemon.socket, "--identity", identity, "--",
+                                                                   "sh", "-c", "cd '\(daemon.mountPoint)' && exec /usr/bin/python3 '\(work!)/handle.py' > '\(out)' 2>&1"])
+        children.append(process)
+        let deadline = Date().addingTimeInterval(10)
+        while !FileManager.default.fileExists(atPath: ready), Date() < deadline { usleep(20_000) }
+        try meanwhile()
+        FileManager.default.createFile(atPath: gate, contents: nil)
+        XCTAssertTrue(waitForExit(process, seconds: 10))
+        children.removeAll { $0 == process }
+        return try String(contentsOfFile: out, encoding: .utf8)
     }
 
     // MARK: Exceptions

@@ -52,22 +52,25 @@ final class PAMTests: XCTestCase {
         XCTAssertEqual(try lockState(), "locked")
     }
 
-    func testLoginUnlocksPasswordChangesRewrapAndNothingBlocksALogin() throws {
+    /// The user with `password`, a daemon, and a PAM service: pam_unix and the module with the
+    /// given options in each step (`password: nil` leaves the password step out).
+    func start(password login: String, auth: String, session: String, password: String?) throws {
         work = try makeTemporaryDirectory("custody-pam")
         XCTAssertEqual(chmod(work, 0o755), 0)
         _ = try testUser(Self.user)
-        try setPassword("Login-pass-1")
-        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "0", "--no-sessions"])
+        try setPassword(login)
+        let started = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "0", "--no-sessions"])
+        daemon = started
         let module = try self.module()
         service = "custody-test-\(getpid())"
-        try """
-            auth     required pam_unix.so
-            auth     optional \(module) socket=\(daemon.socket)
-            account  required pam_unix.so
-            session  optional \(module) socket=\(daemon.socket)
-            password required pam_unix.so
-            password optional \(module) socket=\(daemon.socket)
-            """.write(toFile: "/etc/pam.d/" + service!, atomically: true, encoding: .utf8)
+        var lines = ["auth     required pam_unix.so", "auth     optional \(module) socket=\(started.socket)\(auth)",
+                     "account  required pam_unix.so", "session  optional \(module) socket=\(started.socket)\(session)"]
+        if let password { lines += ["password required pam_unix.so", "password optional \(module) socket=\(started.socket)\(password)"] }
+        try lines.joined(separator: "\n").write(toFile: "/etc/pam.d/" + service!, atomically: true, encoding: .utf8)
+    }
+
+    func testLoginUnlocksPasswordChangesRewrapAndNothingBlocksALogin() throws {
+        try start(password: "Login-pass-1", auth: "", session: "", password: "")
 
         // Pat's identity has a passphrase of its own; the login password becomes a second key.
         let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "pat-oid", "upn": "\#(Self.identity)", "user": "\#(Self.user)", "policy": {"protectionLevel": "complete"}, "passphrase": "corporate passphrase"}"#)
@@ -120,19 +123,7 @@ final class PAMTests: XCTestCase {
     }
 
     func testFirstLoginSetsUpTheProtectorAndLogoutLocks() throws {
-        work = try makeTemporaryDirectory("custody-pam")
-        XCTAssertEqual(chmod(work, 0o755), 0)
-        _ = try testUser(Self.user)
-        try setPassword("Login-pass-3")
-        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--lock-grace-period", "0", "--no-sessions"])
-        let module = try self.module()
-        service = "custody-test-\(getpid())"
-        try """
-            auth     required pam_unix.so
-            auth     optional \(module) socket=\(daemon.socket) add_protector
-            account  required pam_unix.so
-            session  optional \(module) socket=\(daemon.socket) add_protector lock_on_close
-            """.write(toFile: "/etc/pam.d/" + service!, atomically: true, encoding: .utf8)
+        try start(password: "Login-pass-3", auth: " add_protector", session: " add_protector lock_on_close", password: nil)
         let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "pat-oid", "upn": "\#(Self.identity)", "user": "\#(Self.user)", "passphrase": "corporate passphrase"}"#)
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
         XCTAssertTrue(try daemon.api("GET", "/v1/accounts/\(Self.identity)").body.contains(#""hasLoginProtector":false"#))
