@@ -47,7 +47,7 @@ let package = Package(
         .target(name: "CustodyClient"),
 
         .executableTarget(name: "custodyctl", dependencies: [
-            "CLinux", "CustodyClient", "CustodySystem",
+            "CLinux", "CustodyClient", "CustodyCrypto", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [

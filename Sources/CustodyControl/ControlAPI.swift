@@ -48,7 +48,8 @@ struct ControlAPI: Sendable {
         case .unknownAccount, .noSuchProcess: status = 404
         case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode: status = 409
         case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed, .transferNotAllowed: status = 403
-        case .invalidIdentity, .invalidPolicy, .passphraseRequired: status = 400
+        case .invalidIdentity, .invalidPolicy, .passphraseRequired, .invalidRecoveryKey: status = 400
+        case .noRecoveryKey: status = 409
         case .rateLimited: status = 429
         case .locked: status = 423
         case .io(_, let errno): status = Self.status(for: errno)
@@ -143,6 +144,9 @@ struct ControlAPI: Sendable {
         RouteSpec("POST", "/v1/accounts/{identity}/passphrase"),
         RouteSpec("POST", "/v1/accounts/{identity}/login-protector"),
         RouteSpec("DELETE", "/v1/accounts/{identity}/login-protector"),
+        RouteSpec("POST", "/v1/accounts/{identity}/recovery-key"),
+        RouteSpec("DELETE", "/v1/accounts/{identity}/recovery-key"),
+        RouteSpec("POST", "/v1/accounts/{identity}/recover"),
         RouteSpec("POST", "/v1/login/unlock"),
         RouteSpec("POST", "/v1/login/password"),
         RouteSpec("POST", "/v1/login/lock"),
@@ -225,6 +229,10 @@ struct ControlAPI: Sendable {
             if let old = body.old { try checkPassphrase(old) }
             if let new = body.new { try checkPassphrase(new) }
         case ("POST", "/v1/accounts/{identity}/login-protector"): try checkPassphrase(try decode(ProtectorRequest.self, request).password)
+        case ("POST", "/v1/accounts/{identity}/recovery-key"): _ = try escrowKey(try decode(RecoveryKeyRequest.self, request))
+        case ("POST", "/v1/accounts/{identity}/recover"):
+            let body = try decode(RecoverRequest.self, request)
+            if let new = body.newPassphrase { try checkPassphrase(new) }
         case ("POST", "/v1/login/unlock"): try checkPassphrase(try decode(LoginRequest.self, request).password)
         case ("POST", "/v1/login/password"):
             let body = try decode(PasswordChangeRequest.self, request)
@@ -291,6 +299,12 @@ struct ControlAPI: Sendable {
             return try addLoginProtector(identity, try decode(ProtectorRequest.self, request), caller)
         case ("DELETE", "/v1/accounts/{identity}/login-protector"):
             return try removeLoginProtector(identity, caller)
+        case ("POST", "/v1/accounts/{identity}/recovery-key"):
+            return try createRecoveryKey(identity, try decode(RecoveryKeyRequest.self, request), caller)
+        case ("DELETE", "/v1/accounts/{identity}/recovery-key"):
+            return try removeRecoveryKey(identity, caller)
+        case ("POST", "/v1/accounts/{identity}/recover"):
+            return try recover(identity, try decode(RecoverRequest.self, request), caller)
         case ("POST", "/v1/login/unlock"):
             return try login(try decode(LoginRequest.self, request), caller)
         case ("POST", "/v1/login/password"):
@@ -543,6 +557,7 @@ struct AccountView: Encodable {
     var uid: UInt32?
     var hasPassphrase: Bool
     var hasLoginProtector: Bool
+    var hasRecoveryKey: Bool
     var reprotectPending: Bool
     var lock: String?
     /// Wrong passphrases (or login passwords) in a row, and the wait before the next attempt.
@@ -557,6 +572,7 @@ struct AccountView: Encodable {
         uid = account.uid
         hasPassphrase = account.hasPassphrase
         hasLoginProtector = account.hasLoginProtector ?? false
+        hasRecoveryKey = account.hasRecoveryKey ?? false
         reprotectPending = account.reprotectPending
     }
 }

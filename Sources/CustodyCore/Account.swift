@@ -140,6 +140,8 @@ public struct Account: Codable, Equatable, Sendable {
     public var hasPassphrase: Bool = false
     /// The owner's login password unlocks it too (a login protector); nil or false: not.
     public var hasLoginProtector: Bool?
+    /// A recovery key unlocks it too; nil or false: not.
+    public var hasRecoveryKey: Bool?
     /// Set when a policy change needs existing files re-protected; cleared once that is done.
     public var reprotectPending: Bool = false
 

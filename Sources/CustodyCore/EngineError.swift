@@ -34,6 +34,9 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The transfer rules refuse moving the data (312 for the sender's policy, 313 for the
     /// receiver's).
     case transferNotAllowed(TransferDecision)
+    /// A recovery key as typed does not check, or the identity has none.
+    case invalidRecoveryKey(String)
+    case noRecoveryKey(String)
     // Data protection (the SDK's data protection domain, 100–105).
     case failedToProtectData(String)
     case failedToUnprotectData(String)
@@ -75,6 +78,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .fileBusy: return 107
         case .sharingNotAllowed: return 312
         case .transferNotAllowed(let decision): return decision.code ?? 312
+        case .invalidRecoveryKey: return 314
+        case .noRecoveryKey: return 315
         case .failedToProtectData: return 102
         case .failedToUnprotectData: return 103
         }
@@ -107,6 +112,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .fileBusy: return "FileBusy"
         case .sharingNotAllowed: return "SharingNotAllowed"
         case .transferNotAllowed(let decision): return decision.name ?? "SharingNotAllowed"
+        case .invalidRecoveryKey: return "InvalidRecoveryKey"
+        case .noRecoveryKey: return "NoRecoveryKey"
         case .failedToProtectData: return "FailedToProtectData"
         case .failedToUnprotectData: return "FailedToUnprotectData"
         }
@@ -153,6 +160,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .fileBusy(let path, let reason): return "\(path) is busy: \(reason)"
         case .sharingNotAllowed(let owner): return "\(owner)'s policy does not let other identities receive its files"
         case .transferNotAllowed(let decision): return decision.reason
+        case .invalidRecoveryKey(let reason): return "not a recovery key: \(reason)"
+        case .noRecoveryKey(let upn): return "\(upn) has no recovery key"
         case .failedToProtectData(let reason): return "cannot protect the data: \(reason)"
         case .failedToUnprotectData(let reason): return "cannot unprotect the data: \(reason)"
         }

@@ -20,14 +20,17 @@ struct StoredKeybag: Codable, Equatable {
     /// "A", "B", "C", "D".
     var classes: [String: WrappedKey]
     /// Classes A, B (private) and C wrapped once more, under the owner's login password (see
-    /// `LoginProtector`); nil when there is none.
-    var loginProtector: LoginProtector?
+    /// `KeyProtector`); nil when there is none.
+    var loginProtector: KeyProtector?
+    /// The same, under the identity's recovery key (see `RecoveryKey`); nil when there is none.
+    var recoveryProtector: KeyProtector?
 }
 
-/// A second way to unlock an identity: its class keys wrapped under a key derived from its local
-/// user's login password (Argon2id, a salt of its own) and the machine key, as pam_fscrypt's
-/// login protector. The passphrase stays as it was; the PAM module unlocks with the password.
-struct LoginProtector: Codable, Equatable {
+/// Another way to unlock an identity: its class keys wrapped under a key derived from a secret
+/// (Argon2id, a salt of its own) and the machine key. The login protector's secret is its local
+/// user's login password (as pam_fscrypt's); the recovery protector's is the recovery key. The
+/// passphrase stays as it was.
+struct KeyProtector: Codable, Equatable {
     var uid: UInt32
     var salt: Data
     var parameters: Argon2Parameters
@@ -40,6 +43,7 @@ struct LoginProtector: Codable, Equatable {
         view.passphrase = parameters
         view.classes.merge(classes) { _, protected in protected }
         view.loginProtector = nil
+        view.recoveryProtector = nil
         return view
     }
 }
@@ -196,14 +200,14 @@ enum Keybags {
 
     /// A login protector for `keys` under `password` (fresh salt and parameters).
     static func loginProtector(_ stored: StoredKeybag, keys: ClassKeys, password: SecretBytes, uid: UInt32, cost: String,
-                               machineKey: SecretBytes, file: String) throws(EngineError) -> LoginProtector {
+                               machineKey: SecretBytes, file: String) throws(EngineError) -> KeyProtector {
         var view = stored
         do { view.salt = Data(try Random.bytes(16)) } catch { throw .crypto(error) }
         let wrapped = try rewrap(view, keys: keys, newPassphrase: password, cost: cost, machineKey: machineKey, file: file)
         guard let parameters = wrapped.passphrase else { throw .corruptState(file: file, reason: "no parameters for the login protector") }
         var classes: [String: StoredKeybag.WrappedKey] = [:]
         for letter in ["A", "B", "C"] { classes[letter] = wrapped.classes[letter] }
-        return LoginProtector(uid: uid, salt: wrapped.salt, parameters: parameters, classes: classes)
+        return KeyProtector(uid: uid, salt: wrapped.salt, parameters: parameters, classes: classes)
     }
 
     /// The same class keys wrapped under a new passphrase (or none). Needs them unwrapped.

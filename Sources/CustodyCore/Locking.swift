@@ -79,6 +79,7 @@ extension Engine {
     public enum Credential {
         case passphrase(SecretBytes?)
         case login(SecretBytes)
+        case recovery(RecoveryKey)
     }
 
     /// Unlocks with the passphrase (nil for an identity that has none). A wrong passphrase fails
@@ -103,6 +104,9 @@ extension Engine {
         case .login(let password):
             guard let protector = stored.loginProtector else { throw .passphraseRequired(account.upn) }
             (view, secret) = (protector.keybag(of: stored), password)
+        case .recovery(let recovery):
+            guard let protector = stored.recoveryProtector else { throw .noRecoveryKey(account.upn) }
+            (view, secret) = (protector.keybag(of: stored), recovery.digits)
         }
         // Argon2id runs outside the lock: a slow unlock does not hold up other requests.
         let unlocked: ClassKeys
@@ -110,7 +114,11 @@ extension Engine {
             unlocked = try Keybags.unlock(view, machineKey: machineKey, passphrase: secret, file: files.path(Self.keybagName(account.id)))
         } catch {
             if case .wrongPassphrase = error {
-                let what = if case .login = credential { "login password" } else { "passphrase" }
+                let what = switch credential {
+                case .login: "login password"
+                case .recovery: "recovery key"
+                case .passphrase: "passphrase"
+                }
                 _ = recordFailedUnlock(account, what: what)
             }
             throw error

@@ -1,7 +1,7 @@
 import CustodyCrypto
 import FoundationEssentials
 
-/// The login password as a second key to an identity (see `LoginProtector`): set up by its owner,
+/// The login password as a second key to an identity (see `KeyProtector`): set up by its owner,
 /// used by the PAM module at login (`session open`), rewrapped when the password changes
 /// (`chauthtok`). The identity's passphrase stays as it was.
 extension Engine {
@@ -110,6 +110,7 @@ extension Engine {
             state.keys[key]?.stored = stored
             if let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) {
                 state.accounts[index].hasLoginProtector = stored.loginProtector != nil
+                state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
                 try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
             }
         }

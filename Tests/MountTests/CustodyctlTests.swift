@@ -73,6 +73,51 @@ final class CustodyctlTests: XCTestCase {
         XCTAssertEqual(field(json(try ctl(["accounts", "pat@contoso.com", "--json"])), "hasPassphrase"), "0")
     }
 
+    func testRecoveryKeysEscrowAndWipe() throws {
+        let passphrase = work + "/passphrase", newPassphrase = work + "/new"
+        try writeFile(passphrase, bytes("forgotten\n"), mode: 0o600)
+        try writeFile(newPassphrase, bytes("brand new\n"), mode: 0o600)
+        try ctl(["enroll", "alice-oid", "alice@contoso.com", "--level", "complete", "--passphrase-file", passphrase])
+        // The administrator's key pair, and an escrow only it opens (the key is never printed).
+        try ctl(["recovery-key", "keypair", work + "/admin"])
+        XCTAssertEqual(try Syscall.lstat(work + "/admin.key").st_mode & 0o777, 0o600)
+        let exported = try ctl(["recovery-key", "export", "alice@contoso.com", "--to", work + "/admin.pub", "--out", work + "/escrow.json"])
+        XCTAssertTrue(exported.contains("escrow.json"), exported)
+        let escrow = try String(contentsOfFile: work + "/escrow.json", encoding: .utf8)
+        XCTAssertTrue(escrow.contains("custody-recovery-escrow") && escrow.contains("alice@contoso.com"), escrow)
+        let key = try ctl(["recovery-key", "unseal", work + "/escrow.json", "--key", work + "/admin.key"]).trimmingCharacters(in: .whitespacesAndNewlines)
+        XCTAssertEqual(key.split(separator: "-").count, 8, key)
+        XCTAssertFalse(escrow.contains(key))
+        try writeFile(work + "/recovery", bytes(key + "\n"), mode: 0o600)
+
+        // The passphrase is lost: the recovery key unlocks and sets a new one.
+        try ctl(["lock", "alice@contoso.com"])
+        try ctl(["recover", "alice@contoso.com", "--recovery-key-file", work + "/recovery", "--new-passphrase-file", newPassphrase])
+        try ctl(["lock", "alice@contoso.com"])
+        try ctl(["unlock", "alice@contoso.com", "--passphrase-file", passphrase], exit: 77)
+        try ctl(["unlock", "alice@contoso.com", "--passphrase-file", newPassphrase])
+
+        // A typo is named; an altered escrow is refused clearly; another key does not open it.
+        var typo = Array(key)
+        typo[0] = typo[0] == "1" ? "2" : "1"
+        try writeFile(work + "/typo", bytes(String(typo) + "\n"), mode: 0o600)
+        let mistyped = try daemon.ctl(["recover", "alice@contoso.com", "--recovery-key-file", work + "/typo"])
+        XCTAssertEqual(mistyped.status, 1)
+        XCTAssertTrue(mistyped.error.contains("314 InvalidRecoveryKey") && mistyped.error.contains("group 1"), mistyped.error)
+        try escrow.replacingOccurrences(of: "alice@contoso.com", with: "mallory@contoso.com").write(toFile: work + "/altered.json", atomically: true, encoding: .utf8)
+        let altered = try daemon.ctl(["recovery-key", "unseal", work + "/altered.json", "--key", work + "/admin.key"])
+        XCTAssertEqual(altered.status, 1)
+        XCTAssertTrue(altered.error.contains("altered"), altered.error)
+        try ctl(["recovery-key", "keypair", work + "/other"])
+        XCTAssertEqual(try daemon.ctl(["recovery-key", "unseal", work + "/escrow.json", "--key", work + "/other.key"]).status, 1)
+
+        // After a wipe the escrowed key opens nothing.
+        try ctl(["wipe", "alice@contoso.com"])
+        let gone = try daemon.ctl(["recover", "alice@contoso.com", "--recovery-key-file", work + "/recovery"])
+        XCTAssertEqual(gone.status, 1)
+        XCTAssertTrue(gone.error.contains("300 UnknownAccount"), gone.error)
+    }
+
     func testAccountLockAndIdentityCommands() throws {
         let passphrase = work + "/passphrase"
         try writeFile(passphrase, bytes("correct horse\n"), mode: 0o600)

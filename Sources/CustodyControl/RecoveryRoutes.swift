@@ -1,0 +1,62 @@
+import CustodyCore
+import FoundationEssentials
+
+// Recovery keys over the socket: create (optionally escrowed to an administrator's public key),
+// remove, and recover (unlock, and reset the passphrase). An account's owner or an administrator.
+
+struct RecoveryKeyRequest: Decodable {
+    /// An administrator's public key (base64, 32 bytes): the answer carries the key sealed to it.
+    var escrowPublicKey: String?
+    /// Show the key in the answer (default true); false with an escrow: only the sealed copy.
+    var show: Bool?
+}
+
+struct RecoverRequest: Decodable {
+    var recoveryKey: String
+    /// The new passphrase; absent keeps the current one (unless `removePassphrase`).
+    var newPassphrase: String?
+    var removePassphrase: Bool?
+}
+
+struct RecoveryKeyView: Encodable {
+    var identity: String
+    var recoveryKey: String?
+    var escrow: EscrowedRecoveryKey?
+}
+
+extension ControlAPI {
+    static func escrowKey(_ body: RecoveryKeyRequest) throws(Failure) -> [UInt8]? {
+        guard let text = body.escrowPublicKey else { return nil }
+        guard let key = Data(base64Encoded: text), key.count == 32 else { throw badRequest("escrowPublicKey must be 32 bytes in base64") }
+        return Array(key)
+    }
+
+    func createRecoveryKey(_ identity: String, _ body: RecoveryKeyRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        try authorize(caller, forAccount: identity, "create a recovery key for \(identity)")
+        let escrowTo = try Self.escrowKey(body)
+        if body.show == false, escrowTo == nil { throw Self.badRequest("show false needs an escrowPublicKey: the key would be lost") }
+        return try run { () throws(EngineError) in
+            let (key, escrow) = try engine.createRecoveryKey(identity, escrowTo: escrowTo)
+            let account = try engine.account(identity)
+            return json(RecoveryKeyView(identity: account.upn, recoveryKey: body.show == false ? nil : key.printable, escrow: escrow), status: 201)
+        }
+    }
+
+    func removeRecoveryKey(_ identity: String, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        try authorize(caller, forAccount: identity, "remove the recovery key of \(identity)")
+        return try run { () throws(EngineError) in
+            try engine.removeRecoveryKey(identity)
+            return HTTPResponse(status: 204, body: [])
+        }
+    }
+
+    func recover(_ identity: String, _ body: RecoverRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        try authorize(caller, forAccount: identity, "recover \(identity)")
+        return try run { () throws(EngineError) in
+            let key = try RecoveryKey(parsing: body.recoveryKey)
+            let passphrase = try body.newPassphrase.map { (text) throws(EngineError) in try Self.secret(text) }
+            try engine.recover(identity, with: key, newPassphrase: passphrase, removePassphrase: body.removePassphrase ?? false)
+            return json(AccountView(try engine.account(identity)))
+        }
+    }
+}
