@@ -19,6 +19,10 @@ public struct CustodyPolicy: Codable, Equatable, Sendable {
     public var openFromLocations: [String]?
     public var transferExemptExecutables: [String]?
     public var transferExemptUids: [UInt32]?
+    /// Whether a screen lock, a suspend, a logout locks it (nil: the daemon's settings).
+    public var lockOnSessionLock: Bool?
+    public var lockOnSuspend: Bool?
+    public var lockOnLogout: Bool?
 
     public init(fileEncryptionRequired: Bool? = nil, protectionLevel: String? = nil, fileProviderEncryptionRequired: Bool? = nil,
                 canShareWithOtherIdentities: Bool? = nil, canReceiveFromUnmanaged: Bool? = nil) {
@@ -40,6 +44,13 @@ public struct CustodyAccount: Codable, Equatable, Sendable {
     public var reprotectPending: Bool?
     /// unlocked, locking or locked (in status answers).
     public var lock: String?
+    /// The owner's login password unlocks it too.
+    public var hasLoginProtector: Bool?
+    /// A recovery key unlocks it too.
+    public var hasRecoveryKey: Bool?
+    /// Wrong passphrases in a row, and the wait before the next attempt (in status answers).
+    public var failedUnlockAttempts: Int?
+    public var retryAfterSeconds: Double?
 }
 
 public struct CustodyMount: Codable, Equatable, Sendable {

@@ -29,7 +29,13 @@ func describe(_ account: CustodyAccount) -> String {
         parts.append("registered (unmanaged)")
     }
     if let lock = account.lock { parts.append(lock) }
+    if let failures = account.failedUnlockAttempts, failures > 0 {
+        let wait = account.retryAfterSeconds ?? 0
+        parts.append("\(failures) wrong passphrase\(failures == 1 ? "" : "s")" + (wait > 0 ? ", next attempt in \(Int(wait.rounded(.up))) s" : ""))
+    }
     if let uid = account.uid { parts.append("uid \(uid)") }
+    if account.hasLoginProtector == true { parts.append("login unlocks") }
+    if account.hasRecoveryKey == true { parts.append("recovery key") }
     if account.reprotectPending == true { parts.append("re-protection pending") }
     return parts.joined(separator: "  ")
 }
@@ -201,6 +207,9 @@ struct PolicyCommand: ParsableCommand {
     @Option(help: ArgumentHelp("From which other identities it accepts data: all, managed or none.", valueName: "scope")) var receive: String?
     @Option(help: ArgumentHelp("Locations its data may be saved to, comma-separated (all: every location).", valueName: "names")) var saveTo: String?
     @Option(help: ArgumentHelp("Locations data may be opened from into it, comma-separated (all: every location).", valueName: "names")) var openFrom: String?
+    @Option(help: ArgumentHelp("A screen lock of every session of its user locks it (true/false).", valueName: "bool")) var lockOnSessionLock: Bool?
+    @Option(help: ArgumentHelp("A suspend locks it (true/false).", valueName: "bool")) var lockOnSuspend: Bool?
+    @Option(help: ArgumentHelp("Its user's last logout locks it (true/false).", valueName: "bool")) var lockOnLogout: Bool?
     @Flag(help: "Wait until the account's existing files are re-protected (a progress bar on a terminal).") var wait = false
 
     func run() throws {
@@ -209,6 +218,7 @@ struct PolicyCommand: ParsableCommand {
         var policy = try decode(CustodyPolicy.self, current)
         let changing = level != nil || encryption != nil || share != nil || receiveUnmanaged != nil || fileProviderEncryption != nil
             || send != nil || receive != nil || saveTo != nil || openFrom != nil
+            || lockOnSessionLock != nil || lockOnSuspend != nil || lockOnLogout != nil
         guard changing else {
             show(current, global) { describePolicy(policy) }
             return
@@ -228,6 +238,9 @@ struct PolicyCommand: ParsableCommand {
         if let receive { policy.receiveFromOtherIdentities = receive }
         if let saveTo { policy.saveToLocations = locationList(saveTo) }
         if let openFrom { policy.openFromLocations = locationList(openFrom) }
+        if let lockOnSessionLock { policy.lockOnSessionLock = lockOnSessionLock }
+        if let lockOnSuspend { policy.lockOnSuspend = lockOnSuspend }
+        if let lockOnLogout { policy.lockOnLogout = lockOnLogout }
         // The scopes say it all; the older booleans would only repeat them.
         policy.canShareWithOtherIdentities = nil
         policy.canReceiveFromUnmanaged = nil
@@ -289,6 +302,9 @@ func describePolicy(_ policy: CustodyPolicy) -> String {
     ]
     if let exempt = policy.transferExemptExecutables, !exempt.isEmpty { lines.append("exempt programs: " + exempt.joined(separator: ", ")) }
     if let exempt = policy.transferExemptUids, !exempt.isEmpty { lines.append("exempt uids: " + exempt.map(String.init).joined(separator: ", ")) }
+    for (name, value) in [("screen lock", policy.lockOnSessionLock), ("suspend", policy.lockOnSuspend), ("logout", policy.lockOnLogout)] {
+        if let value { lines.append("locks on \(name): \(value)") }
+    }
     return lines.joined(separator: "\n")
 }
 

@@ -95,7 +95,11 @@ final class CustodyctlTests: XCTestCase {
         try ctl(["recover", "alice@contoso.com", "--recovery-key-file", work + "/recovery", "--new-passphrase-file", newPassphrase])
         try ctl(["lock", "alice@contoso.com"])
         try ctl(["unlock", "alice@contoso.com", "--passphrase-file", passphrase], exit: 77)
+        let status = try ctl(["status"])
+        XCTAssertTrue(status.contains("1 wrong passphrase") && status.contains("recovery key"), status)
         try ctl(["unlock", "alice@contoso.com", "--passphrase-file", newPassphrase])
+        XCTAssertFalse(try ctl(["status"]).contains("wrong passphrase"), "a right one clears the count")
+        XCTAssertTrue(try ctl(["policy", "alice@contoso.com", "--lock-on-suspend", "false"]).contains("locks on suspend: false"))
 
         // A typo is named; an altered escrow is refused clearly; another key does not open it.
         var typo = Array(key)
