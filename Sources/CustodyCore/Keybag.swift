@@ -198,8 +198,8 @@ enum Keybags {
         }
     }
 
-    /// A login protector for `keys` under `password` (fresh salt and parameters).
-    static func loginProtector(_ stored: StoredKeybag, keys: ClassKeys, password: SecretBytes, uid: UInt32, cost: String,
+    /// A protector for `keys` under `password` (fresh salt and parameters).
+    static func protector(_ stored: StoredKeybag, keys: ClassKeys, password: SecretBytes, uid: UInt32, cost: String,
                                machineKey: SecretBytes, file: String) throws(EngineError) -> KeyProtector {
         var view = stored
         do { view.salt = Data(try Random.bytes(16)) } catch { throw .crypto(error) }

@@ -111,8 +111,9 @@ extension Engine {
         return allowed.contains(location.name)
     }
 
-    /// Every location with its directories; with `identity`, what its policy allows in each.
-    public func locationSummaries(for identity: String?) -> [LocationSummary] {
+    /// Every location with its directories; with `answering`, what the policy of `identity`
+    /// (nil: no identity) allows in each.
+    public func locationSummaries(answering: Bool = false, for identity: String? = nil) -> [LocationSummary] {
         let settings = self.settings
         var names = Location.sdk.map(\.name)
         for name in settings.locations.keys.sorted() where !names.contains(name) { names.append(name) }
@@ -122,8 +123,8 @@ extension Engine {
             if location == .accountDocument { paths += volumes.map(\.mountPoint) }
             if location == .localDrive { paths.append("/") }
             return LocationSummary(name: name, paths: paths, neverMatches: location.neverMatches,
-                                   saveToAllowed: identity.map { isSaveToAllowed(location, for: $0) },
-                                   openFromAllowed: identity.map { isOpenFromAllowed(location, for: $0) })
+                                   saveToAllowed: answering ? isSaveToAllowed(location, for: identity) : nil,
+                                   openFromAllowed: answering ? isOpenFromAllowed(location, for: identity) : nil)
         }
     }
 

@@ -151,20 +151,11 @@ extension Engine {
     /// Sets, changes or removes an identity's passphrase. Needs the current one (nil when none).
     public func changePassphrase(_ identity: String, old: SecretBytes?, new: SecretBytes?) throws(EngineError) {
         let account = try self.account(identity)
-        let key = Account.canonical(account.id)
-        let name = Self.keybagName(account.id)
-        guard let stored = state.withLock({ $0.keys[key]?.stored }) else { throw .notEnrolled(account.upn) }
-        let unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: old, file: files.path(name))
-        let updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost,
-                                         machineKey: machineKey, file: files.path(name))
-        try files.write(updated, to: name)
-        try state.withLock { (state) throws(EngineError) in
-            state.keys[key]?.stored = updated
-            if let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) {
-                state.accounts[index].hasPassphrase = new != nil
-                try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
-            }
-        }
+        let file = files.path(Self.keybagName(account.id))
+        guard let (stored, _) = keybag(of: account) else { throw .notEnrolled(account.upn) }
+        let unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: old, file: file)
+        let updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost, machineKey: machineKey, file: file)
+        try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, new == nil ? "passphrase removed for \(account.upn)" : "passphrase set for \(account.upn)")
     }
 

@@ -10,16 +10,10 @@ extension Engine {
     public func addLoginProtector(_ identity: String, password: SecretBytes) throws(EngineError) {
         let account = try self.account(identity)
         guard let uid = account.uid else { throw .invalidIdentity("\(account.upn) belongs to no local user (enroll it with --user)") }
-        let key = Account.canonical(account.id)
-        let name = Self.keybagName(account.id)
-        guard let (stored, keys) = state.withLock({ state -> (StoredKeybag, ClassKeys)? in
-            guard let identityKeys = state.keys[key] else { return nil }
-            return (identityKeys.stored, identityKeys.unlockedClassKeys)
-        }) else { throw .notEnrolled(account.upn) }
-        guard keys.isComplete else { throw .locked(account.upn, .complete) }
+        let (stored, keys) = try unlockedKeybag(of: account)
         var updated = stored
-        updated.loginProtector = try Keybags.loginProtector(stored, keys: keys, password: password, uid: uid, cost: settings.passphraseCost,
-                                                            machineKey: machineKey, file: files.path(name))
+        updated.loginProtector = try Keybags.protector(stored, keys: keys, password: password, uid: uid, cost: settings.passphraseCost,
+                                                       machineKey: machineKey, file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "login protector set for \(account.upn)", details: ["protector": "login"])
     }
@@ -70,28 +64,23 @@ extension Engine {
     }
 
     /// The login password of `uid` changed: every login protector of the user is rewrapped under
-    /// `new`, with the keys unwrapped by `old` or, when it is not given (root changed the
-    /// password), those of an unlocked identity. Returns the identities rewrapped and those left
+    /// `new`, with the keys of an unlocked identity, or those `old` unwraps (root changes a
+    /// password without giving the old one). Returns the identities rewrapped and those left
     /// with a stale protector (locked, and no right old password).
     public func loginPasswordChanged(uid: UInt32, old: SecretBytes?, new: SecretBytes) -> (rewrapped: [String], stale: [String]) {
         var rewrapped: [String] = [], stale: [String] = []
         for account in accounts(ofUser: uid) {
-            let key = Account.canonical(account.id)
-            guard let (stored, inMemory) = state.withLock({ state -> (StoredKeybag, ClassKeys)? in
-                guard let keys = state.keys[key] else { return nil }
-                return (keys.stored, keys.unlockedClassKeys)
-            }), let protector = stored.loginProtector else { continue }
+            guard let (stored, inMemory) = keybag(of: account), let protector = stored.loginProtector else { continue }
             let file = files.path(Self.keybagName(account.id))
-            var keys: ClassKeys? = inMemory.isComplete ? inMemory : nil
-            if let old, let unwrapped = try? Keybags.unlock(protector.keybag(of: stored), machineKey: machineKey, passphrase: old, file: file) {
-                keys = unwrapped
-            }
-            guard let keys, var updated = Optional(stored),
-                  let fresh = try? Keybags.loginProtector(stored, keys: keys, password: new, uid: protector.uid, cost: settings.passphraseCost,
-                                                          machineKey: machineKey, file: file) else {
+            // The keys held in memory when unlocked; else those the old password unwraps.
+            let keys = inMemory.isComplete ? inMemory
+                : old.flatMap { try? Keybags.unlock(protector.keybag(of: stored), machineKey: machineKey, passphrase: $0, file: file) }
+            guard let keys, let fresh = try? Keybags.protector(stored, keys: keys, password: new, uid: protector.uid, cost: settings.passphraseCost,
+                                                               machineKey: machineKey, file: file) else {
                 stale.append(account.upn)
                 continue
             }
+            var updated = stored
             updated.loginProtector = fresh
             if (try? saveKeybag(updated, of: account)) != nil { rewrapped.append(account.upn) } else { stale.append(account.upn) }
         }
@@ -102,13 +91,29 @@ extension Engine {
         return (rewrapped, stale)
     }
 
-    /// Writes a keybag and keeps it in memory.
+    /// The stored keybag of `account` and the class keys held now (all three only while unlocked).
+    func keybag(of account: Account) -> (StoredKeybag, ClassKeys)? {
+        state.withLock { state in
+            state.keys[Account.canonical(account.id)].map { ($0.stored, $0.unlockedClassKeys) }
+        }
+    }
+
+    /// The same, for a change that needs every class key: `locked` unless unlocked.
+    func unlockedKeybag(of account: Account) throws(EngineError) -> (StoredKeybag, ClassKeys) {
+        guard let (stored, keys) = keybag(of: account) else { throw .notEnrolled(account.upn) }
+        guard keys.isComplete else { throw .locked(account.upn, .complete) }
+        return (stored, keys)
+    }
+
+    /// Writes a keybag and keeps it in memory; the account's flags (passphrase, protectors) are
+    /// what the keybag holds.
     func saveKeybag(_ stored: StoredKeybag, of account: Account) throws(EngineError) {
         let key = Account.canonical(account.id)
         try files.write(stored, to: Self.keybagName(account.id))
         try state.withLock { (state) throws(EngineError) in
             state.keys[key]?.stored = stored
             if let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) {
+                state.accounts[index].hasPassphrase = stored.passphrase != nil
                 state.accounts[index].hasLoginProtector = stored.loginProtector != nil
                 state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
                 try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")

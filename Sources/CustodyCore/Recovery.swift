@@ -11,20 +11,15 @@ extension Engine {
     /// Returns the key (to show once) and, with `escrowTo`, the key sealed to that public key.
     public func createRecoveryKey(_ identity: String, escrowTo publicKey: [UInt8]? = nil) throws(EngineError) -> (key: RecoveryKey, escrow: EscrowedRecoveryKey?) {
         let account = try self.account(identity)
-        let key = Account.canonical(account.id)
-        guard let (stored, keys) = state.withLock({ state -> (StoredKeybag, ClassKeys)? in
-            guard let identityKeys = state.keys[key] else { return nil }
-            return (identityKeys.stored, identityKeys.unlockedClassKeys)
-        }) else { throw .notEnrolled(account.upn) }
-        guard keys.isComplete else { throw .locked(account.upn, .complete) }
+        let (stored, keys) = try unlockedKeybag(of: account)
         let recovery = try RecoveryKey.generate()
         var escrow: EscrowedRecoveryKey?
         if let publicKey {
             escrow = try seal(recovery, of: account, to: publicKey)
         }
         var updated = stored
-        updated.recoveryProtector = try Keybags.loginProtector(stored, keys: keys, password: recovery.digits, uid: 0, cost: settings.passphraseCost,
-                                                               machineKey: machineKey, file: files.path(Self.keybagName(account.id)))
+        updated.recoveryProtector = try Keybags.protector(stored, keys: keys, password: recovery.digits, uid: 0, cost: settings.passphraseCost,
+                                                          machineKey: machineKey, file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "recovery key created for \(account.upn)\(escrow == nil ? "" : ", escrowed")",
                     details: ["protector": "recovery", "escrowed": "\(escrow != nil)"])
@@ -47,20 +42,10 @@ extension Engine {
         let account = try self.account(identity)
         try unlock(account.id, using: .recovery(recovery))
         guard newPassphrase != nil || removePassphrase else { return }
-        let key = Account.canonical(account.id)
-        guard let (stored, keys) = state.withLock({ state -> (StoredKeybag, ClassKeys)? in
-            guard let identityKeys = state.keys[key] else { return nil }
-            return (identityKeys.stored, identityKeys.unlockedClassKeys)
-        }) else { throw .notEnrolled(account.upn) }
+        let (stored, keys) = try unlockedKeybag(of: account)
         let updated = try Keybags.rewrap(stored, keys: keys, newPassphrase: newPassphrase, cost: settings.passphraseCost,
                                          machineKey: machineKey, file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
-        try state.withLock { (state) throws(EngineError) in
-            if let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) {
-                state.accounts[index].hasPassphrase = newPassphrase != nil
-                try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
-            }
-        }
         events.emit(.passphraseChanged, identity: account.upn, "passphrase of \(account.upn) reset with its recovery key", details: ["protector": "recovery"])
     }
 

@@ -75,7 +75,7 @@ struct RecoveryKeyCommand: ParsableCommand {
         @Option(help: ArgumentHelp("The administrator's secret key file (recovery-key keypair).", valueName: "file")) var key: String
 
         func run() throws {
-            guard let text = readTextFile(escrow), let blob = try? JSONDecoder().decode(Escrow.self, from: Data(text.utf8)),
+            guard let text = readTextFile(escrow), let blob = try? JSONDecoder().decode(EscrowFile.self, from: Data(text.utf8)),
                   blob.format == "custody-recovery-escrow" else {
                 printError("\(escrow) is not a Custody recovery escrow")
                 throw ExitCode(Exit.failed)
@@ -100,7 +100,6 @@ struct RecoveryKeyCommand: ParsableCommand {
             }
         }
 
-        struct Escrow: Decodable { var format: String; var accountID: String; var upn: String; var publicKey: String; var sealed: String }
         struct Content: Decodable { var accountID: String; var upn: String; var recoveryKey: String }
     }
 }
@@ -139,7 +138,6 @@ func createRecoveryKey(_ global: Global, _ identity: String, publicKeyFile: Stri
         body["escrowPublicKey"] = .string(text.trimmingWhitespace())
     }
     let response = try request(global, "POST", "/v1/accounts/\(segment(identity))/recovery-key", body)
-    struct EscrowFile: Codable { var format: String; var version: Int; var accountID: String; var upn: String; var created: Double; var publicKey: String; var sealed: String }
     struct Answer: Decodable { var identity: String; var recoveryKey: String?; var escrow: EscrowFile? }
     let answer = try decode(Answer.self, response)
     var escrowText: String?
@@ -153,6 +151,18 @@ func createRecoveryKey(_ global: Global, _ identity: String, publicKeyFile: Stri
     if let key = answer.recoveryKey { print("recovery key of \(answer.identity) (write it down; it is not shown again):\n\(key)") }
     if let escrowText, escrowOut == nil { print(escrowText, terminator: "") }
     if let escrowOut { print("escrow of \(answer.identity)'s recovery key written to \(escrowOut)") }
+}
+
+/// An escrowed recovery key as the daemon answers it and as its file holds it
+/// (`EscrowedRecoveryKey` on the daemon's side; docs/openapi.yaml, RecoveryEscrow).
+struct EscrowFile: Codable {
+    var format: String
+    var version: Int
+    var accountID: String
+    var upn: String
+    var created: Double
+    var publicKey: String
+    var sealed: String
 }
 
 func writeText(_ path: String, _ text: String, mode: mode_t) throws {
