@@ -124,7 +124,7 @@ final class TransferTests: EngineTestCase {
         XCTAssertEqual(Location(name: "Camera"), .cameraRoll)
         XCTAssertTrue(Location.cameraRoll.neverMatches)
         XCTAssertNil(Location(name: "../etc"))
-        let summary = engine.locationSummaries(for: "alice-id")
+        let summary = engine.locationSummaries(answering: true, for: "alice-id")
         XCTAssertEqual(summary.first { $0.name == "LocalDrive" }?.saveToAllowed, false)
         XCTAssertEqual(summary.first { $0.name == "OneDriveForBusiness" }?.paths, ["/home/alice/OneDrive - Contoso"])
     }

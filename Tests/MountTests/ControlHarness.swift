@@ -5,6 +5,13 @@ import XCTest
 
 /// Helpers for the control API tests: JSON answers, custodyctl, a test user.
 extension MountedDaemon {
+    /// An account's lock state as the status shows it (unlocked, locking, locked; "unknown").
+    func lockState(_ identity: String) throws -> String {
+        let (_, status) = try apiJSON("GET", "/v1/status")
+        let account = (status["accounts"] as? [[String: Any]])?.first { ($0["upn"] as? String) == identity }
+        return account?["lock"] as? String ?? "unknown"
+    }
+
     /// Calls the API and decodes the JSON answer (any shape).
     func apiJSON(_ method: String, _ path: String, _ body: String? = nil, asUser uid: UInt32? = nil) throws -> (status: Int, json: [String: Any]) {
         let (status, text) = try api(method, path, body, asUser: uid)

@@ -39,13 +39,7 @@ final class PAMTests: XCTestCase {
         try runCommand(["pamtester", try XCTUnwrap(service), Self.user] + operations, input: Data(input.utf8))
     }
 
-    func lockState() throws -> String {
-        let body = try daemon.api("GET", "/v1/status").body
-        guard let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
-              let accounts = object["accounts"] as? [[String: Any]],
-              let account = accounts.first(where: { ($0["upn"] as? String) == Self.identity }) else { return "unknown" }
-        return account["lock"] as? String ?? "unknown"
-    }
+    func lockState() throws -> String { try daemon.lockState(Self.identity) }
 
     func lock() throws {
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/\(Self.identity)/lock").status, 200)

@@ -73,15 +73,7 @@ final class SessionLockTests: XCTestCase {
 
     func inhibitors() throws -> String { try call("/org/freedesktop/login1", "org.freedesktop.login1.Manager.ListInhibitors").output }
 
-    func lockState(_ identity: String) throws -> String {
-        let body = try daemon.api("GET", "/v1/accounts/\(identity)").body
-        _ = body
-        let status = try daemon.api("GET", "/v1/status").body
-        guard let data = status.data(using: .utf8), let object = try JSONSerialization.jsonObject(with: data) as? [String: Any],
-              let accounts = object["accounts"] as? [[String: Any]],
-              let account = accounts.first(where: { ($0["upn"] as? String) == identity }) else { return "unknown" }
-        return account["lock"] as? String ?? "unknown"
-    }
+    func lockState(_ identity: String) throws -> String { try daemon.lockState(identity) }
 
     func waitForLock(_ identity: String, _ state: String, seconds: Double = 5) throws {
         try waitFor("\(identity) \(state)", seconds: seconds) { (try? self.lockState(identity)) == state }
