@@ -6,8 +6,8 @@ BIN := .build/debug
 RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
-BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev libsodium-dev libsystemd-dev libpam0g-dev
-TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester
+BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev libsodium-dev libsystemd-dev libpam0g-dev libtss2-dev
+TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
 # From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon.
 PIP_TEST_PACKAGES := schemathesis==4.32.5
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3

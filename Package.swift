@@ -22,6 +22,9 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .target(name: "CLinux"),
+        // tpm2-tss (ESAPI) calls for sealing a secret to a TPM 2.0 (libtss2-dev).
+        .target(name: "CTPM", linkerSettings: [.linkedLibrary("tss2-esys"), .linkedLibrary("tss2-tctildr"),
+                                               .linkedLibrary("tss2-mu"), .linkedLibrary("tss2-rc")]),
 
         // Typed wrappers over the syscalls (Errno, *at calls, xattrs, mount table).
         .target(name: "CustodySystem", dependencies: ["CLinux"]),
@@ -29,6 +32,8 @@ let package = Package(
         .target(name: "CustodyCrypto", dependencies: ["CSodium", "CustodySystem", .product(name: "Crypto", package: "swift-crypto")]),
         // The self-describing file format: header codec, block math, random-access protected files.
         .target(name: "CustodyFormat", dependencies: ["CustodyCrypto", "CustodySystem"]),
+        // The machine's TPM 2.0: sealing and unsealing the machine key (the engine sees it as a MachineKeySealer).
+        .target(name: "CustodyTPM", dependencies: ["CTPM", "CustodyCrypto"]),
         // The engine: accounts, policy, identity resolution, keybags, locks, events. No FUSE, no HTTP.
         .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md).
@@ -51,7 +56,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto", "CustodySessions",
+            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto", "CustodySessions", "CustodyTPM",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -70,6 +75,7 @@ let package = Package(
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
         .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient", "CLinux"]),
+        .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTPM", "CustodyCrypto"]),
         .testTarget(name: "CustodySessionsTests", dependencies: ["CustodySessions", "CustodyCore"]),
         .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyConfig", "CustodyCore", "CustodyFormat"]),
     ]

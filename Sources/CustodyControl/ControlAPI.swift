@@ -49,7 +49,7 @@ struct ControlAPI: Sendable {
         case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode: status = 409
         case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed, .transferNotAllowed: status = 403
         case .invalidIdentity, .invalidPolicy, .passphraseRequired, .invalidRecoveryKey: status = 400
-        case .noRecoveryKey: status = 409
+        case .noRecoveryKey, .machineKeyUnavailable, .machineKeyInUse: status = 409
         case .rateLimited: status = 429
         case .locked: status = 423
         case .io(_, let errno): status = Self.status(for: errno)

@@ -41,7 +41,8 @@ public final class Engine: @unchecked Sendable {
     public var stateDirectory: String { files.directory }
     let clock: EngineClock
     let processes: ProcessTable
-    let machineKey: SecretBytes
+    /// The state directory's machine keys (a file, or sealed to the TPM).
+    let machineKeys: MachineKeys
     let state: Mutex<State>
     private let wipeHandlerBox = Mutex<WipeHandler?>(nil)
     let volumeRegistry = VolumeRegistry()
@@ -60,6 +61,8 @@ public final class Engine: @unchecked Sendable {
 
     struct IdentityKeys {
         var stored: StoredKeybag
+        /// The keybag's machine secret (unwrapped with the machine key at start): every wrap derives from it.
+        var machineSecret: SecretBytes
         var classD: (id: [UInt8], key: AESGCMKey)
         var classBPublic: (id: [UInt8], publicKey: [UInt8])
         /// Class A and the class B private key: only while unlocked (or in the grace period).
@@ -93,13 +96,17 @@ public final class Engine: @unchecked Sendable {
         var processBindings: [TaskKey: String] = [:]
         var threadBindings: [TaskKey: String] = [:]
         var openKeys = OpenFileKeys()
+        /// Enrolled identities whose keybag needs a machine key that cannot be had, and why.
+        var stranded: [String: String] = [:]
     }
 
     // MARK: Starting
 
     /// Loads (or creates) the state in `stateDirectory`. Invalid files are errors that name them.
+    /// `machineKeySealer` seals machine keys to the machine's TPM (the daemon passes one when a
+    /// TPM answers or `machine-key = "tpm2"`); without one, machine keys are files.
     public init(stateDirectory: String, settings: Settings = Settings(), clock: EngineClock = SystemClock(),
-                processes: ProcessTable = LinuxProcessTable()) throws(EngineError) {
+                processes: ProcessTable = LinuxProcessTable(), machineKeySealer: MachineKeySealer? = nil) throws(EngineError) {
         self.settingsBox = Mutex(settings)
         self.clock = clock
         self.processes = processes
@@ -110,7 +117,10 @@ public final class Engine: @unchecked Sendable {
         try files.makeDirectory("keybags")
         try files.makeDirectory("wipes")
         files.removeStaleTemporaries()
-        self.machineKey = try Self.loadMachineKey(files)
+        self.machineKeys = try MachineKeys(files: files, sealer: machineKeySealer)
+        if machineKeys.currentID == nil {
+            try machineKeys.create(try Self.storeForNewKeys(settings.machineKey, sealer: machineKeySealer), pcrs: settings.tpm2PCRs)
+        }
         var loaded = State()
         loaded.accounts = try files.read(AccountsFile.self, from: "accounts.json")?.accounts ?? []
         // A wipe that was journaled is finished before anything of that account is served: its
@@ -130,10 +140,18 @@ public final class Engine: @unchecked Sendable {
             guard let stored = try files.read(StoredKeybag.self, from: name) else {
                 throw .corruptState(file: files.path(name), reason: "enrolled account \(account.id) has no keybag")
             }
-            var keys = try Self.loadKeys(stored, machineKey: machineKey, file: files.path(name))
+            let secret: SecretBytes
+            do {
+                secret = try Self.machineSecret(stored, keys: machineKeys, file: files.path(name))
+            } catch .machineKeyUnavailable(let reason) {
+                // Served as unavailable (with the reason) until recovered or wiped.
+                loaded.stranded[Account.canonical(account.id)] = reason
+                continue
+            }
+            var keys = try Self.loadKeys(stored, machineSecret: secret, file: files.path(name))
             if stored.passphrase == nil {
                 // Nothing to prove: an identity without a passphrase starts unlocked.
-                let unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: nil, file: files.path(name))
+                let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: nil, file: files.path(name))
                 keys.install(unlocked)
             }
             loaded.keys[Account.canonical(account.id)] = keys
@@ -161,6 +179,13 @@ public final class Engine: @unchecked Sendable {
         state = Mutex(loaded)
         // The file says only what holds: identities of exited processes do not linger in it.
         if dropped { try saveBindings(loaded) }
+        // A migration that was stopped midway is finished; a store other than the configured one
+        // is left for it.
+        try finishMachineKeyMigration()
+        if let wanted = MachineKeyStore(rawValue: settings.machineKey.rawValue), machineKeys.status.store != wanted,
+           (try? machineKeys.current()) != nil {
+            try migrateMachineKey(to: wanted)
+        }
     }
 
     /// Whether the bound task still runs: the same ID and start time (not a reused ID).
@@ -209,27 +234,12 @@ public final class Engine: @unchecked Sendable {
 
     func pokeDeadlineTimer() { timer.withLock { $0?.poke() } }
 
-    static func loadMachineKey(_ files: StateFiles) throws(EngineError) -> SecretBytes {
-        let path = files.path("machine.key")
-        if let bytes = try files.readBytes("machine.key") {
-            guard bytes.count == 32 else { throw .corruptState(file: path, reason: "\(bytes.count) bytes, a machine key has 32") }
-            if let attributes = try? Syscall.lstat(path), attributes.st_mode & 0o077 != 0 {
-                throw .corruptState(file: path, reason: "group or others can read it (mode \(String(attributes.st_mode & 0o777, radix: 8))); it must be 0600")
-            }
-            do { return try bytes.withBytes { (b) throws(CryptoError) in try SecretBytes(copying: b) } } catch { throw .crypto(error) }
-        }
-        let key: SecretBytes
-        do { key = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
-        try files.writeBytes(key.withUnsafeBytes { Array($0) }, to: "machine.key", mode: 0o600)
-        return key
-    }
-
-    static func loadKeys(_ stored: StoredKeybag, machineKey: SecretBytes, file: String) throws(EngineError) -> IdentityKeys {
+    static func loadKeys(_ stored: StoredKeybag, machineSecret: SecretBytes, file: String) throws(EngineError) -> IdentityKeys {
         guard let b = stored.classes["B"], let publicKey = b.publicKey, publicKey.count == 32 else {
             throw .corruptState(file: file, reason: "class B public key is missing")
         }
-        let d = try Keybags.unlockMachineClass(stored, machineKey: machineKey, file: file)
-        return IdentityKeys(stored: stored, classD: d, classBPublic: (Array(b.id), Array(publicKey)))
+        let d = try Keybags.unlockMachineClass(stored, machineSecret: machineSecret, file: file)
+        return IdentityKeys(stored: stored, machineSecret: machineSecret, classD: d, classBPublic: (Array(b.id), Array(publicKey)))
     }
 
     static func keybagName(_ id: String) -> String {
@@ -312,13 +322,14 @@ public final class Engine: @unchecked Sendable {
         let name = Self.keybagName(id)
         var keys: IdentityKeys
         if let kept = try files.read(StoredKeybag.self, from: name) {
-            keys = try Self.loadKeys(kept, machineKey: machineKey, file: files.path(name))
-            keys.install(try Keybags.unlock(kept, machineKey: machineKey, passphrase: passphrase, file: files.path(name)))
+            let secret = try Self.machineSecret(kept, keys: machineKeys, file: files.path(name))
+            keys = try Self.loadKeys(kept, machineSecret: secret, file: files.path(name))
+            keys.install(try Keybags.unlock(kept, machineSecret: secret, passphrase: passphrase, file: files.path(name)))
         } else {
-            let (stored, unlocked, d, b) = try Keybags.create(identity: Account.canonical(id), passphrase: passphrase,
-                                                               cost: settings.passphraseCost, machineKey: machineKey)
+            let (stored, unlocked, d, b, secret) = try Keybags.create(identity: Account.canonical(id), passphrase: passphrase,
+                                                                       cost: settings.passphraseCost, machine: try machineKeys.current())
             try files.write(stored, to: name)
-            keys = IdentityKeys(stored: stored, classD: d, classBPublic: b)
+            keys = IdentityKeys(stored: stored, machineSecret: secret, classD: d, classBPublic: b)
             keys.install(unlocked)
         }
         return try state.withLock { (state) throws(EngineError) -> Account in
@@ -406,6 +417,7 @@ public final class Engine: @unchecked Sendable {
     private func dropKeys(_ key: String) {
         state.withLock { state in
             state.keys[key] = nil
+            state.stranded[key] = nil
             _ = state.openKeys.revoke { $0.identity == key }
         }
     }
@@ -488,7 +500,7 @@ public final class Engine: @unchecked Sendable {
         processDeadlines()
         let account = try self.account(identity)
         return try state.withLock { (state) throws(EngineError) -> ClassKey in
-            guard let keys = state.keys[Account.canonical(account.id)] else { throw .notEnrolled(account.upn) }
+            guard let keys = state.keys[Account.canonical(account.id)] else { throw missingKeys(account, state) }
             switch protectionClass {
             case .none:
                 return .symmetric(id: keys.classD.id, key: keys.classD.key)

@@ -37,6 +37,11 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     /// A recovery key as typed does not check, or the identity has none.
     case invalidRecoveryKey(String)
     case noRecoveryKey(String)
+    /// The machine key a keybag needs cannot be had (a cleared TPM, another machine's state
+    /// directory, no TPM configured); the text says why and what to do.
+    case machineKeyUnavailable(String)
+    /// A machine key that is there cannot be replaced as lost (it is moved with migrate).
+    case machineKeyInUse(String)
     // Data protection (the SDK's data protection domain, 100–105).
     case failedToProtectData(String)
     case failedToUnprotectData(String)
@@ -80,6 +85,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .transferNotAllowed(let decision): return decision.code ?? 312
         case .invalidRecoveryKey: return 314
         case .noRecoveryKey: return 315
+        case .machineKeyUnavailable: return 316
+        case .machineKeyInUse: return 317
         case .failedToProtectData: return 102
         case .failedToUnprotectData: return 103
         }
@@ -114,6 +121,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .transferNotAllowed(let decision): return decision.name ?? "SharingNotAllowed"
         case .invalidRecoveryKey: return "InvalidRecoveryKey"
         case .noRecoveryKey: return "NoRecoveryKey"
+        case .machineKeyUnavailable: return "MachineKeyUnavailable"
+        case .machineKeyInUse: return "MachineKeyInUse"
         case .failedToProtectData: return "FailedToProtectData"
         case .failedToUnprotectData: return "FailedToUnprotectData"
         }
@@ -123,7 +132,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     public var errno: Int32 {
         switch self {
         case .sharingNotAllowed, .transferNotAllowed: return 1  // EPERM
-        case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed: return 13  // EACCES
+        case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed, .machineKeyUnavailable: return 13  // EACCES
         case .io(_, let error): return error.rawValue
         case .noSuchProcess: return 3  // ESRCH
         case .invalidPath: return 2  // ENOENT
@@ -162,6 +171,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .transferNotAllowed(let decision): return decision.reason
         case .invalidRecoveryKey(let reason): return "not a recovery key: \(reason)"
         case .noRecoveryKey(let upn): return "\(upn) has no recovery key"
+        case .machineKeyUnavailable(let reason): return "machine key unavailable: \(reason)"
+        case .machineKeyInUse(let id): return "machine key \(id) is available: move it with `custodyctl machine-key migrate` instead of replacing it"
         case .failedToProtectData(let reason): return "cannot protect the data: \(reason)"
         case .failedToUnprotectData(let reason): return "cannot unprotect the data: \(reason)"
         }

@@ -24,17 +24,27 @@ struct StoredKeybag: Codable, Equatable {
     var loginProtector: KeyProtector?
     /// The same, under the identity's recovery key (see `RecoveryKey`); nil when there is none.
     var recoveryProtector: KeyProtector?
+    /// The ID of the machine key that wraps `machineSecret`; nil in keybags made before machine
+    /// secrets, which use the state directory's `machine.key` directly as their secret.
+    var machineKeyID: String?
+    /// This keybag's machine secret, wrapped by the machine key. Every other wrap derives from it
+    /// (not from the machine key), so moving to a new machine key rewraps only this.
+    var machineSecret: Data?
 }
 
 /// Another way to unlock an identity: its class keys wrapped under a key derived from a secret
-/// (Argon2id, a salt of its own) and the machine key. The login protector's secret is its local
-/// user's login password (as pam_fscrypt's); the recovery protector's is the recovery key. The
-/// passphrase stays as it was.
+/// (Argon2id, a salt of its own) and the keybag's machine secret. The login protector's secret
+/// is its local user's login password (as pam_fscrypt's); the recovery protector's is the
+/// recovery key. The passphrase stays as it was.
 struct KeyProtector: Codable, Equatable {
     var uid: UInt32
     var salt: Data
     var parameters: Argon2Parameters
     var classes: [String: StoredKeybag.WrappedKey]
+    /// True for a recovery protector that needs no machine key: derived from the recovery key
+    /// alone (about 133 bits, beyond guessing) and wrapping class D too, so that it still opens
+    /// the identity when the machine key is lost (a cleared TPM).
+    var independent: Bool?
 
     /// The protector as a keybag of its own, for the usual unlock and rewrap.
     func keybag(of stored: StoredKeybag) -> StoredKeybag {
@@ -59,6 +69,8 @@ struct ClassKeys {
 enum Keybags {
     static let userInfo = Array("custody/v1/keybag-user".utf8)
     static let machineInfo = Array("custody/v1/keybag-machine".utf8)
+    static let recoveryInfo = Array("custody/v2/keybag-recovery".utf8)
+    static let machineSecretInfo = Array("custody/v2/keybag-machine-secret".utf8)
 
     static func parameters(for cost: String) throws(EngineError) -> Argon2Parameters {
         do {
@@ -76,17 +88,24 @@ enum Keybags {
         }
     }
 
-    /// The key that wraps classes A, B (private) and C: from the machine key and, when set, the passphrase.
-    static func userKey(_ stored: StoredKeybag, machineKey: SecretBytes, passphrase: SecretBytes?) throws(EngineError) -> AESGCMKey {
+    /// The key that wraps classes A, B (private) and C: from the keybag's machine secret and,
+    /// when set, the passphrase. With no machine secret (an independent recovery protector), from
+    /// the passphrase alone.
+    static func userKey(_ stored: StoredKeybag, machineSecret: SecretBytes?, passphrase: SecretBytes?) throws(EngineError) -> AESGCMKey {
         do {
-            var material = machineKey
+            guard let machineSecret else {
+                guard let parameters = stored.passphrase, let passphrase else { throw EngineError.passphraseRequired(stored.identity) }
+                let stretched = try Argon2id.derive(passphrase: passphrase, parameters: parameters)
+                return try AESGCMKey(try HKDF.derive(.sha256, key: stretched, salt: Array(stored.salt), info: recoveryInfo, count: 32))
+            }
+            var material = machineSecret
             if let parameters = stored.passphrase {
                 guard let passphrase else { throw EngineError.passphraseRequired(stored.identity) }
                 let stretched = try Argon2id.derive(passphrase: passphrase, parameters: parameters)
-                material = try SecretBytes(count: machineKey.count + stretched.count)
+                material = try SecretBytes(count: machineSecret.count + stretched.count)
                 try material.withUnsafeMutableBytes { (out) throws(CryptoError) in
-                    machineKey.withUnsafeBytes { out.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
-                    stretched.withUnsafeBytes { (out.baseAddress! + machineKey.count).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+                    machineSecret.withUnsafeBytes { out.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+                    stretched.withUnsafeBytes { (out.baseAddress! + machineSecret.count).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
                 }
             }
             return try AESGCMKey(try HKDF.derive(.sha256, key: material, salt: Array(stored.salt), info: userInfo, count: 32))
@@ -95,14 +114,50 @@ enum Keybags {
         }
     }
 
-    /// The key that wraps class D: the machine key alone (so class D needs no unlock, and wiping
-    /// the keybag makes it unreadable at once).
-    static func machineKey(_ stored: StoredKeybag, machineKey: SecretBytes) throws(EngineError) -> AESGCMKey {
+    /// The key that wraps class D: the machine secret alone (so class D needs no unlock, and
+    /// wiping the keybag makes it unreadable at once).
+    static func classDKey(_ stored: StoredKeybag, machineSecret: SecretBytes) throws(EngineError) -> AESGCMKey {
         do {
-            return try AESGCMKey(try HKDF.derive(.sha256, key: machineKey, salt: Array(stored.salt), info: machineInfo, count: 32))
+            return try AESGCMKey(try HKDF.derive(.sha256, key: machineSecret, salt: Array(stored.salt), info: machineInfo, count: 32))
         } catch {
             throw .crypto(error)
         }
+    }
+
+    /// The keybag's machine secret wrapped by machine key `machine` (bound to the identity and
+    /// the key's ID).
+    static func bind(_ stored: StoredKeybag, secret: SecretBytes, to machine: (id: String, key: SecretBytes)) throws(EngineError) -> StoredKeybag {
+        var updated = stored
+        do {
+            let kek = try AESGCMKey(try HKDF.derive(.sha256, key: machine.key, salt: Array(stored.salt), info: machineSecretInfo, count: 32))
+            updated.machineSecret = Data(try machineSecretContext(stored.identity, machine.id).withBytes { (aad) throws(CryptoError) in
+                try KeyWrap.wrap(secret, with: kek, context: aad)
+            })
+        } catch {
+            throw .crypto(error)
+        }
+        updated.machineKeyID = machine.id
+        return updated
+    }
+
+    /// The keybag's machine secret, given the machine key it names (the machine key itself for
+    /// keybags made before machine secrets).
+    static func machineSecret(_ stored: StoredKeybag, machine: (id: String, key: SecretBytes), file: String) throws(EngineError) -> SecretBytes {
+        guard let wrapped = stored.machineSecret else { return machine.key }
+        do {
+            let kek = try AESGCMKey(try HKDF.derive(.sha256, key: machine.key, salt: Array(stored.salt), info: machineSecretInfo, count: 32))
+            return try Array(wrapped).withBytes { (w) throws(CryptoError) in
+                try machineSecretContext(stored.identity, machine.id).withBytes { (aad) throws(CryptoError) in try KeyWrap.unwrap(w, with: kek, context: aad) }
+            }
+        } catch .authenticationFailed {
+            throw .corruptState(file: file, reason: "its machine secret does not unwrap with machine key \(machine.id)")
+        } catch {
+            throw .crypto(error)
+        }
+    }
+
+    static func machineSecretContext(_ identity: String, _ machineKeyID: String) -> [UInt8] {
+        Array("custody/v2/machine-secret|\(identity)|\(machineKeyID)".utf8)
     }
 
     /// Binds a wrap to its identity, class and key ID, so that wraps cannot be moved between slots.
@@ -130,14 +185,17 @@ enum Keybags {
         }
     }
 
-    /// A new keybag with fresh class keys, and those keys unwrapped.
-    static func create(identity: String, passphrase: SecretBytes?, cost: String, machineKey: SecretBytes) throws(EngineError)
-        -> (StoredKeybag, ClassKeys, (id: [UInt8], key: AESGCMKey), (id: [UInt8], publicKey: [UInt8])) {
+    /// A new keybag with fresh class keys and a fresh machine secret bound to `machine`, and
+    /// those keys unwrapped.
+    static func create(identity: String, passphrase: SecretBytes?, cost: String, machine: (id: String, key: SecretBytes)) throws(EngineError)
+        -> (StoredKeybag, ClassKeys, (id: [UInt8], key: AESGCMKey), (id: [UInt8], publicKey: [UInt8]), SecretBytes) {
         do {
             var stored = StoredKeybag(identity: identity, salt: Data(try Random.bytes(16)),
                                       passphrase: passphrase == nil ? nil : try parameters(for: cost), classes: [:])
-            let user = try userKey(stored, machineKey: machineKey, passphrase: passphrase)
-            let machine = try Keybags.machineKey(stored, machineKey: machineKey)
+            let secret = try SecretBytes.random(count: 32)
+            stored = try bind(stored, secret: secret, to: machine)
+            let user = try userKey(stored, machineSecret: secret, passphrase: passphrase)
+            let machine = try Keybags.classDKey(stored, machineSecret: secret)
             var keys = ClassKeys()
             var classD: (id: [UInt8], key: AESGCMKey)?
             for letter in ["A", "C", "D"] {
@@ -157,7 +215,7 @@ enum Keybags {
             stored.classes["B"] = .init(id: bID, wrapped: try wrap(bPrivate, identity: identity, letter: "B", id: bID, with: user), publicKey: Data(bPublic))
             keys.completeUnlessOpenPrivate = bPrivate
             guard let classD else { throw EngineError.crypto(.library("class D key was not made")) }
-            return (stored, keys, classD, (id: Array(bID), publicKey: bPublic))
+            return (stored, keys, classD, (id: Array(bID), publicKey: bPublic), secret)
         } catch {
             throw EngineError(mixing: error)
         }
@@ -171,8 +229,11 @@ enum Keybags {
     }
 
     /// Unwraps classes A, B (private) and C. A wrong passphrase fails the first unwrap.
-    static func unlock(_ stored: StoredKeybag, machineKey: SecretBytes, passphrase: SecretBytes?, file: String) throws(EngineError) -> ClassKeys {
-        let user = try userKey(stored, machineKey: machineKey, passphrase: passphrase)
+    static func unlock(_ stored: StoredKeybag, machineSecret: SecretBytes?, passphrase: SecretBytes?, file: String) throws(EngineError) -> ClassKeys {
+        try unlock(stored, with: try userKey(stored, machineSecret: machineSecret, passphrase: passphrase), file: file)
+    }
+
+    static func unlock(_ stored: StoredKeybag, with user: AESGCMKey, file: String) throws(EngineError) -> ClassKeys {
         var keys = ClassKeys()
         do {
             keys.untilFirstAuthentication = try unwrapKey(stored, "C", with: user, file: file)
@@ -189,8 +250,8 @@ enum Keybags {
         return keys
     }
 
-    static func unlockMachineClass(_ stored: StoredKeybag, machineKey: SecretBytes, file: String) throws(EngineError) -> (id: [UInt8], key: AESGCMKey) {
-        let machine = try Keybags.machineKey(stored, machineKey: machineKey)
+    static func unlockMachineClass(_ stored: StoredKeybag, machineSecret: SecretBytes, file: String) throws(EngineError) -> (id: [UInt8], key: AESGCMKey) {
+        let machine = try Keybags.classDKey(stored, machineSecret: machineSecret)
         do {
             return try unwrapKey(stored, "D", with: machine, file: file)
         } catch .crypto(.authenticationFailed) {
@@ -198,23 +259,36 @@ enum Keybags {
         }
     }
 
-    /// A protector for `keys` under `password` (fresh salt and parameters).
+    /// A protector for `keys` under `password` (fresh salt and parameters), bound to the
+    /// keybag's machine secret; with `independentOf` class D instead (no machine secret), one
+    /// that needs nothing but `password` and also holds class D.
     static func protector(_ stored: StoredKeybag, keys: ClassKeys, password: SecretBytes, uid: UInt32, cost: String,
-                               machineKey: SecretBytes, file: String) throws(EngineError) -> KeyProtector {
+                          machineSecret: SecretBytes?, independentWith classD: (id: [UInt8], key: AESGCMKey)? = nil,
+                          file: String) throws(EngineError) -> KeyProtector {
         var view = stored
+        let parameters = try Self.parameters(for: cost)
         do { view.salt = Data(try Random.bytes(16)) } catch { throw .crypto(error) }
-        let wrapped = try rewrap(view, keys: keys, newPassphrase: password, cost: cost, machineKey: machineKey, file: file)
-        guard let parameters = wrapped.passphrase else { throw .corruptState(file: file, reason: "no parameters for the login protector") }
+        view.passphrase = parameters
+        let user = try userKey(view, machineSecret: classD == nil ? machineSecret : nil, passphrase: password)
+        let wrapped = try rewrapped(view, keys: keys, with: user, file: file)
         var classes: [String: StoredKeybag.WrappedKey] = [:]
         for letter in ["A", "B", "C"] { classes[letter] = wrapped.classes[letter] }
-        return KeyProtector(uid: uid, salt: wrapped.salt, parameters: parameters, classes: classes)
+        if let classD, let dStored = stored.classes["D"] {
+            classes["D"] = .init(id: dStored.id, wrapped: try wrap(classD.key.secret, identity: stored.identity, letter: "D", id: dStored.id, with: user))
+        }
+        return KeyProtector(uid: uid, salt: view.salt, parameters: parameters, classes: classes, independent: classD == nil ? nil : true)
     }
 
     /// The same class keys wrapped under a new passphrase (or none). Needs them unwrapped.
-    static func rewrap(_ stored: StoredKeybag, keys: ClassKeys, newPassphrase: SecretBytes?, cost: String, machineKey: SecretBytes, file: String) throws(EngineError) -> StoredKeybag {
+    static func rewrap(_ stored: StoredKeybag, keys: ClassKeys, newPassphrase: SecretBytes?, cost: String, machineSecret: SecretBytes?, file: String) throws(EngineError) -> StoredKeybag {
         var updated = stored
         updated.passphrase = newPassphrase == nil ? nil : try parameters(for: cost)
-        let user = try userKey(updated, machineKey: machineKey, passphrase: newPassphrase)
+        return try rewrapped(updated, keys: keys, with: try userKey(updated, machineSecret: machineSecret, passphrase: newPassphrase), file: file)
+    }
+
+    /// Classes A, B (private) and C wrapped under `user`.
+    static func rewrapped(_ stored: StoredKeybag, keys: ClassKeys, with user: AESGCMKey, file: String) throws(EngineError) -> StoredKeybag {
+        var updated = stored
         guard let a = keys.complete, let c = keys.untilFirstAuthentication, let b = keys.completeUnlessOpenPrivate,
               let aStored = stored.classes["A"], let bStored = stored.classes["B"], let cStored = stored.classes["C"] else {
             throw .corruptState(file: file, reason: "class keys are not unlocked")

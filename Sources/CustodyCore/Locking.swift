@@ -10,7 +10,7 @@ extension Engine {
         let account = try self.account(identity)
         let now = clock.now()
         return try state.withLock { (state) throws(EngineError) -> LockStatus in
-            guard let keys = state.keys[Account.canonical(account.id)] else { throw .notEnrolled(account.upn) }
+            guard let keys = state.keys[Account.canonical(account.id)] else { throw missingKeys(account, state) }
             switch keys.lock {
             case .locked: return .locked
             case .unlocked: return .unlocked
@@ -34,7 +34,7 @@ extension Engine {
         let deadline = clock.now() + grace
         let requested = try state.withLock { (state) throws(EngineError) -> Bool in
             let key = Account.canonical(account.id)
-            guard var keys = state.keys[key] else { throw .notEnrolled(account.upn) }
+            guard var keys = state.keys[key] else { throw missingKeys(account, state) }
             switch keys.lock {
             case .locked: return false
             case .locking(let until) where until <= deadline: return false
@@ -93,12 +93,13 @@ extension Engine {
         let account = try self.account(identity)
         let key = Account.canonical(account.id)
         let now = clock.now()
-        let stored = try state.withLock { (state) throws(EngineError) -> StoredKeybag in
-            guard let keys = state.keys[key] else { throw .notEnrolled(account.upn) }
+        let (stored, machineSecret) = try state.withLock { (state) throws(EngineError) -> (StoredKeybag, SecretBytes) in
+            guard let keys = state.keys[key] else { throw missingKeys(account, state) }
             if keys.retryAt > now { throw .rateLimited(account.upn, retryAfterSeconds: keys.retryAt - now) }
-            return keys.stored
+            return (keys.stored, keys.machineSecret)
         }
         let (view, secret): (StoredKeybag, SecretBytes?)
+        var bound: SecretBytes? = machineSecret
         switch credential {
         case .passphrase(let passphrase): (view, secret) = (stored, passphrase)
         case .login(let password):
@@ -107,11 +108,12 @@ extension Engine {
         case .recovery(let recovery):
             guard let protector = stored.recoveryProtector else { throw .noRecoveryKey(account.upn) }
             (view, secret) = (protector.keybag(of: stored), recovery.digits)
+            if protector.independent == true { bound = nil }
         }
         // Argon2id runs outside the lock: a slow unlock does not hold up other requests.
         let unlocked: ClassKeys
         do {
-            unlocked = try Keybags.unlock(view, machineKey: machineKey, passphrase: secret, file: files.path(Self.keybagName(account.id)))
+            unlocked = try Keybags.unlock(view, machineSecret: bound, passphrase: secret, file: files.path(Self.keybagName(account.id)))
         } catch {
             if case .wrongPassphrase = error {
                 let what = switch credential {
@@ -152,9 +154,10 @@ extension Engine {
     public func changePassphrase(_ identity: String, old: SecretBytes?, new: SecretBytes?) throws(EngineError) {
         let account = try self.account(identity)
         let file = files.path(Self.keybagName(account.id))
-        guard let (stored, _) = keybag(of: account) else { throw .notEnrolled(account.upn) }
-        let unlocked = try Keybags.unlock(stored, machineKey: machineKey, passphrase: old, file: file)
-        let updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost, machineKey: machineKey, file: file)
+        guard let (stored, _) = keybag(of: account) else { throw missingKeys(account) }
+        let secret = try machineSecret(of: account)
+        let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: old, file: file)
+        let updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost, machineSecret: secret, file: file)
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, new == nil ? "passphrase removed for \(account.upn)" : "passphrase set for \(account.upn)")
     }

@@ -13,7 +13,7 @@ extension Engine {
         let (stored, keys) = try unlockedKeybag(of: account)
         var updated = stored
         updated.loginProtector = try Keybags.protector(stored, keys: keys, password: password, uid: uid, cost: settings.passphraseCost,
-                                                       machineKey: machineKey, file: files.path(Self.keybagName(account.id)))
+                                                       machineSecret: try machineSecret(of: account), file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "login protector set for \(account.upn)", details: ["protector": "login"])
     }
@@ -21,7 +21,7 @@ extension Engine {
     /// Removes the login protector of `identity` (the passphrase still unlocks it).
     public func removeLoginProtector(_ identity: String) throws(EngineError) {
         let account = try self.account(identity)
-        guard var stored = state.withLock({ $0.keys[Account.canonical(account.id)]?.stored }) else { throw .notEnrolled(account.upn) }
+        guard var stored = state.withLock({ $0.keys[Account.canonical(account.id)]?.stored }) else { throw missingKeys(account) }
         guard stored.loginProtector != nil else { return }
         stored.loginProtector = nil
         try saveKeybag(stored, of: account)
@@ -70,13 +70,14 @@ extension Engine {
     public func loginPasswordChanged(uid: UInt32, old: SecretBytes?, new: SecretBytes) -> (rewrapped: [String], stale: [String]) {
         var rewrapped: [String] = [], stale: [String] = []
         for account in accounts(ofUser: uid) {
-            guard let (stored, inMemory) = keybag(of: account), let protector = stored.loginProtector else { continue }
+            guard let (stored, inMemory) = keybag(of: account), let protector = stored.loginProtector,
+                  let secret = try? machineSecret(of: account) else { continue }
             let file = files.path(Self.keybagName(account.id))
             // The keys held in memory when unlocked; else those the old password unwraps.
             let keys = inMemory.isComplete ? inMemory
-                : old.flatMap { try? Keybags.unlock(protector.keybag(of: stored), machineKey: machineKey, passphrase: $0, file: file) }
+                : old.flatMap { try? Keybags.unlock(protector.keybag(of: stored), machineSecret: secret, passphrase: $0, file: file) }
             guard let keys, let fresh = try? Keybags.protector(stored, keys: keys, password: new, uid: protector.uid, cost: settings.passphraseCost,
-                                                               machineKey: machineKey, file: file) else {
+                                                               machineSecret: secret, file: file) else {
                 stale.append(account.upn)
                 continue
             }
@@ -100,17 +101,24 @@ extension Engine {
 
     /// The same, for a change that needs every class key: `locked` unless unlocked.
     func unlockedKeybag(of account: Account) throws(EngineError) -> (StoredKeybag, ClassKeys) {
-        guard let (stored, keys) = keybag(of: account) else { throw .notEnrolled(account.upn) }
+        guard let (stored, keys) = keybag(of: account) else { throw missingKeys(account) }
         guard keys.isComplete else { throw .locked(account.upn, .complete) }
         return (stored, keys)
     }
 
     /// Writes a keybag and keeps it in memory; the account's flags (passphrase, protectors) are
     /// what the keybag holds.
+    /// The write happens under the state lock, bound to the current machine key, so that a
+    /// machine key migration running at the same time never writes over it with an older copy.
     func saveKeybag(_ stored: StoredKeybag, of account: Account) throws(EngineError) {
         let key = Account.canonical(account.id)
-        try files.write(stored, to: Self.keybagName(account.id))
+        let current = try? machineKeys.current()
         try state.withLock { (state) throws(EngineError) in
+            var stored = stored
+            if let current, stored.machineKeyID != current.id || stored.machineSecret == nil, let secret = state.keys[key]?.machineSecret {
+                stored = try Keybags.bind(stored, secret: secret, to: current)
+            }
+            try files.write(stored, to: Self.keybagName(account.id))
             state.keys[key]?.stored = stored
             if let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) {
                 state.accounts[index].hasPassphrase = stored.passphrase != nil

@@ -18,8 +18,11 @@ extension Engine {
             escrow = try seal(recovery, of: account, to: publicKey)
         }
         var updated = stored
+        // Independent of the machine key (and holding class D), so that it still opens the
+        // identity when the machine key is lost; the key's ~133 bits make guessing it hopeless.
+        let classD = state.withLock { $0.keys[Account.canonical(account.id)]?.classD }
         updated.recoveryProtector = try Keybags.protector(stored, keys: keys, password: recovery.digits, uid: 0, cost: settings.passphraseCost,
-                                                          machineKey: machineKey, file: files.path(Self.keybagName(account.id)))
+                                                          machineSecret: nil, independentWith: classD, file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "recovery key created for \(account.upn)\(escrow == nil ? "" : ", escrowed")",
                     details: ["protector": "recovery", "escrowed": "\(escrow != nil)"])
@@ -29,7 +32,7 @@ extension Engine {
     /// Removes the recovery key of `identity`.
     public func removeRecoveryKey(_ identity: String) throws(EngineError) {
         let account = try self.account(identity)
-        guard var stored = state.withLock({ $0.keys[Account.canonical(account.id)]?.stored }) else { throw .notEnrolled(account.upn) }
+        guard var stored = state.withLock({ $0.keys[Account.canonical(account.id)]?.stored }) else { throw missingKeys(account) }
         guard stored.recoveryProtector != nil else { return }
         stored.recoveryProtector = nil
         try saveKeybag(stored, of: account)
@@ -38,15 +41,68 @@ extension Engine {
 
     /// Unlocks `identity` with its recovery key and, with `newPassphrase`, replaces its passphrase
     /// (nil there keeps it; `removePassphrase` leaves it without one).
+    /// An identity whose machine key is lost (a cleared TPM, a state directory from another
+    /// machine, after `resetMachineKey`) is rebuilt on the current machine key: it needs a new
+    /// passphrase (or `removePassphrase`), as the old passphrase's wrap needed the lost key, and
+    /// loses its login protector (set up again at the next login).
     public func recover(_ identity: String, with recovery: RecoveryKey, newPassphrase: SecretBytes?, removePassphrase: Bool = false) throws(EngineError) {
         let account = try self.account(identity)
+        if state.withLock({ $0.stranded[Account.canonical(account.id)] }) != nil {
+            return try recoverStranded(account, with: recovery, newPassphrase: newPassphrase, removePassphrase: removePassphrase)
+        }
         try unlock(account.id, using: .recovery(recovery))
         guard newPassphrase != nil || removePassphrase else { return }
         let (stored, keys) = try unlockedKeybag(of: account)
         let updated = try Keybags.rewrap(stored, keys: keys, newPassphrase: newPassphrase, cost: settings.passphraseCost,
-                                         machineKey: machineKey, file: files.path(Self.keybagName(account.id)))
+                                         machineSecret: try machineSecret(of: account), file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "passphrase of \(account.upn) reset with its recovery key", details: ["protector": "recovery"])
+    }
+
+    private func recoverStranded(_ account: Account, with recovery: RecoveryKey, newPassphrase: SecretBytes?, removePassphrase: Bool) throws(EngineError) {
+        let name = Self.keybagName(account.id), file = files.path(name)
+        let key = Account.canonical(account.id)
+        guard let stored = try files.read(StoredKeybag.self, from: name) else { throw .corruptState(file: file, reason: "enrolled account \(account.id) has no keybag") }
+        let reason = state.withLock { $0.stranded[key] } ?? "the machine key is lost"
+        guard let protector = stored.recoveryProtector else { throw .noRecoveryKey(account.upn) }
+        guard protector.independent == true else {
+            throw .machineKeyUnavailable("\(account.upn): \(reason); its recovery key also needs that machine key (it was made before recovery keys stood alone)")
+        }
+        if stored.passphrase != nil, newPassphrase == nil, !removePassphrase {
+            throw .passphraseRequired("\(account.upn) (its machine key is lost, and with it the wrap of its passphrase: give a new passphrase, which may be the old one)")
+        }
+        let current = try machineKeys.current()
+        let view = protector.keybag(of: stored)
+        let user = try Keybags.userKey(view, machineSecret: nil, passphrase: recovery.digits)
+        let keys: ClassKeys, classD: (id: [UInt8], key: AESGCMKey)
+        do {
+            keys = try Keybags.unlock(view, with: user, file: file)
+            classD = try Keybags.unwrapKey(view, "D", with: user, file: file)
+        } catch .wrongPassphrase {
+            events.emit(.unlockFailed, identity: account.upn, "wrong recovery key for \(account.upn)", details: ["protector": "recovery"])
+            throw .wrongPassphrase(account.upn)
+        }
+        // A fresh machine secret on the current machine key; the keys themselves stay, so every
+        // file of the identity opens as before.
+        let secret: SecretBytes
+        do { secret = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
+        var rebuilt = try Keybags.bind(stored, secret: secret, to: current)
+        rebuilt.loginProtector = nil
+        rebuilt = try Keybags.rewrap(rebuilt, keys: keys, newPassphrase: newPassphrase, cost: settings.passphraseCost, machineSecret: secret, file: file)
+        guard let dStored = stored.classes["D"] else { throw .corruptState(file: file, reason: "class D key is missing") }
+        rebuilt.classes["D"] = .init(id: dStored.id, wrapped: try Keybags.wrap(classD.key.secret, identity: stored.identity, letter: "D", id: dStored.id,
+                                                                             with: try Keybags.classDKey(rebuilt, machineSecret: secret)))
+        var identityKeys = try Self.loadKeys(rebuilt, machineSecret: secret, file: file)
+        identityKeys.install(keys)
+        state.withLock { state in
+            state.keys[key] = identityKeys
+            state.stranded[key] = nil
+        }
+        try saveKeybag(rebuilt, of: account)
+        try finishMachineKeyMigration()
+        events.emit(.passphraseChanged, identity: account.upn, "\(account.upn) recovered onto machine key \(current.id) with its recovery key",
+                    details: ["protector": "recovery", "machineKey": current.id])
+        events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn)", details: ["cause": "recovery"])
     }
 
     private func seal(_ recovery: RecoveryKey, of account: Account, to publicKey: [UInt8]) throws(EngineError) -> EscrowedRecoveryKey {

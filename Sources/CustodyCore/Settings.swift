@@ -37,6 +37,13 @@ public struct Settings: Codable, Equatable, Sendable {
     public var maxUnlockAttempts = 0
     /// "backoff" (keep waiting longer) or "wipe" (selectively wipe the identity).
     public var unlockAttemptsAction = "backoff"
+    /// Where new machine keys go: "auto" (the TPM when one answers), "file" or "tpm2". A key
+    /// kept elsewhere than "file" or "tpm2" says is moved there at start.
+    public var machineKey: MachineKeyMode = .auto
+    /// SHA-256 PCRs a TPM-sealed machine key is bound to (e.g. [7], the Secure Boot state).
+    public var tpm2PCRs: [Int] = []
+    /// How to reach the TPM (a TCTI configuration).
+    public var tpm2TCTI = "device:/dev/tpmrm0"
 
     public init() {}
 
@@ -57,6 +64,9 @@ public struct Settings: Codable, Equatable, Sendable {
         case lockOnLogout = "LockOnLogout"
         case maxUnlockAttempts = "MaxUnlockAttempts"
         case unlockAttemptsAction = "UnlockAttemptsAction"
+        case machineKey = "MachineKey"
+        case tpm2PCRs = "TPM2PCRs"
+        case tpm2TCTI = "TPM2TCTI"
     }
 
     public init(from decoder: Decoder) throws {
@@ -83,6 +93,9 @@ public struct Settings: Codable, Equatable, Sendable {
         lockOnLogout = try container.decodeIfPresent(Bool.self, forKey: .lockOnLogout) ?? true
         maxUnlockAttempts = try container.decodeIfPresent(Int.self, forKey: .maxUnlockAttempts) ?? 0
         unlockAttemptsAction = try container.decodeIfPresent(String.self, forKey: .unlockAttemptsAction) ?? "backoff"
+        machineKey = try container.decodeIfPresent(MachineKeyMode.self, forKey: .machineKey) ?? .auto
+        tpm2PCRs = try container.decodeIfPresent([Int].self, forKey: .tpm2PCRs) ?? []
+        tpm2TCTI = try container.decodeIfPresent(String.self, forKey: .tpm2TCTI) ?? defaults.tpm2TCTI
     }
 
     public func encode(to encoder: Encoder) throws {
@@ -103,5 +116,8 @@ public struct Settings: Codable, Equatable, Sendable {
         try container.encode(lockOnLogout, forKey: .lockOnLogout)
         try container.encode(maxUnlockAttempts, forKey: .maxUnlockAttempts)
         try container.encode(unlockAttemptsAction, forKey: .unlockAttemptsAction)
+        try container.encode(machineKey, forKey: .machineKey)
+        try container.encode(tpm2PCRs, forKey: .tpm2PCRs)
+        try container.encode(tpm2TCTI, forKey: .tpm2TCTI)
     }
 }

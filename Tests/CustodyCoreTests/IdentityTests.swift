@@ -283,7 +283,10 @@ final class PersistenceTests: EngineTestCase {
 
     func testMachineKeyIsPrivateAndChecked() throws {
         _ = try makeEngine()
-        let path = directory + "/machine.key"
+        let keys = try FileManager.default.contentsOfDirectory(atPath: directory + "/machine-keys")
+        XCTAssertEqual(keys.count, 1)
+        let path = directory + "/machine-keys/" + keys[0]
+        XCTAssertTrue(path.hasSuffix(".key"), "a file store without a TPM: \(path)")
         XCTAssertEqual(try Syscall.lstat(path).st_mode & 0o777, 0o600)
         XCTAssertEqual(try Syscall.lstat(path).st_size, 32)
         chmod(path, 0o644)

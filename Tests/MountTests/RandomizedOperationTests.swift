@@ -34,7 +34,7 @@ final class RandomizedOperationTests: XCTestCase {
             try engine.bindThread(thread, to: "alice@contoso.com")
         }
         try runRandomOperations()
-        let stored = try mustRun(["find", daemon.backing, "-type", "f", "-newer", daemon.state + "/machine.key"]).split(separator: "\n")
+        let stored = try mustRun(["find", daemon.backing, "-type", "f", "-newer", daemon.state + "/machine-key.json"]).split(separator: "\n")
         var encrypted = 0
         for path in stored {
             if let handle = FileHandle(forReadingAtPath: String(path)) {
