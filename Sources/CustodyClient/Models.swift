@@ -62,6 +62,29 @@ public struct CustodyStatus: Codable, Equatable, Sendable {
     public var version: String
     public var mounts: [CustodyMount]
     public var accounts: [CustodyAccount]
+    public var machineKey: CustodyMachineKey?
+}
+
+/// Where the daemon keeps its machine key (`GET /v1/machine-key`, and in the status).
+public struct CustodyMachineKey: Codable, Equatable, Sendable {
+    public struct Key: Codable, Equatable, Sendable {
+        public var id: String
+        public var store: String
+        public var current: Bool
+        public var available: Bool
+        public var problem: String?
+    }
+
+    /// "tpm2" or "file".
+    public var store: String?
+    public var id: String?
+    public var pcrs: [Int]
+    public var tpm: String?
+    public var problem: String?
+    public var keys: [Key]
+    public var warning: String?
+    /// Identities that cannot be opened without a lost machine key.
+    public var stranded: [String]
 }
 
 public struct FileProtectionInfo: Codable, Equatable, Sendable {

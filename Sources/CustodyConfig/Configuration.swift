@@ -227,7 +227,7 @@ struct Reader {
 
     // MARK: The document
 
-    static let topKeys = ["state", "log_level", "control", "settings", "default_identities", "locations", "mount"]
+    static let topKeys = ["state", "log_level", "machine-key", "tpm2-pcrs", "tpm2-tcti", "control", "settings", "default_identities", "locations", "mount"]
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
@@ -243,6 +243,21 @@ struct Reader {
             if DaemonConfiguration.logLevels.contains(level) { configuration.logLevel = level } else {
                 fail(["log_level"], "unknown level \(level) (\(DaemonConfiguration.logLevels.joined(separator: ", ")))")
             }
+        }
+        if let value = string(root, ["machine-key"]) {
+            if let mode = MachineKeyMode(rawValue: value) { configuration.settings.machineKey = mode } else {
+                fail(["machine-key"], "must be auto, tpm2 or file, not \(value)")
+            }
+        }
+        if let value = root["tpm2-pcrs"] {
+            if let array = value.array, array.allSatisfy({ $0.int.map { (0...23).contains($0) } ?? false }) {
+                configuration.settings.tpm2PCRs = array.compactMap(\.int)
+            } else {
+                fail(["tpm2-pcrs"], "must be an array of PCR numbers (0 to 23), such as [7]")
+            }
+        }
+        if let value = string(root, ["tpm2-tcti"]) {
+            if value.isEmpty { fail(["tpm2-tcti"], "empty TCTI (for example device:/dev/tpmrm0)") } else { configuration.settings.tpm2TCTI = value }
         }
         if let control = table(root, "control") {
             unknownKeys(control, allowed: Self.controlKeys, in: ["control"])

@@ -151,6 +151,9 @@ struct ControlAPI: Sendable {
         RouteSpec("POST", "/v1/login/password"),
         RouteSpec("POST", "/v1/login/lock"),
         RouteSpec("POST", "/v1/accounts/{identity}/wipe"),
+        RouteSpec("GET", "/v1/machine-key"),
+        RouteSpec("POST", "/v1/machine-key/migrate"),
+        RouteSpec("POST", "/v1/machine-key/reset"),
         RouteSpec("POST", "/v1/lock"),
         RouteSpec("POST", "/v1/unlock"),
         RouteSpec("POST", "/v1/bindings"),
@@ -239,6 +242,7 @@ struct ControlAPI: Sendable {
             try checkPassphrase(body.new)
             if let old = body.old { try checkPassphrase(old) }
         case ("POST", "/v1/login/lock"): _ = try decode(LogoutRequest.self, request)
+        case ("POST", "/v1/machine-key/migrate"): _ = try migration(try decode(MigrateRequest.self, request))
         case ("PUT", "/v1/accounts/{identity}/policy"): _ = try decode(Policy.self, request)
         case ("POST", "/v1/bindings"): _ = try decode(BindRequest.self, request)
         case ("POST", "/v1/files/info"), ("POST", "/v1/files/is-encrypted"): _ = try decode(PathRequest.self, request)
@@ -331,6 +335,16 @@ struct ControlAPI: Sendable {
                 guard let policy = account.policy else { throw .notEnrolled(account.upn) }
                 return json(policy)
             }
+        case ("GET", "/v1/machine-key"):
+            guard caller.isAdmin else { throw Self.notAuthorized("see the machine key") }
+            return json(engine.machineKeyStatus())
+        case ("POST", "/v1/machine-key/migrate"):
+            guard caller.isAdmin else { throw Self.notAuthorized("move the machine key") }
+            let (store, pcrs) = try Self.migration(try decode(MigrateRequest.self, request))
+            return try run { () throws(EngineError) in json(try engine.migrateMachineKey(to: store, pcrs: pcrs)) }
+        case ("POST", "/v1/machine-key/reset"):
+            guard caller.isAdmin else { throw Self.notAuthorized("replace the machine key") }
+            return try run { () throws(EngineError) in json(try engine.resetMachineKey()) }
         case ("POST", "/v1/lock"):
             guard caller.isAdmin else { throw Self.notAuthorized("lock every account") }
             engine.lockAll()
@@ -440,18 +454,32 @@ struct ControlAPI: Sendable {
 
     /// The status; a user sees only its own accounts.
     func status(for caller: Caller? = nil) -> StatusView {
-        StatusView(version: Self.version,
+        let accounts = engine.accounts().filter { caller.map { $0.isAdmin } ?? true || $0.uid == caller?.uid }
+        var machineKey = engine.machineKeyStatus()
+        machineKey.stranded = machineKey.stranded.filter { upn in accounts.contains { $0.upn == upn } }
+        return StatusView(version: Self.version,
                    mounts: engine.volumes.map { MountView(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },
-                   accounts: engine.accounts().filter { caller.map { $0.isAdmin } ?? true || $0.uid == caller?.uid }.map { account in
+                   accounts: accounts.map { account in
                        var view = AccountView(account)
                        if account.isEnrolled {
-                           view.lock = (try? engine.lockStatus(account.id))?.name
+                           view.lock = (try? engine.lockStatus(account.id))?.name ?? (machineKey.stranded.contains(account.upn) ? "unavailable" : nil)
                            let attempts = engine.unlockAttempts(account.id)
                            view.failedUnlockAttempts = attempts.failures
                            view.retryAfterSeconds = attempts.retryAfter
                        }
                        return view
-                   })
+                   },
+                   machineKey: machineKey)
+    }
+
+    /// The store and PCRs a migration asks for.
+    static func migration(_ body: MigrateRequest) throws(Failure) -> (MachineKeyStore, [Int]?) {
+        guard let store = MachineKeyStore(rawValue: body.to) else { throw badRequest("to must be tpm2 or file, not \(body.to)") }
+        if let pcrs = body.pcrs {
+            guard store == .tpm2 else { throw badRequest("pcrs apply to tpm2 only") }
+            for pcr in pcrs where !(0...23).contains(pcr) { throw badRequest("PCR \(pcr) does not exist (0 to 23)") }
+        }
+        return (store, body.pcrs)
     }
 
     func enroll(_ body: EnrollRequest) throws(Failure) -> HTTPResponse {
@@ -592,6 +620,16 @@ struct StatusView: Encodable {
     var version: String
     var mounts: [MountView]
     var accounts: [AccountView]
+    /// Where the machine key is kept, a warning when it is a file, and the caller's identities
+    /// that cannot be opened.
+    var machineKey: MachineKeyStatus
+}
+
+struct MigrateRequest: Decodable {
+    /// "tpm2" or "file".
+    var to: String
+    /// SHA-256 PCRs to bind a TPM-sealed key to (absent: the configured `tpm2-pcrs`).
+    var pcrs: [Int]?
 }
 
 struct MountView: Encodable {

@@ -16,6 +16,7 @@ struct Status: ParsableCommand {
             lines += status.mounts.map { "  \($0.mountPoint)  (backing \($0.backing))" }
             lines.append(status.accounts.isEmpty ? "accounts: none" : "accounts:")
             lines += status.accounts.map(describe)
+            if let key = status.machineKey { lines += describe(key) }
             return lines.joined(separator: "\n")
         }
     }

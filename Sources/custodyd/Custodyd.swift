@@ -97,6 +97,15 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("A program whose processes the transfer rules let through (repeatable; TransferExemptExecutables).", valueName: "path"))
     var transferExemptExecutable: [String] = []
 
+    @Option(help: ArgumentHelp("Where the machine key is kept: auto (the TPM when there is one), tpm2 or file.", valueName: "store"))
+    var machineKey: String?
+
+    @Option(help: ArgumentHelp("How to reach the TPM (a TCTI: device:/dev/tpmrm0, swtpm:host=…,port=…, mssim:…).", valueName: "tcti"))
+    var tpm2Tcti: String?
+
+    @Option(help: ArgumentHelp("A SHA-256 PCR to bind a TPM-sealed machine key to (repeatable; e.g. 7, the Secure Boot state).", valueName: "pcr"))
+    var tpm2Pcr: [Int] = []
+
     func validate() throws {
         guard cacheTimeout >= 0, cacheTimeout.isFinite else {
             throw ValidationError("--cache-timeout must be a number of seconds, 0 or more")
@@ -125,6 +134,10 @@ struct Custodyd: ParsableCommand {
                 throw ValidationError("--socket-mode must be octal permissions such as 0660, not \(socketMode)")
             }
         }
+        if let machineKey, MachineKeyMode(rawValue: machineKey) == nil {
+            throw ValidationError("--machine-key must be auto, tpm2 or file, not \(machineKey)")
+        }
+        for pcr in tpm2Pcr where !(0...23).contains(pcr) { throw ValidationError("--tpm2-pcr: PCR \(pcr) does not exist (0 to 23)") }
         for (option, name) in [("--socket-group", socketGroup), ("--admin-group", adminGroup)] {
             if let name, Self.groupID(name) == nil { throw ValidationError("\(option): no group named \(name)") }
         }
@@ -213,6 +226,9 @@ struct Custodyd: ParsableCommand {
         configuration.settings.transferExemptUids += transferExemptUid
         if noSessions { configuration.followSessions = false }
         configuration.settings.transferExemptExecutables += transferExemptExecutable
+        if let machineKey, let mode = MachineKeyMode(rawValue: machineKey) { configuration.settings.machineKey = mode }
+        if let tpm2Tcti { configuration.settings.tpm2TCTI = tpm2Tcti }
+        if !tpm2Pcr.isEmpty { configuration.settings.tpm2PCRs = tpm2Pcr }
         if let backing, let mountPoint {
             var mount = MountConfiguration(backing: backing, mountPoint: mountPoint)
             mount.allowOther = allowOther

@@ -119,7 +119,17 @@ final class Daemon: @unchecked Sendable {
         self.baseOptions = baseOptions
         let stateDirectory = configuration.stateDirectory ?? StateDirectory.defaultPath()
         try StateDirectory.prepare(stateDirectory)
-        engine = try Engine(stateDirectory: stateDirectory, settings: configuration.settings)
+        engine = try Engine(stateDirectory: stateDirectory, settings: configuration.settings, machineKeySealer: TPMSealer.make(configuration.settings))
+        let machineKey = engine.machineKeyStatus()
+        logger.info("machine key \(machineKey.id ?? "none") in \(machineKey.store?.rawValue ?? "no store")\(machineKey.pcrs.isEmpty ? "" : " bound to PCR \(machineKey.pcrs.map(String.init).joined(separator: ","))")")
+        if let warning = machineKey.warning { logger.warning("\(warning)") }
+        if let problem = machineKey.problem { logger.error("machine key unavailable: \(problem)") }
+        for key in machineKey.keys where !key.current && !key.available {
+            logger.error("machine key \(key.id) unavailable: \(key.problem ?? "")")
+        }
+        if !machineKey.stranded.isEmpty {
+            logger.error("\(machineKey.stranded.count) identit\(machineKey.stranded.count == 1 ? "y" : "ies") cannot be opened without their machine key; recover with custodyctl recover: \(machineKey.stranded.joined(separator: ", "))")
+        }
         let adminGroup = (configuration.adminGroup ?? Custodyd.defaultAdminGroup).flatMap(Custodyd.groupID)
         let socketGroup = (configuration.socketGroup ?? Custodyd.defaultAdminGroup).flatMap(Custodyd.groupID)
         if let activated = Systemd.takeListenDescriptors().first {
