@@ -67,6 +67,12 @@ public struct CustodyStatus: Codable, Equatable, Sendable {
 
 /// Where the daemon keeps its machine key (`GET /v1/machine-key`, and in the status).
 public struct CustodyMachineKey: Codable, Equatable, Sendable {
+    public struct DictionaryAttack: Codable, Equatable, Sendable {
+        public var failures: Int
+        public var maxTries: Int
+        public var intervalSeconds: Int
+    }
+
     public struct Key: Codable, Equatable, Sendable {
         public var id: String
         public var store: String
@@ -80,6 +86,8 @@ public struct CustodyMachineKey: Codable, Equatable, Sendable {
     public var id: String?
     public var pcrs: [Int]
     public var tpm: String?
+    /// The TPM's dictionary-attack counter: wrong passphrases count there too.
+    public var dictionaryAttack: DictionaryAttack?
     public var problem: String?
     public var keys: [Key]
     public var warning: String?

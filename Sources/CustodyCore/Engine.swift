@@ -326,8 +326,9 @@ public final class Engine: @unchecked Sendable {
             keys = try Self.loadKeys(kept, machineSecret: secret, file: files.path(name))
             keys.install(try Keybags.unlock(kept, machineSecret: secret, passphrase: passphrase, file: files.path(name)))
         } else {
-            let (stored, unlocked, d, b, secret) = try Keybags.create(identity: Account.canonical(id), passphrase: passphrase,
+            var (stored, unlocked, d, b, secret) = try Keybags.create(identity: Account.canonical(id), passphrase: passphrase,
                                                                        cost: settings.passphraseCost, machine: try machineKeys.current())
+            stored.passphraseGate = makeGate(passphrase, salt: stored.salt, identity: stored.identity)
             try files.write(stored, to: name)
             keys = IdentityKeys(stored: stored, machineSecret: secret, classD: d, classBPublic: b)
             keys.install(unlocked)

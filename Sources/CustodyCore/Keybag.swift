@@ -30,6 +30,8 @@ struct StoredKeybag: Codable, Equatable {
     /// This keybag's machine secret, wrapped by the machine key. Every other wrap derives from it
     /// (not from the machine key), so moving to a new machine key rewraps only this.
     var machineSecret: Data?
+    /// The passphrase's gate in the TPM (see `PassphraseGates.swift`); nil without one.
+    var passphraseGate: Data?
 }
 
 /// Another way to unlock an identity: its class keys wrapped under a key derived from a secret
@@ -45,6 +47,8 @@ struct KeyProtector: Codable, Equatable {
     /// alone (about 133 bits, beyond guessing) and wrapping class D too, so that it still opens
     /// the identity when the machine key is lost (a cleared TPM).
     var independent: Bool?
+    /// The login password's gate in the TPM; nil without one.
+    var gate: Data?
 
     /// The protector as a keybag of its own, for the usual unlock and rewrap.
     func keybag(of stored: StoredKeybag) -> StoredKeybag {

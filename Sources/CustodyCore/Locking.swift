@@ -110,6 +110,17 @@ extension Engine {
             (view, secret) = (protector.keybag(of: stored), recovery.digits)
             if protector.independent == true { bound = nil }
         }
+        // Through the passphrase's gate in the TPM first, when there is one.
+        var regate = false
+        switch credential {
+        case .passphrase(let passphrase):
+            regate = try passGate(stored.passphraseGate, secret: passphrase, salt: stored.salt, account: account, what: "passphrase")
+        case .login(let password):
+            regate = try passGate(stored.loginProtector?.gate, secret: password, salt: stored.loginProtector?.salt ?? stored.salt,
+                                  account: account, what: "login password")
+        case .recovery:
+            break
+        }
         // Argon2id runs outside the lock: a slow unlock does not hold up other requests.
         let unlocked: ClassKeys
         do {
@@ -128,6 +139,10 @@ extension Engine {
         clearFailedUnlocks(key)
         state.withLock { state in
             state.keys[key]?.install(unlocked)
+        }
+        // A gate made before (or on another TPM) is made again now that the secret is known right.
+        if regate, let current = state.withLock({ $0.keys[key]?.stored }), let updated = regated(current, credential: credential) {
+            try? saveKeybag(updated, of: account)
         }
         if case .login = credential {
             events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn) at login", details: ["cause": "login"])
@@ -157,7 +172,8 @@ extension Engine {
         guard let (stored, _) = keybag(of: account) else { throw missingKeys(account) }
         let secret = try machineSecret(of: account)
         let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: old, file: file)
-        let updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost, machineSecret: secret, file: file)
+        var updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost, machineSecret: secret, file: file)
+        updated.passphraseGate = makeGate(new, salt: updated.salt, identity: updated.identity)
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, new == nil ? "passphrase removed for \(account.upn)" : "passphrase set for \(account.upn)")
     }

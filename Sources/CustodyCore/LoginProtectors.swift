@@ -14,6 +14,8 @@ extension Engine {
         var updated = stored
         updated.loginProtector = try Keybags.protector(stored, keys: keys, password: password, uid: uid, cost: settings.passphraseCost,
                                                        machineSecret: try machineSecret(of: account), file: files.path(Self.keybagName(account.id)))
+        let salt = updated.loginProtector?.salt ?? stored.salt
+        updated.loginProtector?.gate = makeGate(password, salt: salt, identity: stored.identity)
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "login protector set for \(account.upn)", details: ["protector": "login"])
     }
@@ -76,11 +78,12 @@ extension Engine {
             // The keys held in memory when unlocked; else those the old password unwraps.
             let keys = inMemory.isComplete ? inMemory
                 : old.flatMap { try? Keybags.unlock(protector.keybag(of: stored), machineSecret: secret, passphrase: $0, file: file) }
-            guard let keys, let fresh = try? Keybags.protector(stored, keys: keys, password: new, uid: protector.uid, cost: settings.passphraseCost,
+            guard let keys, var fresh = try? Keybags.protector(stored, keys: keys, password: new, uid: protector.uid, cost: settings.passphraseCost,
                                                                machineSecret: secret, file: file) else {
                 stale.append(account.upn)
                 continue
             }
+            fresh.gate = makeGate(new, salt: fresh.salt, identity: stored.identity)
             var updated = stored
             updated.loginProtector = fresh
             if (try? saveKeybag(updated, of: account)) != nil { rewrapped.append(account.upn) } else { stale.append(account.upn) }

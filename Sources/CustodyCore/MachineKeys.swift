@@ -24,6 +24,44 @@ public protocol MachineKeySealer: Sendable {
     /// Seals `key`, bound to `pcrs`; what it returns is kept in the state directory.
     func seal(_ key: SecretBytes, pcrs: [Int]) throws(MachineKeyProblem) -> Data
     func unseal(_ sealed: Data, pcrs: [Int]) throws(MachineKeyProblem) -> SecretBytes
+    /// A gate for a passphrase: an object that opens only with `authorization`, where every
+    /// wrong one counts against the hardware's dictionary-attack lockout. Nil when the hardware
+    /// has none.
+    func makeGate(authorization: SecretBytes) -> Data?
+    /// Tries a gate with `authorization`.
+    func openGate(_ gate: Data, authorization: SecretBytes) -> GateAnswer
+    /// The dictionary-attack counter, for the status.
+    var dictionaryAttack: DictionaryAttackState? { get }
+}
+
+extension MachineKeySealer {
+    public func makeGate(authorization: SecretBytes) -> Data? { nil }
+    public func openGate(_ gate: Data, authorization: SecretBytes) -> GateAnswer { .unusable("no gates here") }
+    public var dictionaryAttack: DictionaryAttackState? { nil }
+}
+
+/// What a passphrase gate said.
+public enum GateAnswer: Equatable, Sendable {
+    case open
+    /// A wrong secret; the hardware counted it.
+    case wrong
+    /// The hardware refuses every attempt for now (its dictionary-attack lockout).
+    case lockedOut(retryAfterSeconds: Double)
+    /// The gate cannot be used (another TPM, no TPM): it is ignored and made again.
+    case unusable(String)
+}
+
+/// The TPM's dictionary-attack counter: failures counted, the lockout threshold, and the
+/// seconds after which one failure is forgotten.
+public struct DictionaryAttackState: Codable, Equatable, Sendable {
+    public var failures: Int
+    public var maxTries: Int
+    public var intervalSeconds: Int
+    public init(failures: Int, maxTries: Int, intervalSeconds: Int) {
+        self.failures = failures
+        self.maxTries = maxTries
+        self.intervalSeconds = intervalSeconds
+    }
 }
 
 /// The machine keys of a state directory. Normally one; during a migration (or after a key was
@@ -192,6 +230,7 @@ final class MachineKeys: @unchecked Sendable {
         state.withLock { state in
             let current = state.current.flatMap { state.entries[$0] }
             return MachineKeyStatus(store: current?.store, id: current?.id, pcrs: current?.pcrs ?? [], tpm: sealer?.description,
+                                    dictionaryAttack: current?.store == .tpm2 ? sealer?.dictionaryAttack : nil,
                                     problem: current == nil ? "no machine key" : current?.problem,
                                     keys: state.entries.values.sorted { $0.id < $1.id }.map {
                                         .init(id: $0.id, store: $0.store, current: $0.id == state.current, available: $0.key != nil, problem: $0.problem)
@@ -216,6 +255,8 @@ public struct MachineKeyStatus: Codable, Equatable, Sendable {
     public var pcrs: [Int]
     /// The TPM the daemon uses, when it has one.
     public var tpm: String?
+    /// The TPM's dictionary-attack counter (wrong passphrases count there too).
+    public var dictionaryAttack: DictionaryAttackState?
     /// Why the current key cannot be had.
     public var problem: String?
     /// Every key of the state directory (more than one only during a migration or after a loss).

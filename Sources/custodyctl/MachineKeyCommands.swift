@@ -64,6 +64,9 @@ func describe(_ key: CustodyMachineKey) -> [String] {
         lines.append("machine key: none")
     }
     if let problem = key.problem { lines.append("  unavailable: \(problem)") }
+    if let attack = key.dictionaryAttack {
+        lines.append("  TPM dictionary-attack counter: \(attack.failures) of \(attack.maxTries) (one forgotten every \(attack.intervalSeconds) s)")
+    }
     for other in key.keys where !other.current {
         lines.append("  also \(other.id) (\(other.store)), still named by keybags" + (other.available ? "" : ": unavailable, \(other.problem ?? "")"))
     }

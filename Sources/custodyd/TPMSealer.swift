@@ -34,6 +34,34 @@ struct TPMSealer: MachineKeySealer {
         do { return try tpm.unseal(object) } catch { throw problem(error, pcrs: object.pcrs) }
     }
 
+    /// A gate: one random byte sealed with `authorization` and without noDA, so that each wrong
+    /// authorization counts against the TPM's dictionary-attack lockout.
+    func makeGate(authorization: SecretBytes) -> Data? {
+        guard let content = try? SecretBytes.random(count: 1), let sealed = try? tpm.seal(content, authorization: authorization) else { return nil }
+        return try? JSONEncoder().encode(sealed)
+    }
+
+    func openGate(_ gate: Data, authorization: SecretBytes) -> GateAnswer {
+        guard let object = try? JSONDecoder().decode(SealedObject.self, from: gate) else { return .unusable("the gate is not readable") }
+        do {
+            _ = try tpm.unseal(object, authorization: authorization)
+            return .open
+        } catch {
+            switch error.kind {
+            case .badAuthorization: return .wrong
+            case .lockout:
+                let interval = (try? tpm.lockoutState()).map { Double($0.interval) } ?? 0
+                return .lockedOut(retryAfterSeconds: max(1, interval))
+            default: return .unusable(error.description)
+            }
+        }
+    }
+
+    var dictionaryAttack: DictionaryAttackState? {
+        guard let state = try? tpm.lockoutState() else { return nil }
+        return DictionaryAttackState(failures: Int(state.failures), maxTries: Int(state.maxTries), intervalSeconds: Int(state.interval))
+    }
+
     func problem(_ error: TPMError, pcrs: [Int]) -> MachineKeyProblem {
         switch error.kind {
         case .foreign:

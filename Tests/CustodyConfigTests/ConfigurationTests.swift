@@ -55,6 +55,28 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertTrue(bad.contains { $0.contains("locations.LocalDrive") && $0.contains("worked out") }, "\(bad)")
     }
 
+    func testTheMachineKeyAndTheTPM() throws {
+        XCTAssertEqual(try parse("").settings.machineKey, .auto)
+        XCTAssertEqual(try DaemonConfiguration.load(path: Self.repository.appendingPathComponent("config/custody.toml").path).settings.machineKey, .auto)
+        let configuration = try parse("""
+            machine-key = "tpm2"
+            tpm2-pcrs = [7]
+            tpm2-tcti = "swtpm:host=127.0.0.1,port=2321"
+            """)
+        XCTAssertEqual(configuration.settings.machineKey, .tpm2)
+        XCTAssertEqual(configuration.settings.tpm2PCRs, [7])
+        XCTAssertEqual(configuration.settings.tpm2TCTI, "swtpm:host=127.0.0.1,port=2321")
+        XCTAssertEqual(Set(errors("""
+            machine-key = "hsm"
+            tpm2-pcrs = [7, 24]
+            tpm2-tcti = ""
+            """)), [
+            "test.toml:1: machine-key: must be auto, tpm2 or file, not hsm",
+            "test.toml:2: tpm2-pcrs: must be an array of PCR numbers (0 to 23), such as [7]",
+            "test.toml:3: tpm2-tcti: empty TCTI (for example device:/dev/tpmrm0)",
+        ])
+    }
+
     func testAFullConfiguration() throws {
         let configuration = try parse("""
             state = "/var/lib/custody/"

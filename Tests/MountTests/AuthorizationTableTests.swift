@@ -112,6 +112,8 @@ final class AuthorizationTableTests: XCTestCase {
             if let uid { command = ["setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups"] + command }
             try mustRun(command)
             return #"{"path": "\#(name)", "identity": "\#(Self.account)"}"#
+        case ("POST", "/v1/machine-key/migrate"):
+            return #"{"to": "file"}"#
         case ("POST", "/v1/data/protect"):
             return #"{"identity": "\#(Self.account)", "string": "secret"}"#
         case ("POST", "/v1/locations/save-to-allowed"):

@@ -215,3 +215,60 @@ final class MachineKeyTPMTests: XCTestCase {
         print("migrations killed while keybags named two keys: \(midway) of 3")
     }
 }
+
+extension MachineKeyTPMTests {
+    func dictionaryAttackFailures(_ daemon: MountedDaemon) throws -> Int? {
+        (try machineKey(daemon)["dictionaryAttack"] as? [String: Any])?["failures"] as? Int
+    }
+
+    func keybag(_ daemon: MountedDaemon, _ name: String) throws -> [String: Any] {
+        let digest = try mustRun(["sh", "-c", "printf %s '\(name)' | sha256sum | cut -c1-32"]).trimmingCharacters(in: .whitespacesAndNewlines)
+        let data = try Data(contentsOf: URL(fileURLWithPath: daemon.state + "/keybags/\(digest).json"))
+        return try XCTUnwrap(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+    }
+
+    /// Wrong passphrases and login passwords also count in the TPM (swtpm locks out after 3), and
+    /// while it is locked out even the right passphrase waits.
+    func testWrongPassphrasesCountAgainstTheTPMsLockout() throws {
+        let tcti = try startTPM("tpm-a")
+        let daemon = try self.daemon(["--tpm2-tcti", tcti, "--multi-identity", "--lock-grace-period", "0"])
+        _ = try aliceWithAFile(daemon)
+        XCTAssertNotNil(try keybag(daemon, "alice-id")["passphraseGate"], "the passphrase has a gate in the TPM")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "bob-id", "upn": "bob@contoso.com", "user": "root"}"#).status, 201)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/bob-id/login-protector", #"{"password": "root's login"}"#).status, 200)
+        XCTAssertNotNil((try keybag(daemon, "bob-id")["loginProtector"] as? [String: Any])?["gate"], "the login password has one too")
+        XCTAssertEqual(try dictionaryAttackFailures(daemon), 0)
+
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/bob-id/lock").status, 200)
+        XCTAssertEqual(try daemon.api("POST", "/v1/lock").status, 200)
+        let login = try daemon.api("POST", "/v1/login/unlock", #"{"user": "root", "password": "a wrong login"}"#)
+        XCTAssertTrue(login.body.contains("stillLocked") && login.body.contains("bob@contoso.com"), login.body)
+        XCTAssertEqual(try dictionaryAttackFailures(daemon), 1, "a wrong login password, counted by the TPM")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice-id/unlock", #"{"passphrase": "wrong 1"}"#).status, 403)
+        XCTAssertEqual(try dictionaryAttackFailures(daemon), 2)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice-id/unlock", #"{"passphrase": "wrong 2"}"#).status, 403)
+        XCTAssertEqual(try dictionaryAttackFailures(daemon), 3)
+        // The engine's own back-off (3 in a row) has not started for alice: the refusal is the TPM's.
+        let refused = try daemon.api("POST", "/v1/accounts/alice-id/unlock", #"{"passphrase": "alice pass"}"#)
+        XCTAssertEqual(refused.status, 429, refused.body)
+        XCTAssertTrue(refused.body.contains("dictionary-attack lockout"), refused.body)
+        XCTAssertEqual(errnoOf { _ = try readFile(daemon.mnt("numbers.txt")) }, EACCES)
+        let text = try daemon.ctl(["machine-key"]).output
+        XCTAssertTrue(text.contains("dictionary-attack counter: 3 of 3"), text)
+    }
+
+    /// A passphrase set before the key moved to the TPM gets its gate at the next right unlock.
+    func testAGateIsMadeAtTheFirstUnlockAfterMovingToTheTPM() throws {
+        let tcti = try startTPM("tpm-a")
+        let daemon = try self.daemon(["--tpm2-tcti", tcti, "--machine-key", "file"])
+        _ = try aliceWithAFile(daemon)
+        XCTAssertNil(try keybag(daemon, "alice-id")["passphraseGate"], "no gate while the key is a file")
+        XCTAssertEqual(try daemon.ctl(["machine-key", "migrate", "--to", "tpm2"]).status, 0)
+        XCTAssertNil(try keybag(daemon, "alice-id")["passphraseGate"], "a migration knows no passphrase")
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice-id/lock").status, 200)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice-id/unlock", #"{"passphrase": "alice pass"}"#).status, 200)
+        XCTAssertNotNil(try keybag(daemon, "alice-id")["passphraseGate"])
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice-id/unlock", #"{"passphrase": "wrong"}"#).status, 403)
+        XCTAssertEqual(try dictionaryAttackFailures(daemon), 1)
+    }
+}
