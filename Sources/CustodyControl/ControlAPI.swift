@@ -455,7 +455,7 @@ struct ControlAPI: Sendable {
     /// The status; a user sees only its own accounts.
     func status(for caller: Caller? = nil) -> StatusView {
         let accounts = engine.accounts().filter { caller.map { $0.isAdmin } ?? true || $0.uid == caller?.uid }
-        var machineKey = engine.machineKeyStatus()
+        var machineKey = engine.machineKeyStatus(counter: false)
         machineKey.stranded = machineKey.stranded.filter { upn in accounts.contains { $0.upn == upn } }
         return StatusView(version: Self.version,
                    mounts: engine.volumes.map { MountView(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },

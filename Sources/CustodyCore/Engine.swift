@@ -182,7 +182,7 @@ public final class Engine: @unchecked Sendable {
         // A migration that was stopped midway is finished; a store other than the configured one
         // is left for it.
         try finishMachineKeyMigration()
-        if let wanted = MachineKeyStore(rawValue: settings.machineKey.rawValue), machineKeys.status.store != wanted,
+        if let wanted = MachineKeyStore(rawValue: settings.machineKey.rawValue), machineKeys.currentStore != wanted,
            (try? machineKeys.current()) != nil {
             try migrateMachineKey(to: wanted)
         }

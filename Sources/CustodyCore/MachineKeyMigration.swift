@@ -102,9 +102,11 @@ extension Engine {
         return machineKeyStatus()
     }
 
-    /// The machine key's store, IDs, problems and the identities that cannot be opened.
-    public func machineKeyStatus() -> MachineKeyStatus {
+    /// The machine key's store, IDs, problems and the identities that cannot be opened; with
+    /// `counter`, also the TPM's dictionary-attack counter (a round trip to the TPM).
+    public func machineKeyStatus(counter: Bool = true) -> MachineKeyStatus {
         var status = machineKeys.status
+        if counter, status.store == .tpm2 { status.dictionaryAttack = machineKeys.sealer?.dictionaryAttack }
         status.stranded = state.withLock { state in
             state.stranded.keys.compactMap { key in state.accounts.first { $0.matches(key) }?.upn }.sorted()
         }

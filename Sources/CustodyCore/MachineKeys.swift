@@ -167,6 +167,9 @@ final class MachineKeys: @unchecked Sendable {
     /// The key new keybags use, or why there is none.
     var currentID: String? { state.withLock { $0.current } }
 
+    /// Where the current key is kept.
+    var currentStore: MachineKeyStore? { state.withLock { state in state.current.flatMap { state.entries[$0]?.store } } }
+
     func current() throws(EngineError) -> (id: String, key: SecretBytes) {
         guard let id = currentID else { throw .machineKeyUnavailable("this state directory has no machine key") }
         return try key(id)
@@ -225,12 +228,12 @@ final class MachineKeys: @unchecked Sendable {
         }
     }
 
-    /// What the status shows.
+    /// What the status shows (without the TPM's counter: that is a round trip to the TPM, which
+    /// `Engine.machineKeyStatus` makes outside any lock).
     var status: MachineKeyStatus {
         state.withLock { state in
             let current = state.current.flatMap { state.entries[$0] }
             return MachineKeyStatus(store: current?.store, id: current?.id, pcrs: current?.pcrs ?? [], tpm: sealer?.description,
-                                    dictionaryAttack: current?.store == .tpm2 ? sealer?.dictionaryAttack : nil,
                                     problem: current == nil ? "no machine key" : current?.problem,
                                     keys: state.entries.values.sorted { $0.id < $1.id }.map {
                                         .init(id: $0.id, store: $0.store, current: $0.id == state.current, available: $0.key != nil, problem: $0.problem)

@@ -24,7 +24,7 @@ extension Engine {
 
     /// A new gate for `secret`, when the machine key is sealed to a TPM that makes them.
     func makeGate(_ secret: SecretBytes?, salt: Data, identity: String) -> Data? {
-        guard let secret, let sealer = machineKeys.sealer, machineKeys.status.store == .tpm2,
+        guard let secret, let sealer = machineKeys.sealer, machineKeys.currentStore == .tpm2,
               let authorization = try? Self.gateAuthorization(secret, salt: salt, identity: identity) else { return nil }
         return sealer.makeGate(authorization: authorization)
     }

@@ -80,11 +80,15 @@ public struct TPM: Sendable {
     public static let defaultDevice = "/dev/tpmrm0"
     public static let defaultTCTI = "device:" + defaultDevice
 
-    /// Whether a TPM answers at `tcti` (for a device TCTI: whether the device exists, without opening it).
+    /// Whether a TPM answers at `tcti`. For a device TCTI: whether the device opens (it may exist
+    /// and still be refused, as under a service's `DevicePolicy=closed`), without talking to it.
     public static func isPresent(tcti: String) -> Bool {
         if tcti.hasPrefix("device:") || tcti == "device" {
             let path = tcti == "device" ? defaultDevice : String(tcti.dropFirst("device:".count))
-            return access(path.isEmpty ? defaultDevice : path, F_OK) == 0
+            let fd = open(path.isEmpty ? defaultDevice : path, O_RDWR | O_CLOEXEC)
+            guard fd >= 0 else { return false }
+            close(fd)
+            return true
         }
         return (try? TPM(tcti: tcti).lockoutState()) != nil
     }

@@ -120,7 +120,7 @@ final class Daemon: @unchecked Sendable {
         let stateDirectory = configuration.stateDirectory ?? StateDirectory.defaultPath()
         try StateDirectory.prepare(stateDirectory)
         engine = try Engine(stateDirectory: stateDirectory, settings: configuration.settings, machineKeySealer: TPMSealer.make(configuration.settings))
-        let machineKey = engine.machineKeyStatus()
+        let machineKey = engine.machineKeyStatus(counter: false)
         logger.info("machine key \(machineKey.id ?? "none") in \(machineKey.store?.rawValue ?? "no store")\(machineKey.pcrs.isEmpty ? "" : " bound to PCR \(machineKey.pcrs.map(String.init).joined(separator: ","))")")
         if let warning = machineKey.warning { logger.warning("\(warning)") }
         if let problem = machineKey.problem { logger.error("machine key unavailable: \(problem)") }

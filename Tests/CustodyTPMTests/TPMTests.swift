@@ -26,11 +26,17 @@ final class SoftwareTPM {
         self.pid = pid
     }
 
+    /// swtpm runs as a daemon (not the test's child): gone once it is no more than a zombie for
+    /// init to reap.
     func stop() {
         guard pid > 0 else { return }
         kill(pid, SIGTERM)
-        for _ in 0..<250 where kill(pid, 0) == 0 { usleep(20_000) }
-        if kill(pid, 0) == 0 { kill(pid, SIGKILL) }
+        for _ in 0..<250 {
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+                  let state = stat.split(separator: ")").last?.split(separator: " ").first, state != "Z" else { pid = 0; return }
+            usleep(20_000)
+        }
+        kill(pid, SIGKILL)
         pid = 0
     }
 

@@ -194,7 +194,9 @@ final class MachineKeyTPMTests: XCTestCase {
             usleep(UInt32(5_000 + round * 15_000))
             daemon.killHard()
             waitForExit(curl, seconds: 10)
-            let named = Set(try FileManager.default.contentsOfDirectory(atPath: daemon.state + "/keybags").compactMap { name -> String? in
+            // A temporary the kill left half-written is not a keybag (the next start removes it).
+            let keybags = try FileManager.default.contentsOfDirectory(atPath: daemon.state + "/keybags").filter { $0.hasSuffix(".json") && !$0.contains(".tmp-") }
+            let named = Set(try keybags.compactMap { name -> String? in
                 let data = try Data(contentsOf: URL(fileURLWithPath: daemon.state + "/keybags/" + name))
                 return (try JSONSerialization.jsonObject(with: data) as? [String: Any])?["machineKeyID"] as? String
             })
