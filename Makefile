@@ -62,15 +62,10 @@ $(BIN)/pam_custody.so: pam/pam_custody.c | deps
 release: deps
 	$(SWIFT) build -c release $(BUILD_FLAGS)
 
-# Mounts $(DEMO_DIR)/backing at $(DEMO_DIR)/Work in the foreground; Ctrl-C unmounts.
+# Mounts $(DEMO_DIR)/backing at $(DEMO_DIR)/Work in the foreground with a demo managed account
+# (scripts/demo.sh); Ctrl-C unmounts. A second run reuses the demo state.
 run: build
-	@mkdir -p "$(DEMO_DIR)/backing" "$(DEMO_DIR)/Work" "$(DEMO_DIR)/state"
-	@chmod 700 "$(DEMO_DIR)/state"
-	@if grep -q " $(DEMO_DIR)/Work " /proc/self/mountinfo; then fusermount3 -uz "$(DEMO_DIR)/Work"; fi
-	@echo "Custody demo: files written to $(DEMO_DIR)/Work are stored in $(DEMO_DIR)/backing."
-	@echo "Use it from another terminal; press Ctrl-C here (or run 'fusermount3 -u $(DEMO_DIR)/Work') to stop."
-	@echo "Control it with: CUSTODY_SOCKET=$(DEMO_DIR)/control.sock $(BIN)/custodyctl status"
-	$(BIN)/custodyd --state "$(DEMO_DIR)/state" --socket "$(DEMO_DIR)/control.sock" "$(DEMO_DIR)/backing" "$(DEMO_DIR)/Work"
+	@bash scripts/demo.sh "$(BIN)" "$(DEMO_DIR)"
 
 test: build pip-deps
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
