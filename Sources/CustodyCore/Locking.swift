@@ -1,5 +1,6 @@
 import CustodyCrypto
 import CustodyFormat
+import FoundationEssentials
 
 /// The lock state machine: lock needs no passphrase and takes effect after the grace period;
 /// unlock needs the passphrase (when one is set) and is rate-limited after wrong ones.
@@ -98,40 +99,33 @@ extension Engine {
             if keys.retryAt > now { throw .rateLimited(account.upn, retryAfterSeconds: keys.retryAt - now) }
             return (keys.stored, keys.machineSecret)
         }
+        // What unwraps the keys, what it is called, and its gate in the TPM (none for a recovery key).
         let (view, secret): (StoredKeybag, SecretBytes?)
+        let what: String
         var bound: SecretBytes? = machineSecret
-        switch credential {
-        case .passphrase(let passphrase): (view, secret) = (stored, passphrase)
-        case .login(let password):
-            guard let protector = stored.loginProtector else { throw .passphraseRequired(account.upn) }
-            (view, secret) = (protector.keybag(of: stored), password)
-        case .recovery(let recovery):
-            guard let protector = stored.recoveryProtector else { throw .noRecoveryKey(account.upn) }
-            (view, secret) = (protector.keybag(of: stored), recovery.digits)
-            if protector.independent == true { bound = nil }
-        }
-        // Through the passphrase's gate in the TPM first, when there is one.
-        var regate = false
+        var gate: (sealed: Data?, salt: Data)?
         switch credential {
         case .passphrase(let passphrase):
-            regate = try passGate(stored.passphraseGate, secret: passphrase, salt: stored.salt, account: account, what: "passphrase")
+            (view, secret, what) = (stored, passphrase, "passphrase")
+            gate = (stored.passphraseGate, stored.salt)
         case .login(let password):
-            regate = try passGate(stored.loginProtector?.gate, secret: password, salt: stored.loginProtector?.salt ?? stored.salt,
-                                  account: account, what: "login password")
-        case .recovery:
-            break
+            guard let protector = stored.loginProtector else { throw .passphraseRequired(account.upn) }
+            (view, secret, what) = (protector.keybag(of: stored), password, "login password")
+            gate = (protector.gate, protector.salt)
+        case .recovery(let recovery):
+            guard let protector = stored.recoveryProtector else { throw .noRecoveryKey(account.upn) }
+            (view, secret, what) = (protector.keybag(of: stored), recovery.digits, "recovery key")
+            if protector.independent == true { bound = nil }
         }
+        let regate = try gate.map { (gate) throws(EngineError) in
+            try passGate(gate.sealed, secret: secret, salt: gate.salt, account: account, what: what)
+        } ?? false
         // Argon2id runs outside the lock: a slow unlock does not hold up other requests.
         let unlocked: ClassKeys
         do {
             unlocked = try Keybags.unlock(view, machineSecret: bound, passphrase: secret, file: files.path(Self.keybagName(account.id)))
         } catch {
             if case .wrongPassphrase = error {
-                let what = switch credential {
-                case .login: "login password"
-                case .recovery: "recovery key"
-                case .passphrase: "passphrase"
-                }
                 _ = recordFailedUnlock(account, what: what)
             }
             throw error
