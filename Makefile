@@ -7,14 +7,14 @@ RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
 BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev libsodium-dev libsystemd-dev libpam0g-dev libtss2-dev
-TEST_PACKAGES := attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
+TEST_PACKAGES := man-db attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
 # From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon.
 PIP_TEST_PACKAGES := schemathesis==4.32.5
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps pip-deps bench-deps build release static run test test-install install uninstall bench bench-format bench-wipe fuzz fuzz-http clean
+.PHONY: all deps pip-deps bench-deps build release static run test test-install install uninstall man bench bench-format bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -23,6 +23,7 @@ SYSCONFDIR ?= /etc
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+MANDIR ?= $(PREFIX)/share/man
 STATIC_BIN := .build-static/release
 # The system's PAM module directory (Debian: /usr/lib/<triplet>/security).
 PAMDIR ?= $(shell pkg-config --variable=libdir pam 2>/dev/null || echo /usr/lib)/security
@@ -71,7 +72,20 @@ test: build pip-deps
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
 	$(BIN)/custody-fuzz-http fuzz/http
 	bash tests/api-fuzz.sh
+	bash tests/man-test.sh $(BIN)
 	$(MAKE) --no-print-directory test-install
+
+# Man pages from the argument parser's definitions (swift-argument-parser's generate-manual
+# plugin): custodyctl(1) and custodyd(8) into man/ (blank lines become paragraph breaks, which
+# mdoc wants); custody.toml(5) is written by hand there.
+# tests/man-test.sh checks in `make test` that they say what --help says.
+MAN_DATE ?= $(shell git log -1 --format=%cs 2>/dev/null || date +%F)
+MAN_OUT := .build/plugins/GenerateManual/outputs
+man: build
+	$(SWIFT) package plugin generate-manual --configuration debug --date $(MAN_DATE) --authors "The Custody developers"
+	sed 's/^$$/.Pp/' $(MAN_OUT)/custodyctl/custodyctl.1 > man/custodyctl.1
+	$(SWIFT) package plugin generate-manual --configuration debug --date $(MAN_DATE) --section 8 --authors "The Custody developers"
+	sed 's/^$$/.Pp/' $(MAN_OUT)/custodyd/custodyd.8 > man/custodyd.8
 
 # Installs into a temporary DESTDIR, verifies the systemd units there and runs the installed
 # binaries with the Swift toolchain's libraries hidden (tests/install-test.sh).
@@ -99,6 +113,9 @@ install: static $(BIN)/pam_custody.so
 	install -m 0644 README.md "$(DESTDIR)$(PREFIX)/share/doc/custody/"
 	install -m 0644 docs/*.md docs/openapi.yaml "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/"
 	install -D -m 0644 docs/examples/pam.d-common-custody "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/examples/pam.d-common-custody"
+	install -D -m 0644 man/custodyctl.1 "$(DESTDIR)$(MANDIR)/man1/custodyctl.1"
+	install -D -m 0644 man/custodyd.8 "$(DESTDIR)$(MANDIR)/man8/custodyd.8"
+	install -D -m 0644 man/custody.toml.5 "$(DESTDIR)$(MANDIR)/man5/custody.toml.5"
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/bash-completion/completions" "$(DESTDIR)$(PREFIX)/share/zsh/site-functions"
 	$(STATIC_BIN)/custodyctl --generate-completion-script bash > "$(DESTDIR)$(PREFIX)/share/bash-completion/completions/custodyctl"
 	$(STATIC_BIN)/custodyctl --generate-completion-script zsh > "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_custodyctl"
@@ -111,6 +128,7 @@ uninstall:
 	rm -f "$(DESTDIR)$(SYSUSERSDIR)/custody.conf" "$(DESTDIR)$(TMPFILESDIR)/custody.conf"
 	rm -f "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml.example"
 	rm -rf "$(DESTDIR)$(PREFIX)/share/doc/custody"
+	rm -f "$(DESTDIR)$(MANDIR)/man1/custodyctl.1" "$(DESTDIR)$(MANDIR)/man8/custodyd.8" "$(DESTDIR)$(MANDIR)/man5/custody.toml.5"
 	rm -f "$(DESTDIR)$(PREFIX)/share/bash-completion/completions/custodyctl" "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_custodyctl"
 
 bench: bench-deps release

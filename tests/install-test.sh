@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make install into a temporary DESTDIR, then: the systemd units pass `systemd-analyze verify`,
 # the installed binaries run with the Swift toolchain hidden from the loader (static runtime),
-# the shipped configuration passes `custodyd --check-config`, and `make uninstall` removes it all.
+# the shipped configuration passes `custodyd --check-config`, `man` finds the installed pages, and
+# `make uninstall` removes it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=$(mktemp -d /tmp/custody-install.XXXXXX)
@@ -12,8 +13,15 @@ make --no-print-directory install DESTDIR="$DEST" PREFIX=/usr/local >/dev/null
 for f in usr/local/bin/custodyd usr/local/bin/custodyctl usr/local/lib/systemd/system/custodyd.service \
          usr/local/lib/systemd/system/custodyd.socket usr/local/lib/sysusers.d/custody.conf \
          usr/local/lib/tmpfiles.d/custody.conf etc/custody/custody.toml etc/custody/custody.toml.example \
-         usr/local/share/doc/custody/docs/openapi.yaml usr/local/share/bash-completion/completions/custodyctl; do
+         usr/local/share/doc/custody/docs/openapi.yaml usr/local/share/bash-completion/completions/custodyctl \
+         usr/local/share/man/man1/custodyctl.1 usr/local/share/man/man8/custodyd.8 usr/local/share/man/man5/custody.toml.5; do
     [ -e "$DEST/$f" ] || fail "$f was not installed"
+done
+# `man custodyctl` (and the others) find the installed pages and render them.
+for page in custodyctl custodyd custody.toml; do
+    found=$(MANPATH="$DEST/usr/local/share/man" man -w "$page") || fail "man -w $page finds nothing"
+    case "$found" in "$DEST"/*) ;; *) fail "man -w $page found $found, not the installed page" ;; esac
+    MANPATH="$DEST/usr/local/share/man" MANPAGER=cat man "$page" 2>/dev/null | grep -q "custody" || fail "man $page does not render"
 done
 
 # The units as installed, with ExecStart pointing into the staging tree (it must exist).
