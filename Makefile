@@ -7,14 +7,14 @@ RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
 BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev libsodium-dev libsystemd-dev libpam0g-dev libtss2-dev
-TEST_PACKAGES := man-db attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
+TEST_PACKAGES := man-db lintian attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
 # From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon.
 PIP_TEST_PACKAGES := schemathesis==4.32.5
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps pip-deps bench-deps build release static run test test-install install uninstall man bench bench-format bench-wipe fuzz fuzz-http clean
+.PHONY: all deps pip-deps bench-deps build release static run test test-install install uninstall man deb bench bench-format bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -74,6 +74,7 @@ test: build pip-deps
 	bash tests/api-fuzz.sh
 	bash tests/man-test.sh $(BIN)
 	$(MAKE) --no-print-directory test-install
+	bash tests/deb-test.sh
 
 # Man pages from the argument parser's definitions (swift-argument-parser's generate-manual
 # plugin): custodyctl(1) and custodyd(8) into man/ (blank lines become paragraph breaks, which
@@ -120,6 +121,11 @@ install: static $(BIN)/pam_custody.so
 	$(STATIC_BIN)/custodyctl --generate-completion-script bash > "$(DESTDIR)$(PREFIX)/share/bash-completion/completions/custodyctl"
 	$(STATIC_BIN)/custodyctl --generate-completion-script zsh > "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_custodyctl"
 	@echo "installed under $(DESTDIR)$(PREFIX); then: systemd-sysusers, systemd-tmpfiles --create, systemctl daemon-reload, systemctl enable --now custodyd.socket custodyd.service"
+
+# A Debian package (packaging/deb); tests/deb-test.sh checks it with lintian, installs it, runs
+# the installed daemon and purges it.
+deb: static $(BIN)/pam_custody.so
+	@bash packaging/deb/build.sh .build/deb
 
 # Removes what `make install` put there (the configuration file stays).
 uninstall:
