@@ -150,8 +150,10 @@ final class Daemon: @unchecked Sendable {
         }, scrub: { DaemonLog.scrub($0) })
         // Every engine event is logged (progress at debug level); a new account is added to the
         // scrubbed values before its first line.
+        let journal = JournalEvents.make()
         eventSubscription = engine.events.subscribe { [weak self, logger] event in
             if event.kind == .registered || event.kind == .enrolled { self?.updateScrubbing() }
+            journal?.send(event, scrub: DaemonLog.scrub)
             let level: Logger.Level
             switch event.kind {
             case .wipeProgress, .reprotectProgress: level = .debug
