@@ -166,8 +166,7 @@ extension Engine {
         guard let (stored, _) = keybag(of: account) else { throw missingKeys(account) }
         let secret = try machineSecret(of: account)
         let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: old, file: file)
-        var updated = try Keybags.rewrap(stored, keys: unlocked, newPassphrase: new, cost: settings.passphraseCost, machineSecret: secret, file: file)
-        updated.passphraseGate = makeGate(new, salt: updated.salt, identity: updated.identity)
+        let updated = try rewrapPassphrase(stored, keys: unlocked, newPassphrase: new, machineSecret: secret, file: file)
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, new == nil ? "passphrase removed for \(account.upn)" : "passphrase set for \(account.upn)")
     }

@@ -12,10 +12,8 @@ extension Engine {
         guard let uid = account.uid else { throw .invalidIdentity("\(account.upn) belongs to no local user (enroll it with --user)") }
         let (stored, keys) = try unlockedKeybag(of: account)
         var updated = stored
-        updated.loginProtector = try Keybags.protector(stored, keys: keys, password: password, uid: uid, cost: settings.passphraseCost,
-                                                       machineSecret: try machineSecret(of: account), file: files.path(Self.keybagName(account.id)))
-        let salt = updated.loginProtector?.salt ?? stored.salt
-        updated.loginProtector?.gate = makeGate(password, salt: salt, identity: stored.identity)
+        updated.loginProtector = try loginProtector(stored, keys: keys, password: password, uid: uid, machineSecret: try machineSecret(of: account),
+                                                    file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "login protector set for \(account.upn)", details: ["protector": "login"])
     }
@@ -78,12 +76,10 @@ extension Engine {
             // The keys held in memory when unlocked; else those the old password unwraps.
             let keys = inMemory.isComplete ? inMemory
                 : old.flatMap { try? Keybags.unlock(protector.keybag(of: stored), machineSecret: secret, passphrase: $0, file: file) }
-            guard let keys, var fresh = try? Keybags.protector(stored, keys: keys, password: new, uid: protector.uid, cost: settings.passphraseCost,
-                                                               machineSecret: secret, file: file) else {
+            guard let keys, let fresh = try? loginProtector(stored, keys: keys, password: new, uid: protector.uid, machineSecret: secret, file: file) else {
                 stale.append(account.upn)
                 continue
             }
-            fresh.gate = makeGate(new, salt: fresh.salt, identity: stored.identity)
             var updated = stored
             updated.loginProtector = fresh
             if (try? saveKeybag(updated, of: account)) != nil { rewrapped.append(account.upn) } else { stale.append(account.upn) }

@@ -46,7 +46,8 @@ extension Engine {
     /// many keybags moved.
     @discardableResult
     func finishMachineKeyMigration() throws(EngineError) -> Int {
-        guard let current = try? machineKeys.current() else { return 0 }
+        // With one key, every keybag is on it: nothing to read.
+        guard machineKeys.count > 1, let current = try? machineKeys.current() else { return 0 }
         var moved = 0
         var referenced: Set<String?> = [current.id]
         for name in files.list("keybags").sorted() where name.hasSuffix(".json") && !name.contains(".tmp-") {

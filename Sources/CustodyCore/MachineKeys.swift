@@ -167,6 +167,10 @@ final class MachineKeys: @unchecked Sendable {
     /// The key new keybags use, or why there is none.
     var currentID: String? { state.withLock { $0.current } }
 
+    /// How many machine keys the state directory holds (more than one only during a move, or
+    /// while keybags still name a lost key).
+    var count: Int { state.withLock { $0.entries.count } }
+
     /// Where the current key is kept.
     var currentStore: MachineKeyStore? { state.withLock { state in state.current.flatMap { state.entries[$0]?.store } } }
 

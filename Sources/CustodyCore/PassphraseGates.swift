@@ -50,6 +50,25 @@ extension Engine {
         }
     }
 
+    /// `stored` with its passphrase wrapped anew for `newPassphrase` (nil: none) and a gate for
+    /// it. The two change together: a gate left for the old passphrase would refuse the new one.
+    func rewrapPassphrase(_ stored: StoredKeybag, keys: ClassKeys, newPassphrase: SecretBytes?, machineSecret: SecretBytes,
+                          file: String) throws(EngineError) -> StoredKeybag {
+        var updated = try Keybags.rewrap(stored, keys: keys, newPassphrase: newPassphrase, cost: settings.passphraseCost,
+                                         machineSecret: machineSecret, file: file)
+        updated.passphraseGate = makeGate(newPassphrase, salt: updated.salt, identity: updated.identity)
+        return updated
+    }
+
+    /// A login protector for `keys` under `password`, with its gate (the same pairing).
+    func loginProtector(_ stored: StoredKeybag, keys: ClassKeys, password: SecretBytes, uid: UInt32, machineSecret: SecretBytes,
+                        file: String) throws(EngineError) -> KeyProtector {
+        var protector = try Keybags.protector(stored, keys: keys, password: password, uid: uid, cost: settings.passphraseCost,
+                                              machineSecret: machineSecret, file: file)
+        protector.gate = makeGate(password, salt: protector.salt, identity: stored.identity)
+        return protector
+    }
+
     /// The keybag with a fresh gate for the passphrase that unlocked it, or for the login
     /// password of its protector; nil when there is nothing to change.
     func regated(_ stored: StoredKeybag, credential: Credential) -> StoredKeybag? {

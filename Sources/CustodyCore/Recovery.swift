@@ -53,9 +53,8 @@ extension Engine {
         try unlock(account.id, using: .recovery(recovery))
         guard newPassphrase != nil || removePassphrase else { return }
         let (stored, keys) = try unlockedKeybag(of: account)
-        var updated = try Keybags.rewrap(stored, keys: keys, newPassphrase: newPassphrase, cost: settings.passphraseCost,
-                                         machineSecret: try machineSecret(of: account), file: files.path(Self.keybagName(account.id)))
-        updated.passphraseGate = makeGate(newPassphrase, salt: updated.salt, identity: updated.identity)
+        let updated = try rewrapPassphrase(stored, keys: keys, newPassphrase: newPassphrase, machineSecret: try machineSecret(of: account),
+                                           file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "passphrase of \(account.upn) reset with its recovery key", details: ["protector": "recovery"])
     }
@@ -89,8 +88,7 @@ extension Engine {
         do { secret = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
         var rebuilt = try Keybags.bind(stored, secret: secret, to: current)
         rebuilt.loginProtector = nil
-        rebuilt = try Keybags.rewrap(rebuilt, keys: keys, newPassphrase: newPassphrase, cost: settings.passphraseCost, machineSecret: secret, file: file)
-        rebuilt.passphraseGate = makeGate(newPassphrase, salt: rebuilt.salt, identity: rebuilt.identity)
+        rebuilt = try rewrapPassphrase(rebuilt, keys: keys, newPassphrase: newPassphrase, machineSecret: secret, file: file)
         guard let dStored = stored.classes["D"] else { throw .corruptState(file: file, reason: "class D key is missing") }
         rebuilt.classes["D"] = .init(id: dStored.id, wrapped: try Keybags.wrap(classD.key.secret, identity: stored.identity, letter: "D", id: dStored.id,
                                                                              with: try Keybags.classDKey(rebuilt, machineSecret: secret)))
