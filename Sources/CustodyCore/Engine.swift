@@ -567,7 +567,8 @@ extension Engine.IdentityKeys {
     }
 }
 
-func hexString<S: Sequence>(_ bytes: S) -> String where S.Element == UInt8 {
+/// Lower-case hex of `bytes`.
+public func hexString<S: Sequence>(_ bytes: S) -> String where S.Element == UInt8 {
     let digits = Array("0123456789abcdef".utf8)
     var out: [UInt8] = []
     for byte in bytes {

@@ -89,7 +89,7 @@ final class JournalEvents: Sendable {
     /// A stable 128-bit ID per event kind (SHA-256 of its name), in the journal's hex form.
     static func messageID(_ kind: EngineEvent.Kind) -> String {
         let digest = Array("custody-event/\(kind.rawValue)".utf8).withUnsafeBytes { sha256($0) }
-        return digest.prefix(16).map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+        return hexString(digest.prefix(16))
     }
 
     /// syslog priorities: failures are errors, refusals warnings, wipes and key changes notices.

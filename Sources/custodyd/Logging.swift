@@ -1,3 +1,4 @@
+import CustodyCore
 import CustodyCrypto
 import CustodySystem
 import Glibc
@@ -71,7 +72,7 @@ enum DaemonLog {
 
     static func token(for value: String) -> String {
         let digest = (salt + Array(value.lowercased().utf8)).withUnsafeBytes { sha256($0) }
-        let hex = digest.prefix(4).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+        let hex = hexString(digest.prefix(4))
         return "[scrubbed:\(hex)]"
     }
 
