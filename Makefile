@@ -12,9 +12,13 @@ TEST_PACKAGES := man-db lintian attr sqlite3 util-linux curl rsync git socat pyt
 PIP_TEST_PACKAGES := schemathesis==4.32.5
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
+# promtool (which checks the metrics' format) from Debian's prometheus package, unpacked here
+# rather than installed: installing the package would start a Prometheus server.
+PROMTOOL := .build/tools/promtool
+
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps pip-deps bench-deps build release static run test test-install install uninstall man deb bench bench-format bench-wipe fuzz fuzz-http clean
+.PHONY: all deps pip-deps promtool bench-deps build release static run test test-install install uninstall man deb bench bench-format bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -68,7 +72,7 @@ release: deps
 run: build
 	@bash scripts/demo.sh "$(BIN)" "$(DEMO_DIR)"
 
-test: build pip-deps
+test: build pip-deps $(PROMTOOL)
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
 	$(BIN)/custody-fuzz-http fuzz/http
 	bash tests/api-fuzz.sh
@@ -87,6 +91,15 @@ man: build
 	sed 's/^$$/.Pp/' $(MAN_OUT)/custodyctl/custodyctl.1 > man/custodyctl.1
 	$(SWIFT) package plugin generate-manual --configuration debug --date $(MAN_DATE) --section 8 --authors "The Custody developers"
 	sed 's/^$$/.Pp/' $(MAN_OUT)/custodyd/custodyd.8 > man/custodyd.8
+
+promtool: $(PROMTOOL)
+
+$(PROMTOOL):
+	@mkdir -p .build/tools/package
+	cd .build/tools/package && rm -f prometheus_*.deb && apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }
+	dpkg-deb --fsys-tarfile .build/tools/package/prometheus_*.deb | tar -x -O ./usr/bin/promtool > $@.part
+	chmod 0755 $@.part && mv $@.part $@
+	rm -rf .build/tools/package
 
 # Installs into a temporary DESTDIR, verifies the systemd units there and runs the installed
 # binaries with the Swift toolchain's libraries hidden (tests/install-test.sh).

@@ -12,6 +12,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
         .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         // For the BoringSSL it builds: CustodyCrypto calls its C module (AES-256-GCM AEAD, random,
         // SHA-256) directly, which is not swift-crypto's public API, so the version is pinned.
         .package(url: "https://github.com/apple/swift-crypto", exact: "4.5.2"),
@@ -38,8 +39,11 @@ let package = Package(
         .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md).
         .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        // What the daemon counts (requests, bytes, locks, jobs, tampering), rendered in the
+        // Prometheus text format (swift-prometheus).
+        .target(name: "CustodyMetrics", dependencies: ["CustodyCore", "CustodySystem", .product(name: "Prometheus", package: "swift-prometheus")]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
-        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
+        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem", "CustodyMetrics",
                                                    .product(name: "Logging", package: "swift-log")]),
 
         // Login sessions (systemd-logind over D-Bus, sd-bus) driving the engine's locks.
@@ -56,7 +60,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto", "CustodySessions", "CustodyTPM",
+            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto", "CustodySessions", "CustodyTPM", "CustodyMetrics",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -77,6 +81,7 @@ let package = Package(
         .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient", "CLinux"]),
         .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTPM", "CustodyCrypto"]),
         .testTarget(name: "CustodySessionsTests", dependencies: ["CustodySessions", "CustodyCore"]),
+        .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyMetrics", "CustodyCore"]),
         .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyConfig", "CustodyCore", "CustodyFormat"]),
     ]
 )

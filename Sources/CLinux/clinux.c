@@ -325,3 +325,7 @@ long long clinux_memlock_limit(void) {
     if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 0;
     return limit.rlim_cur == RLIM_INFINITY ? -1 : (long long)limit.rlim_cur;
 }
+
+const char *clinux_errno_name(int error) {
+    return strerrorname_np(error);
+}

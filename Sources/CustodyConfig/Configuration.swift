@@ -59,6 +59,8 @@ public struct DaemonConfiguration: Equatable, Sendable {
     public var mounts: [MountConfiguration] = []
     /// Follow logind's sessions (screen lock, suspend, logout lock identities).
     public var followSessions = true
+    /// A loopback address and port that also serves the metrics (`metrics-listen`), or nil.
+    public var metricsListen: LoopbackAddress?
 
     public init() {}
 
@@ -227,7 +229,7 @@ struct Reader {
 
     // MARK: The document
 
-    static let topKeys = ["state", "log_level", "machine-key", "tpm2-pcrs", "tpm2-tcti", "control", "settings", "default_identities", "locations", "mount"]
+    static let topKeys = ["state", "log_level", "machine-key", "tpm2-pcrs", "tpm2-tcti", "metrics-listen", "control", "settings", "default_identities", "locations", "mount"]
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
@@ -258,6 +260,11 @@ struct Reader {
         }
         if let value = string(root, ["tpm2-tcti"]) {
             if value.isEmpty { fail(["tpm2-tcti"], "empty TCTI (for example device:/dev/tpmrm0)") } else { configuration.settings.tpm2TCTI = value }
+        }
+        if let value = string(root, ["metrics-listen"]) {
+            do throws(LoopbackAddress.Problem) { configuration.metricsListen = try LoopbackAddress(value) } catch {
+                fail(["metrics-listen"], error.message)
+            }
         }
         if let control = table(root, "control") {
             unknownKeys(control, allowed: Self.controlKeys, in: ["control"])

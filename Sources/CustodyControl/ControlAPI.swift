@@ -14,6 +14,8 @@ struct ControlAPI: Sendable {
     /// What the daemon adds to a support bundle (its configuration, scrubbed) and how it scrubs
     /// text; set by custodyd.
     let diagnostics = DiagnosticsHooks()
+    /// What `GET /v1/metrics` answers; set by custodyd.
+    let metrics = MetricsHooks()
     let streams = StreamCounter()
     static let version = "0.3.0"
 
@@ -176,6 +178,7 @@ struct ControlAPI: Sendable {
         RouteSpec("GET", "/v1/jobs/{id}"),
         RouteSpec("GET", "/v1/events"),
         RouteSpec("GET", "/v1/diagnostics"),
+        RouteSpec("GET", "/v1/metrics"),
     ]
 
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
@@ -407,6 +410,8 @@ struct ControlAPI: Sendable {
             return json(job.snapshot)
         case ("GET", "/v1/events"):
             return try events(request, caller)
+        case ("GET", "/v1/metrics"):
+            return metricsAnswer(caller)
         case ("GET", "/v1/diagnostics"):
             guard caller.isAdmin else { throw Self.notAuthorized("read the diagnostics") }
             return diagnosticsBundle()

@@ -55,7 +55,8 @@ public final class Engine: @unchecked Sendable {
     /// check their grant again.
     let policyGeneration = Atomic<UInt64>(0)
     let transferRulesBox = Mutex<TransferRules?>(nil)
-    let transferEvents = TransferEventLimiter()
+    let transferEvents = EventRateLimiter()
+    let tamperEvents = EventRateLimiter()
 
     enum Lock: Equatable { case locked, unlocked, locking(until: Double) }
 

@@ -141,7 +141,13 @@ extension Engine {
         if case .login = credential {
             events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn) at login", details: ["cause": "login"])
         } else {
-            events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn)")
+            let cause: String
+            switch credential {
+            case .recovery: cause = "recovery"
+            case .passphrase(let passphrase): cause = passphrase == nil ? "noPassphrase" : "passphrase"
+            case .login: cause = "login"
+            }
+            events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn)", details: ["cause": cause])
         }
     }
 

@@ -205,8 +205,9 @@ struct TransferRules: Sendable {
     var anyRestrictedReceiver = false
 }
 
-/// Keeps a process that retries a refused open in a loop from flooding the event stream.
-final class TransferEventLimiter: Sendable {
+/// Keeps a process that retries a refused open (or reads a damaged file) in a loop from flooding
+/// the event stream.
+final class EventRateLimiter: Sendable {
     static let perSecond = 20
     private struct Window { var start: Double = 0; var admitted = 0; var suppressed = 0 }
     private let window = Mutex(Window())

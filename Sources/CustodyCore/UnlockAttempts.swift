@@ -59,8 +59,9 @@ extension Engine {
             saveAttempts(state)
             return (keys.failures, wait)
         }
+        let protector = what.hasPrefix("login") ? "login" : what.hasPrefix("recovery") ? "recovery" : "passphrase"
         events.emit(.unlockFailed, identity: account.upn, "wrong \(what) for \(account.upn)",
-                    details: ["failures": "\(failures)", "retryAfterSeconds": "\(wait)"])
+                    details: ["failures": "\(failures)", "retryAfterSeconds": "\(wait)", "protector": protector])
         let settings = self.settings
         if settings.maxUnlockAttempts > 0, failures >= settings.maxUnlockAttempts {
             if settings.unlockAttemptsAction == "wipe" {

@@ -84,7 +84,7 @@ extension PassthroughFilesystem {
                 fuse_reply_xattr(req, count)
             }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -117,7 +117,7 @@ extension PassthroughFilesystem {
                 names.withUnsafeBytes { _ = fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), names.count) }
             }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -133,20 +133,20 @@ extension PassthroughFilesystem {
                     guard engine != nil else { throw Errno.notSupported }
                     let owner = given.trimmingWhitespace()
                     try changeOwner(id: UInt64(id), inode, to: owner.isEmpty ? nil : owner)
-                    fuse_reply_err(req, 0)
+                    replyError(req, 0)
                     return
                 }
                 // The class and encryption flag follow from the owner's policy; setting the
                 // current value succeeds (cp -a between owned files), other values cannot be set.
                 guard let current = virtualAttribute(attribute, of: inode), current == given.trimmingWhitespace() else { throw Errno.notSupported }
-                fuse_reply_err(req, 0)
+                replyError(req, 0)
                 return
             }
             guard !inode.isSymlink else { throw Errno.notPermitted }
             try Syscall.setxattr(inode.procPath, name, value, size, flags)
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -158,15 +158,15 @@ extension PassthroughFilesystem {
             if attribute == "user.custody.owner", engine != nil {
                 // Unprotect: plain and untracked again (recursively for a directory).
                 try changeOwner(id: UInt64(id), inode, to: nil)
-                fuse_reply_err(req, 0)
+                replyError(req, 0)
                 return
             }
             if attribute.hasPrefix(Self.virtualPrefix) { throw Errno.notSupported }
             guard !inode.isSymlink else { throw Errno.notPermitted }
             try Syscall.removexattr(inode.procPath, name)
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 }

@@ -1,5 +1,6 @@
 import CFuse3
 import CustodyCore
+import CustodyMetrics
 import CustodySystem
 import Glibc
 import Synchronization
@@ -12,6 +13,8 @@ public final class FUSEMount: @unchecked Sendable {
     public let options: MountOptions
     /// Decides owners and holds keys; nil mounts a plain passthrough.
     public let engine: Engine?
+    /// What the daemon counts (nil: nothing).
+    let metrics: MountMetrics?
 
     /// The live session and the thread running its loop, for `stop()`.
     private struct Running: @unchecked Sendable {
@@ -43,7 +46,7 @@ public final class FUSEMount: @unchecked Sendable {
     }()
 
     /// Checks both paths and `/dev/fuse`, so that problems are reported before anything is mounted.
-    public init(backing: String, mountPoint: String, options: MountOptions, engine: Engine? = nil) throws(MountError) {
+    public init(backing: String, mountPoint: String, options: MountOptions, engine: Engine? = nil, metrics: MountMetrics? = nil) throws(MountError) {
         guard let backingPath = resolvedPath(backing) else { throw .backingMissing(backing) }
         guard let backingAttributes = try? Syscall.lstat(backingPath), backingAttributes.st_mode & S_IFMT == S_IFDIR else {
             throw .backingNotDirectory(backing)
@@ -76,6 +79,7 @@ public final class FUSEMount: @unchecked Sendable {
         self.mountPoint = mountPath
         self.options = options
         self.engine = engine
+        self.metrics = metrics
     }
 
     /// Mounts, calls `mounted` once the mount is live, and serves requests until unmounted
@@ -92,7 +96,7 @@ public final class FUSEMount: @unchecked Sendable {
             throw .backingUnreadable(backing, error)
         }
         let root = Inode(fd: rootFD, device: UInt64(rootAttributes.st_dev), number: UInt64(rootAttributes.st_ino), fileType: S_IFDIR)
-        let filesystem = PassthroughFilesystem(root: root, options: options, engine: engine)
+        let filesystem = PassthroughFilesystem(root: root, options: options, engine: engine, metrics: metrics)
 
         var arguments = ["custodyd", "-o", mountOptionString()]
         if options.debug { arguments.append("-d") }

@@ -22,144 +22,147 @@ extension PassthroughFilesystem {
         }
         ops.lookup = { req, parent, name in
             guard let req, let name else { return }
-            from(req).lookup(req, parent, name)
+            from(req).serve(.lookup) { $0.lookup(req, parent, name) }
         }
         ops.forget = { req, id, count in
-            from(req).forget(id, count)
-            fuse_reply_none(req)
+            from(req).serve(.forget) {
+                $0.forget(id, count)
+                fuse_reply_none(req)
+            }
         }
         ops.forget_multi = { req, count, forgets in
-            let fs = from(req)
-            if let forgets {
-                for item in UnsafeBufferPointer(start: forgets, count: count) {
-                    fs.forget(item.ino, item.nlookup)
+            from(req).serve(.forget) { fs in
+                if let forgets {
+                    for item in UnsafeBufferPointer(start: forgets, count: count) {
+                        fs.forget(item.ino, item.nlookup)
+                    }
                 }
+                fuse_reply_none(req)
             }
-            fuse_reply_none(req)
         }
         ops.getattr = { req, id, fi in
             guard let req else { return }
-            from(req).getattr(req, id, fi)
+            from(req).serve(.getattr) { $0.getattr(req, id, fi) }
         }
         ops.setattr = { req, id, attributes, toSet, fi in
             guard let req, let attributes else { return }
-            from(req).setattr(req, id, attributes, toSet, fi)
+            from(req).serve(.setattr) { $0.setattr(req, id, attributes, toSet, fi) }
         }
         ops.access = { req, id, mask in
             guard let req else { return }
-            from(req).access(req, id, mask)
+            from(req).serve(.access) { $0.access(req, id, mask) }
         }
         ops.readlink = { req, id in
             guard let req else { return }
-            from(req).readlink(req, id)
+            from(req).serve(.readlink) { $0.readlink(req, id) }
         }
         ops.statfs = { req, id in
             guard let req else { return }
-            from(req).statfs(req, id)
+            from(req).serve(.statfs) { $0.statfs(req, id) }
         }
         ops.mkdir = { req, parent, name, mode in
             guard let req, let name else { return }
-            from(req).mkdir(req, parent, name, mode)
+            from(req).serve(.mkdir) { $0.mkdir(req, parent, name, mode) }
         }
         ops.mknod = { req, parent, name, mode, device in
             guard let req, let name else { return }
-            from(req).mknod(req, parent, name, mode, device)
+            from(req).serve(.mknod) { $0.mknod(req, parent, name, mode, device) }
         }
         ops.symlink = { req, target, parent, name in
             guard let req, let target, let name else { return }
-            from(req).symlink(req, target, parent, name)
+            from(req).serve(.symlink) { $0.symlink(req, target, parent, name) }
         }
         ops.link = { req, id, newParent, newName in
             guard let req, let newName else { return }
-            from(req).link(req, id, newParent, newName)
+            from(req).serve(.link) { $0.link(req, id, newParent, newName) }
         }
         ops.unlink = { req, parent, name in
             guard let req, let name else { return }
-            from(req).unlink(req, parent, name)
+            from(req).serve(.unlink) { $0.unlink(req, parent, name) }
         }
         ops.rmdir = { req, parent, name in
             guard let req, let name else { return }
-            from(req).rmdir(req, parent, name)
+            from(req).serve(.rmdir) { $0.rmdir(req, parent, name) }
         }
         ops.rename = { req, parent, name, newParent, newName, flags in
             guard let req, let name, let newName else { return }
-            from(req).rename(req, parent, name, newParent, newName, flags)
+            from(req).serve(.rename) { $0.rename(req, parent, name, newParent, newName, flags) }
         }
         ops.open = { req, id, fi in
             guard let req, let fi else { return }
-            from(req).open(req, id, fi)
+            from(req).serve(.open) { $0.open(req, id, fi) }
         }
         ops.create = { req, parent, name, mode, fi in
             guard let req, let name, let fi else { return }
-            from(req).create(req, parent, name, mode, fi)
+            from(req).serve(.create) { $0.create(req, parent, name, mode, fi) }
         }
         ops.read = { req, _, size, offset, fi in
             guard let req, let fi else { return }
-            from(req).read(req, size, offset, fi)
+            from(req).serve(.read) { $0.read(req, size, offset, fi) }
         }
         ops.write_buf = { req, _, buffers, offset, fi in
             guard let req, let buffers, let fi else { return }
-            from(req).writeBuffers(req, buffers, offset, fi)
+            from(req).serve(.write) { $0.writeBuffers(req, buffers, offset, fi) }
         }
         ops.flush = { req, _, fi in
             guard let req, let fi else { return }
-            from(req).flush(req, fi)
+            from(req).serve(.flush) { $0.flush(req, fi) }
         }
         ops.release = { req, _, fi in
             guard let req, let fi else { return }
-            from(req).release(req, fi)
+            from(req).serve(.release) { $0.release(req, fi) }
         }
         ops.fsync = { req, _, dataOnly, fi in
             guard let req, let fi else { return }
-            from(req).fsync(req, dataOnly != 0, fi)
+            from(req).serve(.fsync) { $0.fsync(req, dataOnly != 0, fi) }
         }
         ops.fallocate = { req, _, mode, offset, length, fi in
             guard let req, let fi else { return }
-            from(req).fallocate(req, mode, offset, length, fi)
+            from(req).serve(.fallocate) { $0.fallocate(req, mode, offset, length, fi) }
         }
         ops.lseek = { req, _, offset, whence, fi in
             guard let req, let fi else { return }
-            from(req).lseek(req, offset, whence, fi)
+            from(req).serve(.lseek) { $0.lseek(req, offset, whence, fi) }
         }
         ops.copy_file_range = { req, _, inOffset, inFI, _, outOffset, outFI, length, flags in
             guard let req, let inFI, let outFI else { return }
-            from(req).copyFileRange(req, inOffset, inFI, outOffset, outFI, length, UInt32(bitPattern: flags))
+            from(req).serve(.copyFileRange) { $0.copyFileRange(req, inOffset, inFI, outOffset, outFI, length, UInt32(bitPattern: flags)) }
         }
         ops.opendir = { req, id, fi in
             guard let req, let fi else { return }
-            from(req).opendir(req, id, fi)
+            from(req).serve(.opendir) { $0.opendir(req, id, fi) }
         }
         ops.readdir = { req, id, size, offset, fi in
             guard let req, let fi else { return }
-            from(req).readdir(req, id, size, offset, fi, plus: false)
+            from(req).serve(.readdir) { $0.readdir(req, id, size, offset, fi, plus: false) }
         }
         ops.readdirplus = { req, id, size, offset, fi in
             guard let req, let fi else { return }
-            from(req).readdir(req, id, size, offset, fi, plus: true)
+            from(req).serve(.readdirplus) { $0.readdir(req, id, size, offset, fi, plus: true) }
         }
         ops.releasedir = { req, _, fi in
             guard let req, let fi else { return }
-            from(req).releasedir(req, fi)
+            from(req).serve(.releasedir) { $0.releasedir(req, fi) }
         }
         ops.fsyncdir = { req, _, dataOnly, fi in
             guard let req, let fi else { return }
-            from(req).fsyncdir(req, dataOnly != 0, fi)
+            from(req).serve(.fsyncdir) { $0.fsyncdir(req, dataOnly != 0, fi) }
         }
         ops.getxattr = { req, id, name, size in
             guard let req, let name else { return }
-            from(req).getxattr(req, id, name, size)
+            from(req).serve(.getxattr) { $0.getxattr(req, id, name, size) }
         }
         ops.listxattr = { req, id, size in
             guard let req else { return }
-            from(req).listxattr(req, id, size)
+            from(req).serve(.listxattr) { $0.listxattr(req, id, size) }
         }
         ops.setxattr = { req, id, name, value, size, flags in
             guard let req, let name else { return }
-            from(req).setxattr(req, id, name, value, size, flags)
+            from(req).serve(.setxattr) { $0.setxattr(req, id, name, value, size, flags) }
         }
         ops.removexattr = { req, id, name in
             guard let req, let name else { return }
-            from(req).removexattr(req, id, name)
+            from(req).serve(.removexattr) { $0.removexattr(req, id, name) }
         }
         return ops
     }

@@ -1,6 +1,7 @@
 import CFuse3
 import CustodyCore
 import CustodyFormat
+import CustodyMetrics
 import CustodySystem
 import Dispatch
 import Glibc
@@ -35,13 +36,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
     let directoryReadAhead: DirectoryReadAhead
     /// Space of removed files, and what the kernel caches after a failed write (`FullDisk.swift`).
     let storageEdges: StorageEdges
+    /// What the daemon counts (nil: nothing is counted).
+    let metrics: MountMetrics?
 
-    init(root: Inode, options: MountOptions, engine: Engine?, descriptorLimit: Int = InodePruner.descriptorLimit()) {
+    init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)
         self.inodes = inodes
         directoryReadAhead = DirectoryReadAhead { ids in Self.fetchFirstBytes(of: ids, in: inodes) }
         self.options = options
         self.engine = engine
+        self.metrics = metrics
         wakeBoost = options.lowLatency ? WakeLatencyBoost.shared : nil
         inodeHighWater = max(64, descriptorLimit * 6 / 10)
         inodeLowWater = max(32, descriptorLimit * 4 / 10)
@@ -172,7 +176,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             negative.entry_timeout = options.negativeTimeout
             fuse_reply_entry(req, &negative)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -197,7 +201,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             attributes = presented(attributes, of: inode)
             fuse_reply_attr(req, &attributes, attributeTimeout(of: inode))
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -253,7 +257,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             attributes = presented(attributes, of: inode)
             fuse_reply_attr(req, &attributes, attributeTimeout(of: inode))
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -263,9 +267,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
             if !inode.isSymlink {
                 try Syscall.faccessat(AT_FDCWD, inode.procPath, mask, AT_EACCESS)
             }
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -274,7 +278,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let target = try Syscall.readlinkat(try inodes.inode(UInt64(id)).fd, "")
             target.withUnsafeBufferPointer { _ = fuse_reply_readlink(req, $0.baseAddress) }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -283,7 +287,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             var st = try Syscall.fstatvfs(try inodes.inode(UInt64(id)).fd)
             fuse_reply_statfs(req, &st)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -316,7 +320,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -328,7 +332,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -340,7 +344,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -352,7 +356,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             var entry = try lookupEntry(in: newParent, newParentID, newName)
             fuse_reply_entry(req, &entry)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -361,10 +365,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let parent = try inodes.inode(UInt64(parentID))
             let victim = knownRegularFile(in: parent, name)
             try Syscall.unlinkat(parent.fd, name, 0)
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
             if let victim { storageEdges.releaseIfUnlinked(victim) }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -380,9 +384,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func rmdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             try Syscall.unlinkat(try inodes.inode(UInt64(parentID)).fd, name, AT_REMOVEDIR)
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -393,10 +397,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let newParent = try inodes.inode(UInt64(newParentID))
             let replaced = flags & Linux.RENAME_EXCHANGE == 0 ? knownRegularFile(in: newParent, newName) : nil
             try Syscall.renameat2(parent.fd, name, newParent.fd, newName, flags)
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
             if let replaced { storageEdges.releaseIfUnlinked(replaced) }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -472,7 +476,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 directoryReadAhead.opened(UInt64(id), in: parent)
             }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -507,6 +511,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             var entry = try rememberEntry(pathFD: try withDescriptor { () throws(Errno) in try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC) },
                                           name: EntryName(parent: UInt64(parentID), name: String(cString: name)), protection: wanted)
             let inode = try inodes.inode(UInt64(entry.ino))
+            metrics?.created(wanted.isEncrypted ? .encrypted : wanted == .untracked ? .none : .plain)
             if let content {
                 Syscall.close(fd)
                 inode.protectionState.withLock { $0.content = content }
@@ -521,7 +526,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 inodes.forget(UInt64(entry.ino), count: 1)
             }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -542,7 +547,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     func read(_ req: fuse_req_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         let content: ProtectedContent
@@ -554,16 +559,18 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             content = live
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
             return
         }
         Self.plaintextBuffers.withBuffer(byteCount: size) { buffer in
             do throws(FormatError) {
                 let count = try content.file.read(into: buffer, at: UInt64(offset))
+                metrics?.bytesDecrypted.increment(by: Int64(count))
                 fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
             } catch {
                 log("read of an encrypted file failed: \(error)")
-                fuse_reply_err(req, error.errnoValue.rawValue)
+                noteTampering(error, of: file.inode, owner: content.lease.identity, content: content)
+                replyError(req, error.errnoValue.rawValue)
             }
         }
     }
@@ -582,7 +589,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 let count = try buffer.baseAddress.map { (base) throws(Errno) in try Syscall.preadAll(fd, base, size, Int64(offset)) } ?? 0
                 fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
             } catch {
-                fuse_reply_err(req, error.rawValue)
+                replyError(req, error.rawValue)
             }
         }
     }
@@ -603,7 +610,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     func writeBuffers(_ req: fuse_req_t, _ buffers: UnsafeMutablePointer<fuse_bufvec>, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         let content: ProtectedContent
@@ -612,7 +619,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             guard let live = try liveContent(file) else {
                 let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
                 if written < 0 {
-                    fuse_reply_err(req, Int32(-written))
+                    replyError(req, Int32(-written))
                     writeFailed(file.inode)
                 } else {
                     fuse_reply_write(req, Int(written))
@@ -622,7 +629,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             content = live
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
             return
         }
         let size = fuse_buf_size(buffers)
@@ -639,7 +646,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         Self.plaintextBuffers.withBuffer(byteCount: size) { buffer in
             let copied = custody_copy_bufvec_to_memory(buffers, buffer.baseAddress, size)
             guard copied >= 0 else {
-                fuse_reply_err(req, Int32(-copied))
+                replyError(req, Int32(-copied))
                 return
             }
             writeEncrypted(content, UnsafeRawBufferPointer(rebasing: buffer[0..<Int(copied)]), offset, req, file.inode)
@@ -649,11 +656,13 @@ final class PassthroughFilesystem: @unchecked Sendable {
     private func writeEncrypted(_ content: ProtectedContent, _ data: UnsafeRawBufferPointer, _ offset: off_t, _ req: fuse_req_t, _ inode: Inode?) {
         do throws(FormatError) {
             try content.file.write(data, at: UInt64(offset))
+            metrics?.bytesEncrypted.increment(by: Int64(data.count))
             fuse_reply_write(req, data.count)
             writeBehind(content.fd, written: data.count)
         } catch {
             log("write to an encrypted file failed: \(error)")
-            fuse_reply_err(req, error.errnoValue.rawValue)
+            noteTampering(error, of: inode, owner: content.lease.identity, content: content)
+            replyError(req, error.errnoValue.rawValue)
             // The file stays a clean prefix of what was written (see ProtectedFile).
             content.file.settleAfterFailedWrite(error)
             writeFailed(inode)
@@ -679,16 +688,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func flush(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         // Closing a duplicate reports deferred write errors of the backing file system (as NFS does).
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         do throws(Errno) {
             let duplicate = try Syscall.dup(file.backingFD)
             let result = Glibc.close(duplicate)
-            fuse_reply_err(req, result == -1 ? errno : 0)
+            replyError(req, result == -1 ? errno : 0)
             afterFlush(file.inode)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -696,26 +705,26 @@ final class PassthroughFilesystem: @unchecked Sendable {
         if fi.pointee.fh != 0 {
             releaseHandle(fi.pointee.fh)
         }
-        fuse_reply_err(req, 0)
+        replyError(req, 0)
     }
 
     func fsync(_ req: fuse_req_t, _ dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         do throws(Errno) {
             if dataOnly { try Syscall.fdatasync(file.backingFD) } else { try Syscall.fsync(file.backingFD) }
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
         afterFlush(file.inode)
     }
 
     func fallocate(_ req: fuse_req_t, _ mode: Int32, _ offset: off_t, _ length: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         do throws(Errno) {
@@ -729,15 +738,15 @@ final class PassthroughFilesystem: @unchecked Sendable {
             } else {
                 try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length))
             }
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
     func lseek(_ req: fuse_req_t, _ offset: off_t, _ whence: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         do throws(Errno) {
@@ -754,19 +763,19 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             fuse_reply_lseek(req, off_t(try Syscall.lseek(file.fd, Int64(offset), whence)))
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
     func copyFileRange(_ req: fuse_req_t, _ inOffset: off_t, _ inFI: UnsafeMutablePointer<fuse_file_info>, _ outOffset: off_t, _ outFI: UnsafeMutablePointer<fuse_file_info>, _ length: Int, _ flags: UInt32) {
         guard let input = HandleBox.borrow(inFI.pointee.fh, as: OpenFile.self),
               let output = HandleBox.borrow(outFI.pointee.fh, as: OpenFile.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         // Ciphertext cannot be copied as bytes: the kernel falls back to reading and writing.
         guard input.content == nil, output.content == nil else {
-            fuse_reply_err(req, EOPNOTSUPP)
+            replyError(req, EOPNOTSUPP)
             return
         }
         do throws(Errno) {
@@ -777,7 +786,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let copied = try Syscall.copyFileRange(input.fd, &from, output.fd, &to, length, flags)
             fuse_reply_write(req, copied)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -798,7 +807,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 HandleBox.release(fi.pointee.fh, as: OpenDirectory.self)
             }
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -806,19 +815,19 @@ final class PassthroughFilesystem: @unchecked Sendable {
         if fi.pointee.fh != 0 {
             HandleBox.release(fi.pointee.fh, as: OpenDirectory.self)
         }
-        fuse_reply_err(req, 0)
+        replyError(req, 0)
     }
 
     func fsyncdir(_ req: fuse_req_t, _ dataOnly: Bool, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let dir = HandleBox.borrow(fi.pointee.fh, as: OpenDirectory.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         do throws(Errno) {
             if dataOnly { try Syscall.fdatasync(dir.fd) } else { try Syscall.fsync(dir.fd) }
-            fuse_reply_err(req, 0)
+            replyError(req, 0)
         } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
         }
     }
 
@@ -828,12 +837,12 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// (but . and ..) is looked up too, so the kernel needs no separate lookup per name.
     func readdir(_ req: fuse_req_t, _ id: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>, plus: Bool) {
         guard let directory = HandleBox.borrow(fi.pointee.fh, as: OpenDirectory.self) else {
-            fuse_reply_err(req, EBADF)
+            replyError(req, EBADF)
             return
         }
         let parent: Inode
         do { parent = try inodes.inode(UInt64(id)) } catch {
-            fuse_reply_err(req, error.rawValue)
+            replyError(req, error.rawValue)
             return
         }
         let buffer = UnsafeMutableRawPointer.allocate(byteCount: max(size, 1), alignment: 8)
@@ -894,7 +903,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
         }
         if failure != 0 {
-            fuse_reply_err(req, failure)
+            replyError(req, failure)
         } else {
             fuse_reply_buf(req, buffer.assumingMemoryBound(to: CChar.self), used)
             if plus { directoryReadAhead.listed(files, in: UInt64(id), fromStart: offset == 0) }

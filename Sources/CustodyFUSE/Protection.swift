@@ -58,6 +58,8 @@ final class ProtectedContent: @unchecked Sendable {
     let lease: FileKeyLease
     /// Open handles; guarded by the inode's protection lock.
     var opens = 1
+    /// A tampering event was sent for this content (one per open content).
+    let tamperReported = Atomic<Bool>(false)
 
     init(fd: Int32, file: ProtectedFile, lease: FileKeyLease) {
         self.fd = fd
@@ -241,6 +243,7 @@ extension PassthroughFilesystem {
                 let file: ProtectedFile
                 do throws(FormatError) { file = try ProtectedFile(storage: storage, header: header, fileKey: lease.fileKey) } catch {
                     engine.closeFileKey(lease)
+                    noteTampering(error, of: inode, owner: header.owner.display)
                     throw error.errnoValue
                 }
                 let content = ProtectedContent(fd: fd, file: file, lease: lease)

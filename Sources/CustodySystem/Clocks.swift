@@ -13,3 +13,11 @@ public func wallClockSeconds() -> Double {
     clock_gettime(CLOCK_REALTIME, &time)
     return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
 }
+
+/// Monotonic nanoseconds (for measuring short intervals without rounding).
+@inline(__always)
+public func monotonicNanoseconds() -> Int64 {
+    var time = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &time)
+    return Int64(time.tv_sec) &* 1_000_000_000 &+ Int64(time.tv_nsec)
+}

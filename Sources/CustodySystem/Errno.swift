@@ -1,3 +1,4 @@
+import CLinux
 import Glibc
 
 /// A POSIX error number. Every syscall wrapper in this module throws it, so callers at the
@@ -12,6 +13,11 @@ public struct Errno: Error, Equatable, Hashable, Sendable, CustomStringConvertib
 
     public var description: String {
         "\(String(cString: strerror(rawValue))) (errno \(rawValue))"
+    }
+
+    /// The symbolic name ("ENOENT"), or "E" and the number for one glibc does not name.
+    public var name: String {
+        clinux_errno_name(rawValue).map { String(cString: $0) } ?? "E\(rawValue)"
     }
 
     public static let notPermitted = Errno(EPERM)

@@ -103,10 +103,18 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("How to reach the TPM (a TCTI: device:/dev/tpmrm0, swtpm:host=…,port=…, mssim:…).", valueName: "tcti"))
     var tpm2Tcti: String?
 
+    @Option(help: ArgumentHelp("Also serve the metrics in the Prometheus format on this loopback address (e.g. 127.0.0.1:9464).", valueName: "address:port"))
+    var metricsListen: String?
+
     @Option(help: ArgumentHelp("A SHA-256 PCR to bind a TPM-sealed machine key to (repeatable; e.g. 7, the Secure Boot state).", valueName: "pcr"))
     var tpm2Pcr: [Int] = []
 
     func validate() throws {
+        if let metricsListen {
+            do throws(LoopbackAddress.Problem) { _ = try LoopbackAddress(metricsListen) } catch {
+                throw ValidationError("--metrics-listen: \(error)")
+            }
+        }
         guard cacheTimeout >= 0, cacheTimeout.isFinite else {
             throw ValidationError("--cache-timeout must be a number of seconds, 0 or more")
         }
@@ -229,6 +237,7 @@ struct Custodyd: ParsableCommand {
         if let machineKey, let mode = MachineKeyMode(rawValue: machineKey) { configuration.settings.machineKey = mode }
         if let tpm2Tcti { configuration.settings.tpm2TCTI = tpm2Tcti }
         if !tpm2Pcr.isEmpty { configuration.settings.tpm2PCRs = tpm2Pcr }
+        if let metricsListen { configuration.metricsListen = try LoopbackAddress(metricsListen) }
         if let backing, let mountPoint {
             var mount = MountConfiguration(backing: backing, mountPoint: mountPoint)
             mount.allowOther = allowOther

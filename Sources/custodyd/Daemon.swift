@@ -2,6 +2,7 @@ import CustodyConfig
 import CustodyControl
 import CustodyCore
 import CustodyFUSE
+import CustodyMetrics
 import CustodySessions
 import CustodySystem
 import Dispatch
@@ -112,6 +113,12 @@ final class Daemon: @unchecked Sendable {
     private var eventSubscription: Int?
     /// Login sessions (logind) locking the identities; nil when not followed.
     private var sessions: LoginMonitor?
+    /// What the daemon counts (`GET /v1/metrics`), and the loopback listener that also serves it.
+    let metrics = DaemonMetrics(version: CustodyVersion.string)
+    private var metricsSubscription: Int?
+    /// `ScrubAccountIdentities`, for the metrics' thread (a reload changes it).
+    private let scrubsIdentities = Atomic<Bool>(false)
+    private var metricsListener: MetricsListener?
 
     init(configuration: DaemonConfiguration, configurationPath: String?, baseOptions: MountOptions) throws {
         self.configuration = configuration
@@ -143,6 +150,13 @@ final class Daemon: @unchecked Sendable {
         }
         server.setLog { [logger] message in logger.warning("\(message)") }
         updateScrubbing()
+        metricsSubscription = metrics.observe(engine)
+        scrubsIdentities.store(configuration.scrubAccountIdentities, ordering: .releasing)
+        let metrics = self.metrics, engine = self.engine
+        // Series naming identities: for administrators, and only when identities are not scrubbed.
+        server.metrics.set { [weak self] administrator in
+            metrics.render(engine, identities: administrator && self?.scrubsIdentities.load(ordering: .acquiring) == false)
+        }
         let path = configurationPath
         server.diagnostics.set(configuration: {
             guard let path else { return "(no configuration file; started with command-line options)" }
@@ -191,7 +205,8 @@ final class Daemon: @unchecked Sendable {
     func attachMount(_ configuration: MountConfiguration) -> RunningMount? {
         let mount: FUSEMount
         do throws(MountError) {
-            mount = try FUSEMount(backing: configuration.backing, mountPoint: configuration.mountPoint, options: options(for: configuration), engine: engine)
+            mount = try FUSEMount(backing: configuration.backing, mountPoint: configuration.mountPoint, options: options(for: configuration), engine: engine,
+                                  metrics: metrics.mounts)
         } catch {
             logger.error("\(error.description)")
             return nil
@@ -220,6 +235,17 @@ final class Daemon: @unchecked Sendable {
     func start() -> Bool {
         engine.startDeadlineTimer()
         server.start()
+        if let address = configuration.metricsListen {
+            let (metrics, engine) = (self.metrics, self.engine)
+            do throws(MetricsListener.Failure) {
+                let listener = try MetricsListener(address) { metrics.render(engine, identities: false) }
+                listener.start()
+                metricsListener = listener
+                logger.info("metrics on http://\(address)/metrics")
+            } catch {
+                logger.error("\(error)")
+            }
+        }
         for configured in configuration.mounts {
             guard let running = attachMount(configured) else {
                 stopAll()
@@ -316,6 +342,7 @@ final class Daemon: @unchecked Sendable {
             return
         }
         configuration = fresh
+        scrubsIdentities.store(fresh.scrubAccountIdentities, ordering: .releasing)
         engine.updateSettings(fresh.settings)
         DaemonLog.level.withLock { $0 = Logger.Level(rawValue: fresh.logLevel) ?? .info }
         updateScrubbing()
@@ -345,6 +372,8 @@ final class Daemon: @unchecked Sendable {
             logger.info("unmounted \(running.mount.mountPoint)")
         }
         mounts.removeAll()
+        metricsListener?.stop()
+        metricsListener = nil
         server.stop()
         engine.stopDeadlineTimer()
     }

@@ -96,6 +96,7 @@ final class JournalEvents: Sendable {
     static func priority(_ kind: EngineEvent.Kind) -> Int {
         switch kind {
         case .wipeFailed, .enrollmentFailed: return 3
+        case .tamperDetected: return 3
         case .unlockFailed, .unlockAttemptsExceeded, .transferBlocked: return 4
         case .wipeStarted, .wipeFinished, .deregistered, .machineKeyChanged, .locked: return 5
         case .wipeProgress, .reprotectProgress: return 7

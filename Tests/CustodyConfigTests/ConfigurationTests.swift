@@ -77,6 +77,20 @@ final class ConfigurationTests: XCTestCase {
         ])
     }
 
+    func testMetricsListenIsALoopbackAddress() throws {
+        XCTAssertEqual(try parse(#"metrics-listen = "127.0.0.1:9464""#).metricsListen?.description, "127.0.0.1:9464")
+        XCTAssertEqual(try parse(#"metrics-listen = "[::1]:9464""#).metricsListen?.description, "[::1]:9464")
+        XCTAssertNil(try parse("").metricsListen, "off by default")
+        XCTAssertEqual(errors(#"metrics-listen = "0.0.0.0:9464""#),
+                       ["test.toml:1: metrics-listen: 0.0.0.0 is not a loopback address (127.0.0.0/8 or ::1): the metrics are served to this machine only"])
+        XCTAssertEqual(errors(#"metrics-listen = "127.0.0.1:0""#), ["test.toml:1: metrics-listen: port must be 1 to 65535, not 0"])
+        XCTAssertEqual(errors(#"metrics-listen = "localhost""#),
+                       ["test.toml:1: metrics-listen: must be address:port on loopback, such as 127.0.0.1:9464, not localhost"])
+        XCTAssertEqual(errors(#"metrics-listen = "[::1]9464""#),
+                       ["test.toml:1: metrics-listen: must be address:port on loopback, such as 127.0.0.1:9464 or [::1]:9464, not [::1]9464"])
+        XCTAssertEqual(errors(#"metrics-listen = "127.0.0.300:80""#).count, 1)
+    }
+
     func testAFullConfiguration() throws {
         let configuration = try parse("""
             state = "/var/lib/custody/"

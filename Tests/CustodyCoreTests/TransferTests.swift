@@ -137,7 +137,7 @@ final class TransferTests: EngineTestCase {
             engine.reportBlockedTransfer(decision, source: "alice@contoso.com", target: nil, party: process, operation: "read", path: "corp.txt")
         }
         let blocked = recorder.withLock { $0.filter { $0.kind == .transferBlocked } }
-        XCTAssertEqual(blocked.count, TransferEventLimiter.perSecond, "a loop of refused opens does not flood the stream")
+        XCTAssertEqual(blocked.count, EventRateLimiter.perSecond, "a loop of refused opens does not flood the stream")
         XCTAssertEqual(blocked.first?.details["executable"], "/usr/bin/cat")
         XCTAssertEqual(blocked.first?.identity, "alice@contoso.com")
     }

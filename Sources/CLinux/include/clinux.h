@@ -99,3 +99,6 @@ int clinux_landlock_deny_filesystem(void);
 int clinux_landlock_restrict_writes(const char *const *paths, int count);
 
 #endif
+
+/// The symbolic name of an error number ("ENOENT"), or NULL when glibc knows none.
+const char *clinux_errno_name(int error);
