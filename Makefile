@@ -8,8 +8,9 @@ RELEASE_BIN := .build/release
 # Debian packages: what building and testing need, and what `make bench` compares against.
 BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev libsodium-dev libsystemd-dev libpam0g-dev libtss2-dev
 TEST_PACKAGES := man-db lintian attr sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
-# From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon.
-PIP_TEST_PACKAGES := schemathesis==4.32.5
+# From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon, and ansible-core
+# for the collection's tests (tests/ansible-test.sh).
+PIP_TEST_PACKAGES := schemathesis==4.32.5 ansible-core==2.19.14
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
 
 # promtool (which checks the metrics' format) from Debian's prometheus package, unpacked here
@@ -50,7 +51,7 @@ deps:
 
 # Python packages the tests use, installed for the python3 on the PATH when missing.
 pip-deps:
-	@python3 -c 'import schemathesis' 2>/dev/null || { echo "installing from PyPI: $(PIP_TEST_PACKAGES)"; \
+	@python3 -c 'import schemathesis, ansible' 2>/dev/null || { echo "installing from PyPI: $(PIP_TEST_PACKAGES)"; \
 		python3 -m pip install --quiet $(PIP_TEST_PACKAGES) 2>/dev/null || python3 -m pip install --quiet --break-system-packages $(PIP_TEST_PACKAGES); }
 
 bench-deps: deps
@@ -77,6 +78,7 @@ test: build pip-deps $(PROMTOOL)
 	$(BIN)/custody-fuzz-http fuzz/http
 	bash tests/api-fuzz.sh
 	bash tests/man-test.sh $(BIN)
+	bash tests/ansible-test.sh $(BIN)
 	$(MAKE) --no-print-directory test-install
 	bash tests/deb-test.sh
 
