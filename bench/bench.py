@@ -10,6 +10,12 @@ Systems (each mounted once for the run, alternating round by round):
   custody-plain              custodyd with no identity: the plaintext passthrough
   gocryptfs                  gocryptfs (Debian), default settings
   gocryptfs-plaintextnames   gocryptfs -plaintextnames (Custody does not encrypt names either)
+  passthrough-ll             libfuse's low-level passthrough example (passthrough_ll.c from
+                             libfuse3-dev's examples, built here into BENCH_DIR, never committed)
+                             with -o writeback,xattr,clone_fd: what FUSE itself costs
+
+For the Custody systems it also counts the FUSE requests each workload made, per file (from the
+daemon's metrics, GET /v1/metrics), by operation.
 
 Prints a markdown table of medians (seconds, or IOPS for fio) with the ratio to gocryptfs, writes
 JSON under bench/runs/ (ignored by git: results are not committed), and records custodyd's peak
@@ -37,7 +43,11 @@ ALL_WORKLOADS = ["dd_write", "dd_read_cold", "untar", "ls_lR_cold", "read_all_co
                  "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", ",".join(ALL_WORKLOADS)).split(",") if w]
 CUSTODYCTL = os.environ.get("CUSTODYCTL", os.path.join(os.path.dirname(CUSTODYD), "custodyctl"))
-ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-encrypted-bound", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames"]
+ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-encrypted-bound", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames",
+               "passthrough-ll"]
+PASSTHROUGH_LL_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
+# Workloads whose request counts are reported per file (the tree's entries).
+PER_FILE_WORKLOADS = ["untar", "ls_lR_cold", "read_all_cold", "rm_rf"]
 SYSTEMS = [s for s in os.environ.get("SYSTEMS", ",".join(ALL_SYSTEMS)).split(",") if s]
 IOPS_WORKLOADS = {"fio_randread_4k", "fio_randwrite_4k"}
 
@@ -93,6 +103,8 @@ class System:
                 self.prefix = [CUSTODYCTL, "run", "--socket", self.socket, "--identity", "bench@custody.example", "--"]
             cmd += os.environ.get("CUSTODY_ARGS", "").split()
             cmd += [self.backing, self.mnt]
+        elif self.name == "passthrough-ll":
+            cmd = [build_passthrough_ll(), "-f", "-o", f"source={self.backing},writeback,xattr", "-o", "clone_fd", self.mnt]
         else:
             passfile = os.path.join(self.base, "pass")
             with open(passfile, "w") as f:
@@ -130,6 +142,19 @@ class System:
                 self.process.wait()
         self.process = None
 
+    def requests(self):
+        """FUSE requests served so far, by operation (Custody systems only; else None)."""
+        if not (self.process and self.name.startswith("custody")):
+            return None
+        text = subprocess.run(["curl", "-s", "--unix-socket", self.socket, "http://localhost/v1/metrics"],
+                              capture_output=True, text=True).stdout
+        counts = {}
+        for line in text.splitlines():
+            if line.startswith('custody_fuse_requests_total{op="'):
+                op = line.split('"')[1]
+                counts[op] = int(float(line.rsplit(" ", 1)[1]))
+        return counts
+
     def reset_peak_rss(self):
         if self.process and self.name.startswith("custody"):
             with open(f"/proc/{self.process.pid}/clear_refs", "w") as f:
@@ -143,6 +168,18 @@ class System:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1])
         return None
+
+
+def build_passthrough_ll():
+    """libfuse's passthrough_ll example, compiled from the sources Debian ships (once per run)."""
+    binary = os.path.join(BENCH_DIR, "tools", "passthrough_ll")
+    if not os.path.exists(binary):
+        if not os.path.exists(PASSTHROUGH_LL_SOURCE):
+            raise SystemExit(f"{PASSTHROUGH_LL_SOURCE} is missing (Debian's libfuse3-dev ships it)")
+        os.makedirs(os.path.dirname(binary), exist_ok=True)
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True, check=True).stdout.split()
+        sh("cc", "-O2", "-o", binary, PASSTHROUGH_LL_SOURCE, f"-I{os.path.dirname(PASSTHROUGH_LL_SOURCE)}", *flags)
+    return binary
 
 
 def timed(fn):
@@ -160,7 +197,7 @@ def fio(path, mode, prefix=()):
     return job["read" if mode == "randread" else "write"]["iops"]
 
 
-def run_round(system, round_index, tarball, results, peaks):
+def run_round(system, round_index, tarball, results, peaks, requests):
     run = lambda *args, **kwargs: sh(*system.prefix, *args, **kwargs)
     work = os.path.join(system.dir, f"round{round_index}")
     os.makedirs(work)
@@ -168,6 +205,15 @@ def run_round(system, round_index, tarball, results, peaks):
     tree = os.path.join(work, "tree")
     db = os.path.join(work, "bench.db")
     record = lambda name, value: results.setdefault(system.name, {}).setdefault(name, []).append(value)
+
+    def counted(name, fn):
+        """fn() timed, and for Custody the requests it made, by operation."""
+        before = system.requests()
+        record(name, timed(fn))
+        after = system.requests()
+        if before is not None and after is not None:
+            delta = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
+            requests.setdefault(system.name, {}).setdefault(name, []).append(delta)
 
     if "dd_write" in WORKLOADS or "dd_read_cold" in WORKLOADS:
         # Like every other workload, the write starts from clean caches: without this it also paid
@@ -182,16 +228,15 @@ def run_round(system, round_index, tarball, results, peaks):
         os.makedirs(tree)
         drop_caches()
         system.reset_peak_rss()
-        record("untar", timed(lambda: (run("tar", "-xf", tarball, "-C", tree), sh("sync"))))
+        counted("untar", lambda: (run("tar", "-xf", tarball, "-C", tree), sh("sync")))
         peak = system.peak_rss_kib()
         if peak is not None:
             peaks.setdefault(system.name, []).append(peak)
         drop_caches()
-        record("ls_lR_cold", timed(lambda: run("ls", "-lR", tree, stdout=subprocess.DEVNULL)))
+        counted("ls_lR_cold", lambda: run("ls", "-lR", tree, stdout=subprocess.DEVNULL))
         drop_caches()
-        record("read_all_cold", timed(lambda: run(
-            "sh", "-c", f"find '{tree}' -type f -print0 | xargs -0 cat > /dev/null")))
-        record("rm_rf", timed(lambda: (run("rm", "-rf", tree), sh("sync"))))
+        counted("read_all_cold", lambda: run("sh", "-c", f"find '{tree}' -type f -print0 | xargs -0 cat > /dev/null"))
+        counted("rm_rf", lambda: (run("rm", "-rf", tree), sh("sync")))
     if "sqlite_300_commits" in WORKLOADS:
         run("sqlite3", db, "create table t(id integer primary key, v text);")
         script = "".join(f"begin; insert into t(v) values('row {i} {'x' * 100}'); commit;\n" for i in range(300))
@@ -240,7 +285,7 @@ def main():
     files = int(subprocess.run(["sh", "-c", "tar -tf " + tarball + " | wc -l"], capture_output=True, text=True).stdout)
 
     systems = [System(name) for name in SYSTEMS]
-    results, peaks = {}, {}
+    results, peaks, requests = {}, {}, {}
     started = time.time()
     try:
         for system in systems:
@@ -251,7 +296,7 @@ def main():
             order = [s for unit in units[r % len(units):] + units[:r % len(units)] for s in unit]
             for system in order:
                 print(f"round {r + 1}/{ROUNDS}: {system.name}", file=sys.stderr, flush=True)
-                run_round(system, r, tarball, results, peaks)
+                run_round(system, r, tarball, results, peaks, requests)
     finally:
         for system in systems:
             system.stop()
@@ -283,13 +328,32 @@ def main():
         print(f"| {w} | " + " | ".join(cells) + " |")
     for s, values in peaks.items():
         print(f"\n{s}: peak RSS during untar {max(values) / 1024:.1f} MiB")
+    if "passthrough-ll" in SYSTEMS:
+        print("\npassthrough-ll: libfuse's example: no identities, no encryption, no read-ahead or write-behind of its"
+              " own; it passes fio's O_DIRECT through to the disk, as the raw disk does, where Custody serves"
+              " direct reads from the backing file's page cache")
+    per_file = {}
+    for s, by_workload in requests.items():
+        for w, deltas in by_workload.items():
+            totals = [sum(d.values()) for d in deltas]
+            middle = deltas[totals.index(statistics.median_low(totals))]
+            per_file.setdefault(s, {})[w] = {op: n / files for op, n in middle.items()}
+    for s, by_workload in per_file.items():
+        print(f"\n{s}: FUSE requests per entry of the tree (median round)")
+        for w in PER_FILE_WORKLOADS:
+            if w not in by_workload:
+                continue
+            ops = sorted(by_workload[w].items(), key=lambda item: -item[1])
+            detail = ", ".join(f"{op} {n:.2f}" for op, n in ops if n >= 0.01)
+            print(f"  {w}: {sum(by_workload[w].values()):.2f} ({detail})")
 
     os.makedirs(os.path.join(ROOT, "bench/runs"), exist_ok=True)
     out = os.path.join(ROOT, "bench/runs", time.strftime("%Y%m%d-%H%M%S") + ".json")
     with open(out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": ROUNDS, "fio_seconds": FIO_SECONDS,
                    "untar_entries": files, "elapsed_seconds": elapsed, "samples": results,
-                   "medians": medians, "peak_rss_kib_untar": peaks}, f, indent=2)
+                   "medians": medians, "peak_rss_kib_untar": peaks, "requests": requests,
+                   "requests_per_entry": per_file}, f, indent=2)
     print(f"\nwrote {os.path.relpath(out, ROOT)}")
 
 
