@@ -11,7 +11,7 @@ TEST_PACKAGES := man-db lintian attr sqlite3 util-linux curl rsync git socat pyt
 # From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon, and ansible-core
 # for the collection's tests (tests/ansible-test.sh).
 PIP_TEST_PACKAGES := schemathesis==4.32.5 ansible-core==2.19.14
-BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3
+BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3 gnuplot-nox libfuse3-dev
 
 # promtool (which checks the metrics' format) from Debian's prometheus package, unpacked here
 # rather than installed: installing the package would start a Prometheus server.
@@ -19,7 +19,7 @@ PROMTOOL := .build/tools/promtool
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps pip-deps promtool bench-deps build release static run test test-install install uninstall man deb bench bench-format bench-wipe fuzz fuzz-http clean
+.PHONY: all deps pip-deps promtool bench-deps build release static run test test-install install uninstall man deb bench bench-format bench-scale bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -154,6 +154,11 @@ uninstall:
 
 bench: bench-deps release
 	python3 bench/bench.py
+
+# How costs grow: trees of 10k, 100k and 1M files (create, ls -lR, find, du, a wipe of a third)
+# and 1-8 parallel clients, raw disk against the mount; a table, JSON and a PNG in bench/runs/.
+bench-scale: bench-deps release
+	python3 bench/scale.py
 
 # Selective wipe of a third of a 20,000-file tree (time to key destruction and to the end).
 bench-wipe: release
