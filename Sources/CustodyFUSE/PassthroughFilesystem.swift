@@ -629,7 +629,11 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             content = live
         } catch {
+            // Often a write-back from the kernel's cache: the writer sees it later, as EIO from
+            // another call (utimensat, fsync, close), so the log is where the cause shows.
+            log("write to \(file.inode.map { mountRelativePath(of: $0) } ?? "a file") refused: \(error)")
             replyError(req, error.rawValue)
+            writeFailed(file.inode)
             return
         }
         let size = fuse_buf_size(buffers)
