@@ -127,7 +127,7 @@ install: static $(BIN)/pam_custody.so
 	[ -e "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml" ] || install -m 0644 config/custody.toml "$(DESTDIR)$(SYSCONFDIR)/custody/custody.toml"
 	install -d -m 0755 "$(DESTDIR)$(PREFIX)/share/doc/custody/docs"
 	install -m 0644 README.md "$(DESTDIR)$(PREFIX)/share/doc/custody/"
-	install -m 0644 docs/*.md docs/openapi.yaml "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/"
+	install -m 0644 docs/*.md docs/*.png docs/openapi.yaml "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/"
 	install -D -m 0644 docs/examples/pam.d-common-custody "$(DESTDIR)$(PREFIX)/share/doc/custody/docs/examples/pam.d-common-custody"
 	install -D -m 0644 man/custodyctl.1 "$(DESTDIR)$(MANDIR)/man1/custodyctl.1"
 	install -D -m 0644 man/custodyd.8 "$(DESTDIR)$(MANDIR)/man8/custodyd.8"
