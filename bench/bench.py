@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from benchlib import drop_caches, mounted, sh, timed, unwind_on_signals
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTODYD = os.environ.get("CUSTODYD", os.path.join(ROOT, ".build/release/custodyd"))
 BENCH_DIR = os.environ.get("BENCH_DIR", "/var/tmp/custody-bench")
@@ -50,21 +52,6 @@ PASSTHROUGH_LL_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
 PER_FILE_WORKLOADS = ["untar", "ls_lR_cold", "read_all_cold", "rm_rf"]
 SYSTEMS = [s for s in os.environ.get("SYSTEMS", ",".join(ALL_SYSTEMS)).split(",") if s]
 IOPS_WORKLOADS = {"fio_randread_4k", "fio_randwrite_4k"}
-
-
-def sh(*args, **kwargs):
-    return subprocess.run(list(args), check=True, **kwargs)
-
-
-def drop_caches():
-    sh("sync")
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def mounted(path):
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
 
 
 class System:
@@ -182,12 +169,6 @@ def build_passthrough_ll():
     return binary
 
 
-def timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def fio(path, mode, prefix=()):
     out = subprocess.run(
         [*prefix, "fio", "--name=bench", f"--filename={path}", "--size=256M", "--bs=4k", f"--rw={mode}",
@@ -273,14 +254,8 @@ def running_order(systems):
     return units
 
 
-def stop_on_signal(signum, frame):
-    # SIGTERM and SIGHUP unwind like Ctrl-C, so the mounts are undone and the daemons stopped.
-    raise SystemExit(128 + signum)
-
-
 def main():
-    signal.signal(signal.SIGTERM, stop_on_signal)
-    signal.signal(signal.SIGHUP, stop_on_signal)
+    unwind_on_signals()
     if os.geteuid() != 0:
         raise SystemExit("make bench needs root (to drop caches and mount)")
     if any(s.startswith("custody") for s in SYSTEMS) and not os.path.exists(CUSTODYD):

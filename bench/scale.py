@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from benchlib import drop_caches, mounted, sh, timed, unwind_on_signals
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTODYD = os.environ.get("CUSTODYD", os.path.join(ROOT, ".build/release/custodyd"))
 CUSTODYCTL = os.environ.get("CUSTODYCTL", os.path.join(os.path.dirname(CUSTODYD), "custodyctl"))
@@ -58,27 +60,6 @@ for i in range(start, count, step):
     os.write(fd, data)
     os.close(fd)
 """
-
-
-def sh(*args, **kwargs):
-    return subprocess.run(list(args), check=True, **kwargs)
-
-
-def drop_caches():
-    sh("sync")
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def mounted(path):
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
-def timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 class Target:
@@ -245,7 +226,7 @@ unset multiplot
 
 
 def main():
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+    unwind_on_signals()
     if os.geteuid() != 0:
         raise SystemExit("make bench-scale needs root (to drop caches and mount)")
     os.makedirs(BENCH_DIR, exist_ok=True)

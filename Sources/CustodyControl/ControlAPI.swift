@@ -657,12 +657,3 @@ struct IdentityView: Encodable {
     var source: String
 }
 
-extension LockStatus {
-    var name: String {
-        switch self {
-        case .unlocked: return "unlocked"
-        case .locking: return "locking"
-        case .locked: return "locked"
-        }
-    }
-}

@@ -19,6 +19,15 @@ public enum LockStatus: Equatable, Sendable, CustomStringConvertible {
         case .locked: return "locked"
         }
     }
+
+    /// The state's name as the API and the metrics give it: unlocked, locking, locked.
+    public var name: String {
+        switch self {
+        case .unlocked: return "unlocked"
+        case .locking: return "locking"
+        case .locked: return "locked"
+        }
+    }
 }
 
 /// What a class key is wanted for: creating a file (class B works while locked) or opening one.

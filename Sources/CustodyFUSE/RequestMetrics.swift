@@ -40,7 +40,7 @@ extension PassthroughFilesystem {
         case .truncated: kind = .truncated
         default: return
         }
-        metrics?.tampered(MountMetrics.TamperLabel(rawValue: kind.rawValue) ?? .block)
+        metrics?.tampered(kind)
         if let content, content.tamperReported.exchange(true, ordering: .relaxed) { return }
         engine?.reportTampering(kind, owner: owner, path: inode.map { mountRelativePath(of: $0) } ?? "")
     }

@@ -1,4 +1,5 @@
 import CustodyCore
+import CustodySystem
 import Glibc
 import Prometheus
 
@@ -73,14 +74,8 @@ public final class DaemonMetrics: Sendable {
             let state: String
             if !account.isEnrolled {
                 state = "registered"
-            } else if let status = try? engine.lockStatus(account.id) {
-                switch status {
-                case .unlocked: state = "unlocked"
-                case .locking: state = "locking"
-                case .locked: state = "locked"
-                }
             } else {
-                state = stranded.contains(account.upn) ? "unavailable" : "locked"
+                state = (try? engine.lockStatus(account.id))?.name ?? (stranded.contains(account.upn) ? "unavailable" : "locked")
             }
             counts[state, default: 0] += 1
             states.append((account.upn, state))
@@ -90,13 +85,7 @@ public final class DaemonMetrics: Sendable {
 
     /// The daemon's resident set size, from /proc/self/statm.
     static func residentBytes() -> Int {
-        let fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return 0 }
-        defer { close(fd) }
-        var buffer = [UInt8](repeating: 0, count: 128)
-        let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        guard count > 0 else { return 0 }
-        let fields = String(decoding: buffer.prefix(count), as: UTF8.self).split(separator: " ")
+        guard let fields = readTextFile("/proc/self/statm")?.split(separator: " ") else { return 0 }
         guard fields.count > 1, let pages = Int(fields[1]) else { return 0 }
         return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
     }

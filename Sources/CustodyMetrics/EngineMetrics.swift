@@ -68,7 +68,7 @@ final class EngineMetrics: Sendable {
         case .transferBlocked:
             transfersBlocked.increment(by: 1 + (Int64(event.details["suppressed"] ?? "") ?? 0))
         case .wipeStarted:
-            start(.wipe, identity)
+            track(.wipe, identity, files: 0, bytes: 0)
         case .wipeProgress:
             if let seconds = event.details["keysDestroyedSeconds"].flatMap(Double.init), seconds >= 0, seconds < 1e9 {
                 wipeKeysDestroyed.record(.nanoseconds(Int64(seconds * 1e9)))
@@ -88,10 +88,6 @@ final class EngineMetrics: Sendable {
         default:
             break
         }
-    }
-
-    private func start(_ kind: JobKind, _ identity: String) {
-        track(kind, identity, files: 0, bytes: 0)
     }
 
     /// Notes a job's progress; the first note of a job counts it as running.

@@ -1,3 +1,4 @@
+import CustodyCore
 import CustodySystem
 import Prometheus
 import Synchronization
@@ -34,8 +35,8 @@ public final class MountMetrics: Sendable {
     private let requests: [Counter]
     private let durations: [DurationHistogram]
     private let errors = Mutex<[Int64: Counter]>([:])
-    private let created: [Counter]
-    private let tampering: [Counter]
+    private let created: [OwnerKind: Counter]
+    private let tampering: [TamperKind: Counter]
     /// Plaintext bytes encrypted into and decrypted out of the mounts' files.
     public let bytesEncrypted: Counter
     public let bytesDecrypted: Counter
@@ -55,21 +56,19 @@ public final class MountMetrics: Sendable {
             registry.histogram("custody_fuse_request_duration_seconds", [("op", $0.name)], buckets: Self.buckets,
                                            help: "Time from receiving a FUSE request to answering it, by operation.")
         }
-        created = OwnerKind.allCases.map {
-            registry.counter("custody_files_created_total", [("owner", $0.rawValue)],
-                                 help: "Files created through the mounts, by owner kind (none, plain, encrypted).")
-        }
-        tampering = TamperLabel.allCases.map {
-            registry.counter("custody_tamper_detections_total", [("kind", $0.rawValue)],
-                                 help: "Requests refused because an encrypted file failed authentication (block, header, truncated).")
-        }
+        created = Dictionary(uniqueKeysWithValues: OwnerKind.allCases.map {
+            ($0, registry.counter("custody_files_created_total", [("owner", $0.rawValue)],
+                                  help: "Files created through the mounts, by owner kind (none, plain, encrypted)."))
+        })
+        tampering = Dictionary(uniqueKeysWithValues: TamperKind.allCases.map {
+            ($0, registry.counter("custody_tamper_detections_total", [("kind", $0.rawValue)],
+                                  help: "Requests refused because an encrypted file failed authentication (block, header, truncated)."))
+        })
         bytesEncrypted = registry.counter("custody_encrypted_bytes_total", help: "Plaintext bytes encrypted into the mounts' files.")
         bytesDecrypted = registry.counter("custody_decrypted_bytes_total", help: "Plaintext bytes decrypted from the mounts' files.")
-        _ = errorCounter(.lookup, 2) // ENOENT: the most common error, so the family is never empty
+        // The most common error, so that the family is never empty.
+        _ = errorCounter(.lookup, Errno.noSuchFile.rawValue)
     }
-
-    /// Kinds of damage, as `TamperKind` in the engine names them.
-    public enum TamperLabel: String, CaseIterable, Sendable { case block, header, truncated }
 
     /// One answered request: its operation, how long it took, and the errno it was answered with (0: success).
     @inline(__always)
@@ -79,21 +78,9 @@ public final class MountMetrics: Sendable {
         if errno != 0 { errorCounter(operation, errno).increment() }
     }
 
-    public func created(_ owner: OwnerKind) {
-        switch owner {
-        case .none: created[0].increment()
-        case .plain: created[1].increment()
-        case .encrypted: created[2].increment()
-        }
-    }
+    public func created(_ owner: OwnerKind) { created[owner]?.increment() }
 
-    public func tampered(_ kind: TamperLabel) {
-        switch kind {
-        case .block: tampering[0].increment()
-        case .header: tampering[1].increment()
-        case .truncated: tampering[2].increment()
-        }
-    }
+    public func tampered(_ kind: TamperKind) { tampering[kind]?.increment() }
 
     /// The error counter of an operation and errno, made the first time it is needed.
     private func errorCounter(_ operation: FileOperation, _ errno: Int32) -> Counter {

@@ -111,14 +111,12 @@ class CustodyClient:
 
     def account(self, identity):
         """The account (object ID or UPN), or None when there is none."""
-        status, decoded = self.request("GET", "/v1/accounts/" + segment(identity))
-        if status == 404 and isinstance(decoded, dict) and decoded.get("code") == 300:
-            return None
-        if status != 200:
-            message = decoded.get("message") if isinstance(decoded, dict) else "HTTP %s" % status
-            raise CustodyError(message, status, decoded.get("code") if isinstance(decoded, dict) else None,
-                               decoded.get("name") if isinstance(decoded, dict) else None)
-        return decoded
+        try:
+            return self.call("GET", "/v1/accounts/" + segment(identity))
+        except CustodyError as error:
+            if error.code == 300:
+                return None
+            raise
 
     def lock_state(self, identity):
         """unlocked, locking, locked, unavailable; None for an account that is not enrolled."""

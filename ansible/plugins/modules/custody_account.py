@@ -15,6 +15,8 @@ description:
   - An account that exists is left as it is; use M(custody.protection.custody_policy) to change its policy.
 version_added: "0.3.0"
 author: The Custody developers (@custody)
+extends_documentation_fragment:
+  - custody.protection.connection
 options:
   identity:
     description: The account's object ID (its stable name).
@@ -48,14 +50,6 @@ options:
     description: With I(state=absent), also destroy its keys and delete its files (a selective wipe).
     type: bool
     default: false
-  socket:
-    description: The control socket.
-    type: path
-    default: /run/custody/control.sock
-  timeout:
-    description: Seconds to wait for an answer.
-    type: float
-    default: 60.0
 notes:
   - Needs root or the daemon's admin group.
   - Supports check mode and diff mode.

@@ -14,15 +14,8 @@ description:
   - Returns the version, the mounts, the accounts with their lock states, the machine key and the jobs.
 version_added: "0.3.0"
 author: The Custody developers (@custody)
-options:
-  socket:
-    description: The control socket.
-    type: path
-    default: /run/custody/control.sock
-  timeout:
-    description: Seconds to wait for an answer.
-    type: float
-    default: 60.0
+extends_documentation_fragment:
+  - custody.protection.connection
 notes:
   - Run as root or as a member of the daemon's admin group to see every account.
   - Supports check mode.

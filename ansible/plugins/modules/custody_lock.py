@@ -14,6 +14,8 @@ description:
     classes become unreadable) or unlocks it with its passphrase.
 version_added: "0.3.0"
 author: The Custody developers (@custody)
+extends_documentation_fragment:
+  - custody.protection.connection
 options:
   identity:
     description: The account (object ID or UPN).
@@ -27,14 +29,6 @@ options:
   passphrase:
     description: The passphrase, to unlock an identity that has one (keep it in a vault).
     type: str
-  socket:
-    description: The control socket.
-    type: path
-    default: /run/custody/control.sock
-  timeout:
-    description: Seconds to wait for an answer.
-    type: float
-    default: 60.0
 notes:
   - Needs root, the daemon's admin group, or the identity's own local user.
   - Supports check mode and diff mode.

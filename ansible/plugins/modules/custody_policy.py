@@ -15,6 +15,8 @@ description:
     module reports the SDK code C(100) NewPoliciesReceived, or C(101) PoliciesHaveNotChanged.
 version_added: "0.3.0"
 author: The Custody developers (@custody)
+extends_documentation_fragment:
+  - custody.protection.connection
 options:
   identity:
     description: The account (object ID or UPN).
@@ -28,14 +30,6 @@ options:
       - C(protectionLevel) takes any of the daemon's spellings (C(NSFileProtectionComplete), C(complete), C(A), ...).
     type: dict
     required: true
-  socket:
-    description: The control socket.
-    type: path
-    default: /run/custody/control.sock
-  timeout:
-    description: Seconds to wait for an answer.
-    type: float
-    default: 60.0
 notes:
   - Needs root or the daemon's admin group.
   - Supports check mode and diff mode.

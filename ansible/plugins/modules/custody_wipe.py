@@ -18,6 +18,8 @@ description:
     to the connection.
 version_added: "0.3.0"
 author: The Custody developers (@custody)
+extends_documentation_fragment:
+  - custody.protection.connection
 options:
   identity:
     description: The account (object ID or UPN).
@@ -35,14 +37,6 @@ options:
     description: Seconds between looks at the job.
     type: float
     default: 1
-  socket:
-    description: The control socket.
-    type: path
-    default: /run/custody/control.sock
-  timeout:
-    description: Seconds to wait for each answer.
-    type: float
-    default: 60.0
 notes:
   - Needs root or the daemon's admin group.
   - Supports check mode and diff mode.
