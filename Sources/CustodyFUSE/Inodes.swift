@@ -37,7 +37,11 @@ final class Inode: @unchecked Sendable {
 ///
 /// Node IDs are never reused within a mount (a counter), so a stale ID from the kernel can never
 /// reach another file. The same backing object (device, inode number) always maps to the same
-/// node ID while the kernel knows it, which is what hard links need.
+/// node ID while the kernel knows it, which is what hard links need. An inode number is not an
+/// object, though: the file system gives a freed number to the next file at once (ext4 does), and
+/// the kernel's FORGET of the old node may still be on its way. So an object removed through the
+/// mount is detached from its number (`detach`), and a number that comes back as another file
+/// type is another object; either way it gets a node ID of its own.
 final class InodeTable: @unchecked Sendable {
     private struct Key: Hashable {
         var device: UInt64
@@ -90,7 +94,7 @@ final class InodeTable: @unchecked Sendable {
     func remember(fd: Int32, attributes st: stat, name: EntryName? = nil) -> UInt64 {
         let key = Key(device: UInt64(st.st_dev), number: UInt64(st.st_ino))
         let (id, inode, duplicate) = state.withLock { state -> (UInt64, Inode, Bool) in
-            if let id = state.byKey[key], var entry = state.byID[id] {
+            if let id = state.byKey[key], var entry = state.byID[id], entry.inode.fileType == st.st_mode & S_IFMT {
                 entry.lookups += 1
                 if let name { entry.name = name }
                 state.byID[id] = entry
@@ -107,6 +111,17 @@ final class InodeTable: @unchecked Sendable {
         touch(inode)
         if duplicate { Syscall.close(fd) }
         return id
+    }
+
+    /// The object behind `id` lost its last name: its inode number may now be another file's, which
+    /// must not be served as this node (the kernel may still hold it). The node stays until the
+    /// kernel forgets it.
+    func detach(_ id: UInt64) {
+        state.withLock { state in
+            guard let entry = state.byID[id], id != Self.rootID else { return }
+            let key = Key(device: entry.inode.device, number: entry.inode.number)
+            if state.byKey[key] == id { state.byKey[key] = nil }
+        }
     }
 
     /// The kernel forgot `count` lookups of `id`. At zero the node ID is retired; its descriptor

@@ -363,27 +363,38 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func unlink(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            let victim = knownRegularFile(in: parent, name)
+            let victim = knownObject(in: parent, name)
             try Syscall.unlinkat(parent.fd, name, 0)
+            removed(victim)
             replyError(req, 0)
-            if let victim { storageEdges.releaseIfUnlinked(victim) }
+            if let victim, victim.inode.isRegularFile { storageEdges.releaseIfUnlinked(victim.inode) }
         } catch {
             replyError(req, error.rawValue)
         }
     }
 
-    /// The inode the kernel knows for a regular file `name` in `parent`, if any (before it is
-    /// removed or replaced, so its space can be let go at once: `StorageEdges`).
-    private func knownRegularFile(in parent: Inode, _ name: UnsafePointer<CChar>) -> Inode? {
-        guard storageEdges.placeholder >= 0, let attributes = try? Syscall.fstatat(parent.fd, name, AT_SYMLINK_NOFOLLOW),
-              attributes.st_mode & S_IFMT == S_IFREG,
-              let id = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)) else { return nil }
-        return try? inodes.inode(id)
+    /// The node the kernel knows for `name` in `parent`, if any, and its link count, looked at
+    /// before it is removed or replaced.
+    private func knownObject(in parent: Inode, _ name: UnsafePointer<CChar>) -> (id: UInt64, inode: Inode, links: UInt64)? {
+        guard let attributes = try? Syscall.fstatat(parent.fd, name, AT_SYMLINK_NOFOLLOW),
+              let id = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)),
+              let inode = try? inodes.inode(id) else { return nil }
+        return (id, inode, UInt64(attributes.st_nlink))
+    }
+
+    /// After a name went: an object that had no other name is detached from its inode number
+    /// before the answer, so a file that gets the number next is a new node (`InodeTable`).
+    private func removed(_ victim: (id: UInt64, inode: Inode, links: UInt64)?) {
+        guard let victim, victim.inode.isDirectory || victim.links <= 1 else { return }
+        inodes.detach(victim.id)
     }
 
     func rmdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
-            try Syscall.unlinkat(try inodes.inode(UInt64(parentID)).fd, name, AT_REMOVEDIR)
+            let parent = try inodes.inode(UInt64(parentID))
+            let victim = knownObject(in: parent, name)
+            try Syscall.unlinkat(parent.fd, name, AT_REMOVEDIR)
+            removed(victim)
             replyError(req, 0)
         } catch {
             replyError(req, error.rawValue)
@@ -395,10 +406,11 @@ final class PassthroughFilesystem: @unchecked Sendable {
             guard flags & Linux.RENAME_WHITEOUT == 0 else { throw Errno.invalidArgument }
             let parent = try inodes.inode(UInt64(parentID))
             let newParent = try inodes.inode(UInt64(newParentID))
-            let replaced = flags & Linux.RENAME_EXCHANGE == 0 ? knownRegularFile(in: newParent, newName) : nil
+            let replaced = flags & Linux.RENAME_EXCHANGE == 0 ? knownObject(in: newParent, newName) : nil
             try Syscall.renameat2(parent.fd, name, newParent.fd, newName, flags)
+            removed(replaced)
             replyError(req, 0)
-            if let replaced { storageEdges.releaseIfUnlinked(replaced) }
+            if let replaced, replaced.inode.isRegularFile { storageEdges.releaseIfUnlinked(replaced.inode) }
         } catch {
             replyError(req, error.rawValue)
         }

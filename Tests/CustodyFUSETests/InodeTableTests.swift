@@ -63,6 +63,36 @@ final class InodeTableTests: XCTestCase {
         XCTAssertNoThrow(try table.inode(InodeTable.rootID))
     }
 
+    /// A removed file's inode number comes back as another file while the kernel still holds the
+    /// old node (its FORGET on the way): the new file gets a node of its own, and the late forget
+    /// of the old one leaves the new one alone.
+    func testAReusedInodeNumberIsANewNode() throws {
+        let table = try makeTable()
+        close(try Syscall.open(directory + "/p", O_CREAT | O_WRONLY, 0o644))
+        let (fd, st) = try pathFD(directory + "/p")
+        let placeholder = table.remember(fd: fd, attributes: st)
+
+        // Another type under the same number (tar replaces a placeholder file with a symlink).
+        var symlinkStat = st
+        symlinkStat.st_mode = S_IFLNK | 0o777
+        let (linkFD, _) = try pathFD(directory)
+        let symlink = table.remember(fd: linkFD, attributes: symlinkStat)
+        XCTAssertNotEqual(symlink, placeholder, "a number that comes back as another type is another node")
+        XCTAssertEqual(try table.inode(placeholder).fileType, S_IFREG, "the kernel's old node still answers as it was")
+        XCTAssertEqual(try table.inode(symlink).fileType, S_IFLNK)
+        table.forget(placeholder, count: 1)
+        XCTAssertEqual(table.id(device: UInt64(st.st_dev), number: UInt64(st.st_ino)), symlink, "the late forget left the new node")
+
+        // The same type after the last name went through the mount (detach).
+        table.detach(symlink)
+        XCTAssertNil(table.id(device: UInt64(st.st_dev), number: UInt64(st.st_ino)))
+        XCTAssertNoThrow(try table.inode(symlink), "a detached node stays until the kernel forgets it")
+        let (againFD, _) = try pathFD(directory)
+        let again = table.remember(fd: againFD, attributes: symlinkStat)
+        XCTAssertNotEqual(again, symlink)
+        XCTAssertTrue(isOpen(againFD), "the new node keeps its own descriptor")
+    }
+
     func testInFlightRequestKeepsDescriptorAfterForget() throws {
         let table = try makeTable()
         close(try Syscall.open(directory + "/f", O_CREAT | O_WRONLY, 0o644))
