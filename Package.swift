@@ -13,6 +13,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
         .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
         // For the BoringSSL it builds: CustodyCrypto calls its C module (AES-256-GCM AEAD, random,
         // SHA-256) directly, which is not swift-crypto's public API, so the version is pinned.
         .package(url: "https://github.com/apple/swift-crypto", exact: "4.5.2"),
@@ -37,8 +38,13 @@ let package = Package(
         .target(name: "CustodyTPM", dependencies: ["CTPM", "CustodyCrypto"]),
         // The engine: accounts, policy, identity resolution, keybags, locks, events. No FUSE, no HTTP.
         .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
-        // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md).
-        .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md); the front that faces
+        // clients speaks HTTP with SwiftNIO (NIOHTTP1).
+        .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
+                                                       .product(name: "NIOCore", package: "swift-nio"),
+                                                       .product(name: "NIOPosix", package: "swift-nio"),
+                                                       .product(name: "NIOEmbedded", package: "swift-nio"),
+                                                       .product(name: "NIOHTTP1", package: "swift-nio")]),
         // What the daemon counts (requests, bytes, locks, jobs, tampering), rendered in the
         // Prometheus text format (swift-prometheus).
         .target(name: "CustodyMetrics", dependencies: ["CustodyCore", "CustodySystem", .product(name: "Prometheus", package: "swift-prometheus")]),
@@ -78,7 +84,10 @@ let package = Package(
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
-        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient", "CLinux"]),
+        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient", "CLinux",
+                                                                .product(name: "NIOCore", package: "swift-nio"),
+                                                                .product(name: "NIOEmbedded", package: "swift-nio"),
+                                                                .product(name: "NIOHTTP1", package: "swift-nio")]),
         .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTPM", "CustodyCrypto"]),
         .testTarget(name: "CustodySessionsTests", dependencies: ["CustodySessions", "CustodyCore"]),
         .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyMetrics", "CustodyCore"]),

@@ -1,18 +1,21 @@
 import CLinux
 import CustodySystem
 import Glibc
+import NIOCore
+import NIOPosix
 import Synchronization
 
 /// The control front: the process that faces the control socket's clients (`custodyd
 /// --control-front`, started by the daemon's `FrontSupervisor`). It holds no key, no mount and no
 /// privilege: it runs as `nobody` when started by root, with no new privileges, no core dumps and
-/// (where the kernel has Landlock) no access to any file. It accepts connections, reads and
-/// checks each request (`HTTPParser`, `ControlAPI.check`), answers malformed ones itself, and
-/// hands the rest to the daemon with the client's connection, so the daemon reads the caller's
-/// credentials from the kernel. If anything here traps, only this process ends.
+/// (where the kernel has Landlock) no access to any file. It accepts connections and serves them
+/// on one SwiftNIO event loop: reads and checks each request (NIOHTTP1's decoder in
+/// `FrontConnection`, then `ControlAPI.check`), answers malformed ones itself, and hands the rest
+/// to the daemon with the client's connection (`DaemonForwarder`), so the daemon reads the
+/// caller's credentials from the kernel. If anything here traps, only this process ends.
 public enum ControlFront {
     /// Connections served at once, in all; more are answered 503 at once.
-    public static let maxConnections = 512
+    public static let maxConnections = 1024
     /// Of those, kept for root and the admin group: no crowd of users locks an administrator out.
     public static let reservedForAdministrators = 64
     /// Connections one other user may hold at once.
@@ -20,7 +23,6 @@ public enum ControlFront {
 
     private static let channel = FrontSupervisor.channelDescriptor
     private static let listener = FrontSupervisor.listenerDescriptor
-    private static let handOver = Mutex<Void>(())
     private static let connections = Mutex(ConnectionCounts())
 
     struct ConnectionCounts {
@@ -68,6 +70,12 @@ public enum ControlFront {
         _ = clinux_die_with_parent()
         if getppid() != daemon { return 0 }
         if !confinement.isEmpty { note("control front: \(confinement)") }
+        raiseDescriptorLimit()
+        // A hand-over that would block (the daemon not taking them) is answered 503 instead.
+        _ = fcntl(channel, F_SETFL, fcntl(channel, F_GETFL) | O_NONBLOCK)
+        // One event loop serves every connection (after the confinement, which binds only the
+        // threads that exist when it is made): idle and slow clients cost memory, not threads.
+        let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         while true {
             let connection = accept(listener, nil, nil)
             if connection < 0 {
@@ -94,18 +102,31 @@ public enum ControlFront {
                 Glibc.close(connection)
                 continue
             }
-            if startThread(detached: true, {
-                serve(connection)
-                release(uid: user, privileged: privileged)
-            }) == nil {
-                release(uid: user, privileged: privileged)
-                Glibc.close(connection)
-            }
+            let forwarder = DaemonForwarder(channel: channel, connection: connection)
+            ClientBootstrap(group: loops)
+                .channelOption(ChannelOptions.autoRead, value: false)
+                .channelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
+                .channelInitializer { channel in
+                    channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandlers(FrontPipeline.handlers(forwarder)) }
+                }
+                .withConnectedSocket(connection)
+                .whenComplete { result in
+                    switch result {
+                    case .success(let channel): channel.closeFuture.whenComplete { _ in release(uid: user, privileged: privileged) }
+                    case .failure: release(uid: user, privileged: privileged)
+                    }
+                }
         }
     }
 
-    /// Seconds a connection may take to send its request head.
-    static let headSeconds: Double = 5
+    /// Two descriptors per connection (the client's and, while a request is forwarded, its pair):
+    /// the soft limit goes up to the hard one.
+    private static func raiseDescriptorLimit() {
+        var limit = rlimit()
+        guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+        limit.rlim_cur = limit.rlim_max
+        _ = setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+    }
 
     /// Drops what the front does not need; says what could not be dropped ("" when all was).
     static func confine() -> String {
@@ -124,136 +145,20 @@ public enum ControlFront {
     }
 
     private static func note(_ text: String) { writeStandardError("custodyd: \(text)\n") }
-
-    /// One connection: read, check, hand over, relay the answer.
-    static func serve(_ connection: Int32) {
-        defer { Glibc.close(connection) }
-        var timeout = timeval(tv_sec: ControlServer.timeoutSeconds, tv_usec: 0)
-        setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        let request: HTTPRequest
-        do {
-            // An idle connection goes after `headSeconds`: holding many costs a user its own slots.
-            request = try HTTPReader(fd: connection, headSeconds: Self.headSeconds, requestSeconds: Double(ControlServer.timeoutSeconds)).read()
-        } catch {
-            guard let response = answer(to: error) else { return }
-            sendAll(connection, response.serialized())
-            return
-        }
-        #if DEBUG
-        // Test builds only: a request can make the front trap as a parsing bug would (an index
-        // out of range), so the tests see a real Swift trap contained.
-        if request.headers["x-custody-test-trap"] == "index-out-of-range" { trapForTests(Int(request.body.count) + 1) }
-        #endif
-        do throws(ControlAPI.Failure) {
-            try ControlAPI.check(request)
-        } catch {
-            sendAll(connection, ControlAPI.answer(error).serialized())
-            return
-        }
-        forward(request, connection)
-    }
-
-    /// The answer for a request that could not be read; nil when the client is gone.
-    static func answer(to error: HTTPReadError) -> HTTPResponse? {
-        switch error {
-        case .closed: return nil
-        case .timedOut: return ControlAPI.failure(408, 408, "RequestTimeout", "no request head within \(Int(headSeconds)) s or no whole request within \(ControlServer.timeoutSeconds) s")
-        case .headersTooLarge: return ControlAPI.failure(431, 431, "HeadersTooLarge", "request headers over \(HTTPParser.maxHeaderBytes) bytes or \(HTTPParser.maxHeaders) fields")
-        case .bodyTooLarge: return ControlAPI.failure(413, 413, "RequestTooLarge", "request body over \(HTTPParser.maxBodyBytes) bytes")
-        case .malformed(let reason): return ControlAPI.failure(400, 400, "BadRequest", reason)
-        }
-    }
-
-    /// Hands the request to the daemon and relays its answer to the client.
-    static func forward(_ request: HTTPRequest, _ connection: Int32) {
-        var pair: [Int32] = [-1, -1]
-        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
-            sendAll(connection, ControlAPI.failure(503, 503, "ServiceBusy", "cannot reach the daemon (\(Errno.current)); try again").serialized())
-            return
-        }
-        let (ours, theirs) = (pair[0], pair[1])
-        defer { Glibc.close(ours) }
-        let handed = handOver.withLock { _ in [connection, theirs].withUnsafeBufferPointer { clinux_send_descriptors(channel, $0.baseAddress, 2) } }
-        Glibc.close(theirs)
-        guard handed == 0 else {
-            // The daemon's end is gone: it is stopping (or died; then so do we, by PR_SET_PDEATHSIG).
-            sendAll(connection, ControlAPI.failure(503, 503, "ServiceBusy", "the daemon is stopping").serialized())
-            exit(0)
-        }
-        let daemon = FrameChannel(fd: ours, maxPayload: 256 * 1024 * 1024)
-        guard daemon.send(.request, request.forwardedPayload()) else { return badGateway(connection) }
-        let kind: FrameKind, payload: [UInt8]
-        do throws(ForwardingError) {
-            (kind, payload) = try daemon.receive()
-        } catch {
-            return badGateway(connection)
-        }
-        switch kind {
-        case .response:
-            guard let response = try? HTTPResponse(forwarded: payload, streamed: false) else { return badGateway(connection) }
-            sendAll(connection, response.serialized())
-        case .streamHead:
-            guard let response = try? HTTPResponse(forwarded: payload, streamed: true) else { return badGateway(connection) }
-            guard sendAll(connection, response.serializedHead(streamed: true)) else { return }
-            relayStream(from: daemon, to: connection)
-        default:
-            badGateway(connection)
-        }
-    }
-
-    /// Chunks from the daemon to the client until the stream ends or either side goes.
-    static func relayStream(from daemon: FrameChannel, to connection: Int32) {
-        while true {
-            var waits = [pollfd(fd: daemon.fd, events: Int16(POLLIN), revents: 0),
-                         pollfd(fd: connection, events: Int16(0x2000), revents: 0)] // POLLRDHUP
-            guard poll(&waits, 2, -1) >= 0 || errno == EINTR else { return }
-            if waits[1].revents != 0 { return } // the client hung up: closing our end tells the daemon
-            guard waits[0].revents != 0 else { continue }
-            let kind: FrameKind, payload: [UInt8]
-            do throws(ForwardingError) {
-                (kind, payload) = try daemon.receive()
-            } catch {
-                return
-            }
-            switch kind {
-            case .chunk:
-                guard sendAll(connection, HTTPResponse.chunk(payload)) else { return }
-            case .end:
-                sendAll(connection, HTTPResponse.chunk([]))
-                return
-            default:
-                return
-            }
-        }
-    }
-
-    #if DEBUG
-    private static func trapForTests(_ index: Int) {
-        let nothing: [UInt8] = []
-        note("control front: trapping on request (test builds only)")
-        _ = nothing[index]
-    }
-    #endif
-
-    private static func badGateway(_ connection: Int32) {
-        sendAll(connection, ControlAPI.failure(502, 502, "DaemonError", "the daemon gave no answer").serialized())
-    }
 }
 
 /// Where untrusted bytes enter the control plane, for the fuzzer (`make fuzz-http`) and its
 /// replay in `make test`: each function takes any bytes and must return, never trap.
 public enum ControlInputs {
-    /// A whole request as the front reads it: parsed, then checked as the front checks it.
-    /// The status the front would answer with (200 when it would hand the request over).
+    /// Bytes sent on a connection, as the front's HTTP pipeline reads them (SwiftNIO's decoder, the
+    /// limits, the checks), with every checked request answered 200 in place of the daemon. The
+    /// status of the first answer (0 when the connection closed without one).
     @discardableResult
     public static func parseAndCheck(_ bytes: [UInt8]) -> Int {
-        guard let request = try? HTTPParser.parse(bytes) else { return 400 }
-        do throws(ControlAPI.Failure) {
-            try ControlAPI.check(request)
-            return 200
-        } catch {
-            return error.status
-        }
+        let answer = FrontExchange.run(bytes) { _ in HTTPResponse(status: 200, body: Array("{}".utf8)) }
+        let line = answer.prefix { $0 != 13 }
+        guard line.count >= 12 else { return 0 }
+        return Int(String(decoding: line.dropFirst(9).prefix(3), as: UTF8.self)) ?? 0
     }
 
     /// The bytes as the body of every route that takes one (JSON decoding and body checks).

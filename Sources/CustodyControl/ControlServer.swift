@@ -189,7 +189,7 @@ public final class ControlServer: @unchecked Sendable {
         var timeout = timeval(tv_sec: Self.timeoutSeconds, tv_usec: 0)
         setsockopt(pair, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(pair, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        let channel = FrameChannel(fd: pair, maxPayload: HTTPParser.maxBodyBytes + 64 * 1024)
+        let channel = FrameChannel(fd: pair, maxPayload: ControlLimits.maxBodyBytes + 64 * 1024)
         let request: HTTPRequest
         do throws(ForwardingError) {
             let (kind, payload) = try channel.receive()

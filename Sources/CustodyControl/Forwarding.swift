@@ -110,11 +110,14 @@ struct FrameChannel {
     var maxPayload: Int
 
     @discardableResult
-    func send(_ kind: FrameKind, _ payload: [UInt8]) -> Bool {
+    func send(_ kind: FrameKind, _ payload: [UInt8]) -> Bool { sendAll(fd, Self.frame(kind, payload)) }
+
+    /// A whole frame: kind, length, payload.
+    static func frame(_ kind: FrameKind, _ payload: [UInt8]) -> [UInt8] {
         var frame = WireWriter()
         frame.u8(kind.rawValue)
         frame.data(payload)
-        return sendAll(fd, frame.bytes)
+        return frame.bytes
     }
 
     /// The next frame, or an error (end of file, a short read, an unknown kind, too large).
@@ -160,7 +163,7 @@ extension HTTPRequest {
         let query = try reader.pairs()
         let body = try reader.data()
         guard reader.isAtEnd else { throw ForwardingError("trailing bytes in a request frame") }
-        guard body.count <= HTTPParser.maxBodyBytes else { throw ForwardingError("request body over the limit") }
+        guard body.count <= ControlLimits.maxBodyBytes else { throw ForwardingError("request body over the limit") }
         self.init(method: method, path: path, query: query, headers: [:], body: body)
     }
 }

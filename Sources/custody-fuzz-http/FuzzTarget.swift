@@ -1,6 +1,6 @@
-// libFuzzer target for the control plane's input (`make fuzz-http`): the HTTP request parser and
-// the front's checks, the JSON decoding of every route's body, and the frames between the front
-// and the daemon. Built with `-sanitize=fuzzer -parse-as-library -D FUZZING`, libFuzzer provides
+// libFuzzer target for the control plane's input (`make fuzz-http`): the front's HTTP pipeline
+// (SwiftNIO's decoder, the limits, the front's checks), the JSON decoding of every route's body,
+// and the frames between the front and the daemon. Built with `-sanitize=fuzzer -parse-as-library -D FUZZING`, libFuzzer provides
 // `main`; an ordinary build replays files and directories named on the command line (`make test`
 // replays the committed corpus, fuzz/http).
 import CustodyControl

@@ -93,12 +93,14 @@ final class ControlFrontTests: XCTestCase {
             ("GET /v1/status HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n", "HTTP/1.1 400"),
             ("GET /v1/status HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "HTTP/1.1 400"),
             ("GET /v1/status HTTP/1.1\r\n folded: header\r\n\r\n", "HTTP/1.1 400"),
-            ("GET  /v1/status HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
+            ("GET /v1/ status HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
             ("G\u{0}T /v1/status HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
             ("GET v1/status HTTP/1.1\r\n\r\n", "HTTP/1.1 400"),
             ("GET /v1/status HTTP/2.0\r\n\r\n", "HTTP/1.1 400"),
-            ("\r\n\r\n", "HTTP/1.1 400"),
-            ("GET /v1/status HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "HTTP/1.1 400"),
+            ("\r\n\r\n", ""), // blank lines before a request are allowed (RFC 9112 2.2); then the client left
+            ("GET /v1/status HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "HTTP/1.1 200"),
+            ("GET /v1/status HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "HTTP/1.1 400"),
+            ("GET /v1/status HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n", "HTTP/1.1 413"),
             (post("/v1/accounts", "\u{ff}\u{fe}{}}"), "HTTP/1.1 400"),
             (post("/v1/bindings", #"{"pid": 99999999999999999, "identity": "a"}"#), "HTTP/1.1 400"),
             (post("/v1/bindings", #"{"pid": 1, "identity": 1}"#), "HTTP/1.1 400"),
@@ -112,7 +114,7 @@ final class ControlFrontTests: XCTestCase {
         ]
         for (request, expected) in cases {
             let answer = try raw(Array(request.utf8))
-            XCTAssertTrue(answer.hasPrefix(expected), "\(request.debugDescription) → \(answer.prefix(200).debugDescription)")
+            XCTAssertTrue(expected.isEmpty ? answer.isEmpty : answer.hasPrefix(expected), "\(request.debugDescription) → \(answer.prefix(200).debugDescription)")
         }
         // Random bytes, and a head over the limit.
         var generator = SystemRandomNumberGenerator()
@@ -144,9 +146,12 @@ final class ControlFrontTests: XCTestCase {
             XCTAssertEqual(line("Groups").trimmingCharacters(in: " \t"), "Groups:", "no supplementary groups")
         }
         XCTAssertEqual(line("NoNewPrivs"), "NoNewPrivs:\t1")
-        // Nothing but the standard descriptors, the channel and the listener.
+        // Nothing but the standard descriptors, the channel, the listener and the event loop's
+        // own (epoll, eventfd, timerfd): no file.
         let descriptors = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").compactMap { Int($0) }.sorted()
-        XCTAssertEqual(descriptors, [0, 1, 2, 3, 4])
+        XCTAssertEqual(Array(descriptors.prefix(5)), [0, 1, 2, 3, 4])
+        let others = descriptors.dropFirst(5).map { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)")) ?? "?" }
+        XCTAssertEqual(Set(others), ["anon_inode:[eventpoll]", "anon_inode:[eventfd]", "anon_inode:[timerfd]"], "\(others)")
         XCTAssertTrue(try String(contentsOfFile: "/proc/\(pid)/cmdline", encoding: .utf8).contains("--control-front"))
     }
 
@@ -257,6 +262,105 @@ final class ControlFrontTests: XCTestCase {
         XCTAssertEqual(lines.first, "refused \(300 - 32)", "\(lines)")
         XCTAssertEqual(lines.dropFirst().first, "kept 32 closed 32", "idle connections are closed after the head timeout: \(lines)")
         XCTAssertEqual(try daemon.api("GET", "/v1/status").status, 200)
+    }
+
+    /// 500 idle connections and a client sending its request a byte a second: another client's
+    /// requests go on being answered at once, all on one event loop (no thread per connection);
+    /// the idle ones and the slow one are answered 408 at the head deadline and closed.
+    func testIdleAndSlowClientsStopNobody() throws {
+        let pid = try front()
+        let script = daemon.root + "/crowd.py", report = daemon.root + "/crowd.log"
+        try writeFile(script, Array("""
+            import select, socket, sys, time
+            path = sys.argv[1]
+            held = []
+            for _ in range(500):
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(path)
+                held.append(s)
+            slow = socket.socket(socket.AF_UNIX)
+            slow.connect(path)
+            start = time.monotonic()
+            print("connected", flush=True)
+            sent = 0
+            for byte in b"GET /v1/status HTTP/1.1\\r\\nHost: slow\\r\\n\\r\\n":
+                if select.select([slow], [], [], 0)[0]:
+                    break
+                try:
+                    slow.send(bytes([byte]))
+                except OSError:
+                    break
+                sent += 1
+                time.sleep(1)
+            slow.settimeout(10)
+            answer = slow.recv(64)
+            print("slow", sent, answer[:12].decode(errors="replace"), round(time.monotonic() - start), flush=True)
+            answers = {}
+            for s in held:
+                s.settimeout(10)
+                data = s.recv(64)[:12].decode(errors="replace")
+                answers[data] = answers.get(data, 0) + 1
+            print("idle", sorted(answers.items()), flush=True)
+            """.utf8), mode: 0o755)
+        let crowd = try spawn("/usr/bin/python3", [script, daemon.socket], stdoutPath: report, stderrPath: report)
+        defer { kill(crowd, SIGKILL); waitForExit(crowd, seconds: 5) }
+        let connected = Date().addingTimeInterval(20)
+        while Date() < connected, !((try? String(contentsOfFile: report, encoding: .utf8)) ?? "").contains("connected") { usleep(20_000) }
+        // While the crowd waits: requests of a normal client, each answered well within a second.
+        var slowest = 0.0
+        for _ in 0..<40 {
+            let began = Date()
+            XCTAssertEqual(try daemon.api("GET", "/v1/status").status, 200)
+            slowest = max(slowest, Date().timeIntervalSince(began))
+            usleep(150_000)
+        }
+        XCTAssertLessThan(slowest, 1.0, "a request waited \(slowest) s behind the crowd")
+        let threads = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8).split(separator: "\n").first { $0.hasPrefix("Threads:") } ?? ""
+        XCTAssertLessThanOrEqual(Int(threads.split(separator: "\t").last ?? "") ?? 99, 3, "the front serves the crowd on its event loop: \(threads)")
+        XCTAssertTrue(waitForExit(crowd, seconds: 30))
+        let lines = ((try? String(contentsOfFile: report, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        // The slow client got 5 of its bytes in before the head deadline cut it off.
+        let slow = lines.first { $0.hasPrefix("slow ") }?.split(separator: " ").map(String.init) ?? []
+        XCTAssertEqual(slow.count, 5, "\(lines)")
+        if slow.count == 5 {
+            XCTAssertTrue((4...6).contains(Int(slow[1]) ?? 0), "\(lines)")
+            XCTAssertEqual(slow[2] + " " + slow[3], "HTTP/1.1 408", "\(lines)")
+        }
+        XCTAssertEqual(lines.last, "idle [('HTTP/1.1 408', 500)]", "\(lines)")
+        XCTAssertEqual(try front(), pid)
+    }
+
+    /// A connection is kept open between requests (HTTP/1.1 keep-alive), and closed quietly when
+    /// it stays idle past the head deadline.
+    func testKeptAliveConnectionsServeSeveralRequestsThenTimeOut() throws {
+        let script = daemon.root + "/keepalive.py", report = daemon.root + "/keepalive.log"
+        try writeFile(script, Array("""
+            import socket, sys, time
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sys.argv[1])
+            s.settimeout(15)
+            def answer():
+                data = b""
+                while b"\\r\\n\\r\\n" not in data:
+                    data += s.recv(4096)
+                head, body = data.split(b"\\r\\n\\r\\n", 1)
+                length = int([l.split(b":")[1] for l in head.split(b"\\r\\n") if l.lower().startswith(b"content-length")][0])
+                while len(body) < length:
+                    body += s.recv(4096)
+                return head.split(b"\\r\\n")[0].decode()
+            for n in range(3):
+                s.sendall(b"GET /v1/status HTTP/1.1\\r\\nHost: k\\r\\n\\r\\n")
+                print(answer(), flush=True)
+            start = time.monotonic()
+            rest = s.recv(64)
+            print("closed", repr(rest), round(time.monotonic() - start), flush=True)
+            """.utf8), mode: 0o755)
+        let client = try spawn("/usr/bin/python3", [script, daemon.socket], stdoutPath: report, stderrPath: report)
+        defer { kill(client, SIGKILL); waitForExit(client, seconds: 5) }
+        XCTAssertTrue(waitForExit(client, seconds: 30))
+        let lines = ((try? String(contentsOfFile: report, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+        XCTAssertEqual(Array(lines.prefix(3)), Array(repeating: "HTTP/1.1 200 OK", count: 3), "\(lines)")
+        XCTAssertEqual(lines.dropFirst(3).first, "closed b'' 5", "\(lines)")
     }
 
     /// An event stream crosses the front (chunked), and ends for the daemon when its client goes.
