@@ -14,6 +14,8 @@ let package = Package(
         .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
+        // Tests only: reads docs/openapi.yaml to check the routes' models against it.
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
         // For the BoringSSL it builds: CustodyCrypto calls its C module (AES-256-GCM AEAD, random,
         // SHA-256) directly, which is not swift-crypto's public API, so the version is pinned.
         .package(url: "https://github.com/apple/swift-crypto", exact: "4.5.2"),
@@ -84,10 +86,11 @@ let package = Package(
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
-        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyClient", "CLinux",
+        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyCore", "CustodyClient", "CLinux",
                                                                 .product(name: "NIOCore", package: "swift-nio"),
                                                                 .product(name: "NIOEmbedded", package: "swift-nio"),
-                                                                .product(name: "NIOHTTP1", package: "swift-nio")]),
+                                                                .product(name: "NIOHTTP1", package: "swift-nio"),
+                                                                .product(name: "Yams", package: "Yams")]),
         .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTPM", "CustodyCrypto"]),
         .testTarget(name: "CustodySessionsTests", dependencies: ["CustodySessions", "CustodyCore"]),
         .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyMetrics", "CustodyCore"]),

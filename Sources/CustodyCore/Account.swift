@@ -74,14 +74,18 @@ public struct Policy: Codable, Equatable, Sendable {
             protectionLevel = level
         }
         fileProviderEncryptionRequired = try container.decodeIfPresent(Bool.self, forKey: .fileProviderEncryptionRequired) ?? defaults.fileProviderEncryptionRequired
+        // Both forms are always decoded (a wrongly typed one is an error even when the other is
+        // given); the scope wins.
+        let share = try container.decodeIfPresent(Bool.self, forKey: .canShareWithOtherIdentities)
+        let receive = try container.decodeIfPresent(Bool.self, forKey: .canReceiveFromUnmanaged)
         if let scope = try container.decodeIfPresent(TransferScope.self, forKey: .sendToOtherIdentities) {
             sendToOtherIdentities = scope
-        } else if let share = try container.decodeIfPresent(Bool.self, forKey: .canShareWithOtherIdentities) {
+        } else if let share {
             canShareWithOtherIdentities = share
         }
         if let scope = try container.decodeIfPresent(TransferScope.self, forKey: .receiveFromOtherIdentities) {
             receiveFromOtherIdentities = scope
-        } else if let receive = try container.decodeIfPresent(Bool.self, forKey: .canReceiveFromUnmanaged) {
+        } else if let receive {
             canReceiveFromUnmanaged = receive
         }
         saveToLocations = try Self.decodeLocations(container, .saveToLocations)
