@@ -114,6 +114,19 @@ final class FrontPipelineTests: XCTestCase {
         }
     }
 
+    /// A connection's pipeline is freed when it ends, whatever ended it (the fuzzer runs millions).
+    func testExchangesLeaveNothingBehind() {
+        func residentBytes() -> Int {
+            4096 * (Int((try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8))?.split(separator: " ").dropFirst().first ?? "0") ?? 0)
+        }
+        for text in ["GET /v1/status HTTP/1.1\r\n\r\n", "POST /v1/accounts/a/lock HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", "garbage\r\n\r\n", ""] {
+            for _ in 0..<300 { ControlInputs.parseAndCheck(Array(text.utf8)) }
+            let before = residentBytes()
+            for _ in 0..<3000 { ControlInputs.parseAndCheck(Array(text.utf8)) }
+            XCTAssertLessThan((residentBytes() - before) / 3000, 1024, "bytes kept per exchange of \(text.debugDescription)")
+        }
+    }
+
     func request(_ text: String) -> HTTPRequest {
         let (path, query) = RequestTarget.split(text)
         return HTTPRequest(method: "POST", path: path, query: RequestTarget.query(query), headers: [:], body: [])

@@ -363,6 +363,37 @@ final class ControlFrontTests: XCTestCase {
         XCTAssertEqual(lines.dropFirst(3).first, "closed b'' 5", "\(lines)")
     }
 
+    /// The front keeps nothing of the connections and requests it has served.
+    func testTheFrontsMemoryDoesNotGrowWithRequests() throws {
+        let pid = try front()
+        func resident() -> Int {
+            let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+            return Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
+        }
+        let script = daemon.root + "/many.py"
+        try writeFile(script, Array("""
+            import socket, sys
+            for n in range(int(sys.argv[2])):
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(sys.argv[1])
+                s.sendall(b"GET /v1/status HTTP/1.1\\r\\nConnection: close\\r\\n\\r\\n" if n % 2 else b"bad request\\r\\n\\r\\n")
+                while s.recv(65536):
+                    pass
+                s.close()
+            """.utf8), mode: 0o755)
+        func run(_ count: Int) throws {
+            let client = try spawn("/usr/bin/python3", [script, daemon.socket, "\(count)"])
+            XCTAssertTrue(waitForExit(client, seconds: 120))
+        }
+        try run(300)
+        let before = resident()
+        try run(3000)
+        let grown = resident() - before
+        XCTAssertLessThan(grown, 3 * 1024, "the front grew by \(grown) KiB over 3,000 connections")
+        XCTAssertEqual(try front(), pid)
+    }
+
     /// An event stream crosses the front (chunked), and ends for the daemon when its client goes.
     func testEventStreamsCrossTheFront() throws {
         let log = daemon.root + "/stream.log"
