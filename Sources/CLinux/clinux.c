@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <sys/fsuid.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <linux/falloc.h>
@@ -328,4 +329,10 @@ long long clinux_memlock_limit(void) {
 
 const char *clinux_errno_name(int error) {
     return strerrorname_np(error);
+}
+
+long clinux_filesystem_type(int fd) {
+    struct statfs info;
+    if (fstatfs(fd, &info) != 0) return -1;
+    return (long)info.f_type;
 }

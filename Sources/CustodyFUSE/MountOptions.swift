@@ -24,6 +24,11 @@ public struct MountOptions: Sendable, Equatable {
     /// default is 128). Larger read-ahead means fewer, larger READ requests for sequential reads.
     /// 0 leaves the kernel's default.
     public var readAheadKiB: Int = 1024
+    /// Whether `close` reaches the daemon (a FLUSH request per close): nil decides by the backing
+    /// store, serving it only where closing a file there can report an error of its own (network
+    /// file systems, another FUSE mount; see `BackingStore`). Where it is not served, the kernel
+    /// still writes the file's cached pages back at close and reports their errors.
+    public var flushOnClose: Bool? = nil
     /// The most request threads the session loop runs.
     public var maxThreads: Int = 8
     /// Print every FUSE request (libfuse's debug output).

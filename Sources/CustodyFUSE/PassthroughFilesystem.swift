@@ -38,6 +38,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
     let storageEdges: StorageEdges
     /// What the daemon counts (nil: nothing is counted).
     let metrics: MountMetrics?
+    /// Whether FLUSH (one per `close`) is served. When not, the first one is answered ENOSYS and
+    /// the kernel sends no more: a close then costs the caller no round trip.
+    let servesFlush: Bool
 
     init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)
@@ -50,6 +53,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         inodeHighWater = max(64, descriptorLimit * 6 / 10)
         inodeLowWater = max(32, descriptorLimit * 4 / 10)
         storageEdges = StorageEdges()
+        servesFlush = options.flushOnClose ?? BackingStore.reportsErrorsAtClose(root.fd)
     }
 
     /// Has the disk start reading the first bytes of these regular files (see `DirectoryReadAhead`).
@@ -702,6 +706,13 @@ final class PassthroughFilesystem: @unchecked Sendable {
     }
 
     func flush(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
+        guard servesFlush else {
+            // The kernel has written the cached pages back before it asks (their errors reach
+            // the caller's close without us); from now on it does not ask.
+            replyError(req, ENOSYS)
+            afterFlush(HandleBox.borrow(fi.pointee.fh, as: OpenFile.self)?.inode)
+            return
+        }
         // Closing a duplicate reports deferred write errors of the backing file system (as NFS does).
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
             replyError(req, EBADF)
@@ -719,6 +730,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     func release(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         if fi.pointee.fh != 0 {
+            // Without FLUSH this is the first word of the last close (after the write-back).
+            if !servesFlush { afterFlush(HandleBox.borrow(fi.pointee.fh, as: OpenFile.self)?.inode) }
             releaseHandle(fi.pointee.fh)
         }
         replyError(req, 0)

@@ -52,6 +52,13 @@ public enum Syscall {
         return st
     }
 
+    /// The file system's type (`statfs`'s magic number) of the file `fd` refers to.
+    public static func fileSystemType(_ fd: Int32) throws(Errno) -> Int {
+        let type = clinux_filesystem_type(fd)
+        guard type >= 0 else { throw Errno.current }
+        return type
+    }
+
     @inlinable
     public static func lstat(_ path: UnsafePointer<CChar>) throws(Errno) -> stat {
         var st = Glibc.stat()

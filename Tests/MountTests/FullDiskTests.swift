@@ -93,6 +93,28 @@ final class FullDiskTests: XCTestCase {
         _ = try checkCleanPrefix("plain", source, blockAligned: false)
     }
 
+    /// Writes that fail only when the kernel writes its cached pages back are reported by the
+    /// close, as on the backing file system, though the mount answers no FLUSH there.
+    func testACloseReportsWritesThatFailedLater() throws {
+        for encrypted in [false, true] {
+            if encrypted { try enrollAlice() }
+            let path = daemon.mnt(encrypted ? "late-encrypted" : "late-plain")
+            let fd = try Syscall.open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+            let chunk = [UInt8](repeating: 0x5a, count: 1 << 20)
+            var written = 0
+            for _ in 0..<(Self.backingMiB + 8) {
+                let count = chunk.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+                if count < 0 { break }
+                written += count
+            }
+            let closed = Glibc.close(fd)
+            let error = errno
+            XCTAssertEqual(closed, -1, "\(path): \(written) bytes into \(Self.backingMiB) MiB and close says nothing")
+            XCTAssertEqual(error, ENOSPC, "\(path): close fails with \(Errno(error))")
+            _ = try mustRun(["rm", path])
+        }
+    }
+
     /// rm gives the space back at once, as on the backing file system: the next write fits
     /// without waiting for the kernel to forget the file.
     func testRemovingAFileFreesItsSpaceAtOnce() throws {

@@ -240,6 +240,21 @@ final class SpeedFeatureTests: XCTestCase {
         return counts
     }
 
+    /// On a local backing store a close costs no round trip: the first FLUSH is refused (ENOSYS)
+    /// and the kernel sends no more. Files written and read still hold their bytes.
+    func testClosingFilesCostsNoFlushOnALocalBackingStore() throws {
+        let daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        defer { daemon.destroy() }
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        let requests = try requestsSent(to: daemon) {
+            for index in 0..<20 { try writeFile(daemon.mnt("f\(index)"), bytes("file \(index)")) }
+            for index in 0..<20 { XCTAssertEqual(try readFile(daemon.mnt("f\(index)")), bytes("file \(index)")) }
+        }
+        XCTAssertEqual(requests["FUSE_CREATE"], 20, "\(requests)")
+        XCTAssertLessThanOrEqual(requests["FUSE_FLUSH", default: 0], 1, "\(requests)")
+        XCTAssertEqual(xattr(daemon.mnt("f3"), "user.custody.encrypted"), "1")
+    }
+
     func testDirectIOOnEncryptedFilesGoesStraightToTheDaemon() throws {
         let daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
         defer { daemon.destroy() }

@@ -98,6 +98,9 @@ int clinux_landlock_deny_filesystem(void);
    EOPNOTSUPP: the kernel has no Landlock). */
 int clinux_landlock_restrict_writes(const char *const *paths, int count);
 
+/// The type (statfs magic number) of the file system holding `fd`; -1 with errno on failure.
+long clinux_filesystem_type(int fd);
+
 #endif
 
 /// The symbolic name of an error number ("ENOENT"), or NULL when glibc knows none.
