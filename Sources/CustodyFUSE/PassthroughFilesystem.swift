@@ -708,9 +708,11 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func flush(_ req: fuse_req_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard servesFlush else {
             // The kernel has written the cached pages back before it asks (their errors reach
-            // the caller's close without us); from now on it does not ask.
+            // the caller's close without us); from now on it does not ask. The handle is taken
+            // before the answer: once answered, the RELEASE may come and end it.
+            let inode = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self)?.inode
             replyError(req, ENOSYS)
-            afterFlush(HandleBox.borrow(fi.pointee.fh, as: OpenFile.self)?.inode)
+            afterFlush(inode)
             return
         }
         // Closing a duplicate reports deferred write errors of the backing file system (as NFS does).
