@@ -486,10 +486,13 @@ final class PassthroughFilesystem: @unchecked Sendable {
             // Across identities every request reaches the daemon, which checks the grant again:
             // nothing is served from pages an owner's reads cached.
             if grant?.bypassesCache == true { fi.pointee.direct_io = 1 }
+            // Noted before the answer, so that the program's next open, which may come on
+            // another thread as soon as this one is answered, finds this one done.
+            if inode.isRegularFile, fi.pointee.flags & O_ACCMODE == O_RDONLY, let parent = inodes.name(of: UInt64(id))?.parent {
+                directoryReadAhead.opened(UInt64(id), in: parent)
+            }
             if fuse_reply_open(req, fi) != 0 {
                 releaseHandle(fi.pointee.fh)
-            } else if inode.isRegularFile, fi.pointee.flags & O_ACCMODE == O_RDONLY, let parent = inodes.name(of: UInt64(id))?.parent {
-                directoryReadAhead.opened(UInt64(id), in: parent)
             }
         } catch {
             replyError(req, error.rawValue)
@@ -936,8 +939,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
         if failure != 0 {
             replyError(req, failure)
         } else {
-            fuse_reply_buf(req, buffer.assumingMemoryBound(to: CChar.self), used)
+            // Recorded before the answer: once answered, the program may open the first file,
+            // on another thread, and that open looks for this listing.
             if plus { directoryReadAhead.listed(files, in: UInt64(id), fromStart: offset == 0) }
+            fuse_reply_buf(req, buffer.assumingMemoryBound(to: CChar.self), used)
         }
     }
 
