@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <stdio.h>
 #include <sys/fsuid.h>
@@ -62,6 +63,22 @@ int clinux_thread_setgroups(size_t size, const gid_t *list) {
 ssize_t clinux_getxattr(const char *path, const char *name, void *value, size_t size) {
     return getxattr(path, name, value, size);
 }
+ssize_t clinux_lgetxattr(const char *path, const char *name, void *value, size_t size) {
+    return lgetxattr(path, name, value, size);
+}
+
+#ifndef SYS_getxattrat
+#define SYS_getxattrat 464
+#endif
+
+ssize_t clinux_getxattrat(int directory, const char *path, const char *name, void *value, size_t size) {
+    /* struct xattr_args of Linux 6.13. */
+    struct { unsigned long long value; unsigned int size; unsigned int flags; } args = {
+        (unsigned long long)(uintptr_t)value, (unsigned int)size, 0 };
+    if (size > 0xFFFFFFFFu) { errno = EINVAL; return -1; }
+    return syscall(SYS_getxattrat, directory, path, AT_SYMLINK_NOFOLLOW, name, &args, sizeof(args));
+}
+
 int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags) {
     return setxattr(path, name, value, size, flags);
 }

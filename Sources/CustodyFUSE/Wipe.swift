@@ -44,15 +44,14 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
                 let child = try Syscall.openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                 let childID = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
                 let empty = try wipe(directory: child, directoryID: childID, account: account, counts: &counts, progress: progress)
-                let owned = owns(account, Syscall.procPath(child))
+                let owned = owns(account, (try? OwnerRecord.load(from: Syscall.procPath(child))) ?? nil)
                 Syscall.close(child)
                 if empty, owned, (try? Syscall.unlinkat(fd, name, AT_REMOVEDIR)) != nil {
                     forget(name, in: directoryID, child: childID)
                     remaining -= 1
                 }
             } else if kind == S_IFREG {
-                let path = "/proc/self/fd/\(fd)/" + name
-                guard owns(account, path) else { continue }
+                guard owns(account, (try? OwnerRecord.load(in: fd, name: name)) ?? nil) else { continue }
                 try Syscall.unlinkat(fd, name, 0)
                 counts.deleted += 1
                 counts.bytesFreed += UInt64(attributes.st_blocks) * 512
@@ -64,8 +63,8 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
         return remaining == 0
     }
 
-    private func owns(_ account: Account, _ path: String) -> Bool {
-        guard let record = try? OwnerRecord.load(from: path) else { return false }
+    private func owns(_ account: Account, _ record: OwnerRecord?) -> Bool {
+        guard let record else { return false }
         return account.matches(record.owner.canonical) || account.matches(record.owner.display)
     }
 

@@ -105,6 +105,23 @@ extension OwnerRecord {
         return try decode(Array(buffer[0..<count]))
     }
 
+    /// The record of `name` in the directory `directory` (a symlink's own, never its target's);
+    /// nil when it has none. One system call where the kernel has `getxattrat`.
+    public static func load(in directory: Int32, name: String) throws(FormatError) -> OwnerRecord? {
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let count: Int
+        do {
+            count = try buffer.withMutableBytes { (bytes) throws(Errno) in
+                try Syscall.getxattr(in: directory, name, attributeName, bytes.baseAddress, bytes.count)
+            }
+        } catch where error == .noData {
+            return nil
+        } catch {
+            throw .io(error)
+        }
+        return try decode(Array(buffer[0..<count]))
+    }
+
     /// Removes the record (the file becomes untracked).
     public static func remove(at path: String) throws(FormatError) {
         do {

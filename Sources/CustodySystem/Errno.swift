@@ -39,6 +39,7 @@ public struct Errno: Error, Equatable, Hashable, Sendable, CustomStringConvertib
     public static let tooManyLinks = Errno(ELOOP)
     public static let crossDevice = Errno(EXDEV)
     public static let notConnected = Errno(ENOTCONN)
+    public static let notImplemented = Errno(ENOSYS)
 }
 
 /// Returns `result`, or throws the current errno when it is -1.

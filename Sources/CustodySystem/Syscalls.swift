@@ -1,5 +1,6 @@
 import CLinux
 import Glibc
+import Synchronization
 
 /// Thin, typed wrappers over the syscalls the file system front ends use. Each returns its
 /// result or throws `Errno`; none allocates on success unless it returns a `String` or bytes.
@@ -224,6 +225,29 @@ public enum Syscall {
     @inlinable
     public static func getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
         try valueOrErrno(clinux_getxattr(path, name, buffer, size))
+    }
+
+    /// Attribute `name` of `path` in the directory `directory` (a final symlink not followed), in
+    /// one call where the kernel has `getxattrat` (Linux 6.13); elsewhere through
+    /// `/proc/self/fd/N/path` (`lgetxattr`), which walks /proc on every call.
+    public static func getxattr(in directory: Int32, _ path: String, _ name: UnsafePointer<CChar>,
+                                _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
+        if !noGetxattrat.load(ordering: .relaxed) {
+            let count = clinux_getxattrat(directory, path, name, buffer, size)
+            if count >= 0 { return count }
+            let error = Errno.current
+            // Not there (an older kernel), or refused by a system call filter: use the path.
+            guard error == .notImplemented || error == .notPermitted else { throw error }
+            noGetxattrat.store(true, ordering: .relaxed)
+        }
+        return try lgetxattr(procPath(directory) + "/" + path, name, buffer, size)
+    }
+
+    /// Set once `getxattrat` turned out to be missing.
+    static let noGetxattrat = Atomic<Bool>(false)
+
+    public static func lgetxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
+        try valueOrErrno(clinux_lgetxattr(path, name, buffer, size))
     }
 
     @inlinable

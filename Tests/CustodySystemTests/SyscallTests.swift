@@ -67,6 +67,42 @@ final class SyscallTests: XCTestCase {
         XCTAssertEqual(String(cString: try Syscall.readlinkat(AT_FDCWD, directory + "/l")), target)
     }
 
+    /// An attribute by directory and name: the same answers with `getxattrat` and through /proc,
+    /// and a symlink's own attributes, never its target's.
+    func testExtendedAttributeInADirectory() throws {
+        let file = directory + "/file"
+        let fd = open(file, O_CREAT | O_WRONLY, 0o644)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        close(fd)
+        try Syscall.setxattr(file, "user.k", "value", 5, 0)
+        XCTAssertEqual(symlink("file", directory + "/link"), 0)
+        let dir = open(directory, O_RDONLY | O_DIRECTORY)
+        defer { close(dir) }
+        defer { Syscall.noGetxattrat.store(false, ordering: .relaxed) }
+        for throughProc in [false, true] {
+            Syscall.noGetxattrat.store(throughProc, ordering: .relaxed)
+            var buffer = [UInt8](repeating: 0, count: 16)
+            XCTAssertEqual(try Syscall.getxattr(in: dir, "file", "user.k", &buffer, buffer.count), 5, "through /proc: \(throughProc)")
+            XCTAssertEqual(Array(buffer.prefix(5)), Array("value".utf8))
+            XCTAssertEqual(try Syscall.getxattr(in: dir, "file", "user.k", nil, 0), 5, "the size alone")
+            XCTAssertThrowsError(try Syscall.getxattr(in: dir, "file", "user.none", &buffer, buffer.count)) { XCTAssertEqual($0 as? Errno, .noData) }
+            XCTAssertThrowsError(try Syscall.getxattr(in: dir, "link", "user.k", &buffer, buffer.count)) { XCTAssertEqual($0 as? Errno, .noData, "the link's own") }
+            XCTAssertThrowsError(try Syscall.getxattr(in: dir, "missing", "user.k", &buffer, buffer.count)) { XCTAssertEqual($0 as? Errno, .noSuchFile) }
+            XCTAssertThrowsError(try Syscall.getxattr(in: dir, "file", "user.k", &buffer, 2)) { XCTAssertEqual($0 as? Errno, .rangeError) }
+            if !throughProc, Self.kernelVersion.lexicographicallyPrecedes([6, 13]) == false {
+                XCTAssertFalse(Syscall.noGetxattrat.load(ordering: .relaxed), "getxattrat is used where the kernel has it")
+            }
+        }
+    }
+
+    /// The running kernel's major and minor version.
+    static var kernelVersion: [Int] {
+        var name = utsname()
+        uname(&name)
+        let release = withUnsafeBytes(of: name.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        return release.split(separator: ".").prefix(2).map { Int($0.prefix { $0.isNumber }) ?? 0 }
+    }
+
     func testStatOfPathDescriptorAndProcPath() throws {
         XCTAssertEqual(mkdir(directory + "/d", 0o700), 0)
         let fd = try Syscall.open(directory + "/d", Linux.O_PATH | O_DIRECTORY)

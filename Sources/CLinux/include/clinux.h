@@ -35,6 +35,10 @@ pid_t clinux_gettid(void);
 int clinux_thread_setgroups(size_t size, const gid_t *list);
 
 ssize_t clinux_getxattr(const char *path, const char *name, void *value, size_t size);
+ssize_t clinux_lgetxattr(const char *path, const char *name, void *value, size_t size);
+/* getxattrat(2) (Linux 6.13): attribute `name` of `path` relative to `directory`, not following a
+   final symlink. -1 with errno ENOSYS on older kernels. */
+ssize_t clinux_getxattrat(int directory, const char *path, const char *name, void *value, size_t size);
 int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags);
 ssize_t clinux_listxattr(const char *path, char *list, size_t size);
 int clinux_removexattr(const char *path, const char *name);
