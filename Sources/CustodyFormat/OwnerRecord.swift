@@ -91,29 +91,21 @@ extension OwnerRecord {
 
     /// The record on the stored file at `path`, or nil when it has none.
     public static func load(from path: String) throws(FormatError) -> OwnerRecord? {
-        var buffer = [UInt8](repeating: 0, count: 512)
-        let count: Int
-        do {
-            count = try buffer.withMutableBytes { (bytes) throws(Errno) in
-                try Syscall.getxattr(path, attributeName, bytes.baseAddress, bytes.count)
-            }
-        } catch where error == .noData {
-            return nil
-        } catch {
-            throw .io(error)
-        }
-        return try decode(Array(buffer[0..<count]))
+        try load { (bytes) throws(Errno) in try Syscall.getxattr(path, attributeName, bytes.baseAddress, bytes.count) }
     }
 
     /// The record of `name` in the directory `directory` (a symlink's own, never its target's);
     /// nil when it has none. One system call where the kernel has `getxattrat`.
     public static func load(in directory: Int32, name: String) throws(FormatError) -> OwnerRecord? {
+        try load { (bytes) throws(Errno) in try Syscall.getxattr(in: directory, name, attributeName, bytes.baseAddress, bytes.count) }
+    }
+
+    /// Reads the attribute with `read` (into a buffer, returning its length) and decodes it.
+    private static func load(_ read: (UnsafeMutableRawBufferPointer) throws(Errno) -> Int) throws(FormatError) -> OwnerRecord? {
         var buffer = [UInt8](repeating: 0, count: 512)
         let count: Int
         do {
-            count = try buffer.withMutableBytes { (bytes) throws(Errno) in
-                try Syscall.getxattr(in: directory, name, attributeName, bytes.baseAddress, bytes.count)
-            }
+            count = try buffer.withMutableBytes { (bytes) throws(Errno) in try read(bytes) }
         } catch where error == .noData {
             return nil
         } catch {
