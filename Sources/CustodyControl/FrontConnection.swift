@@ -213,18 +213,8 @@ final class FrontConnection: ChannelInboundHandler {
     // MARK: Answers
 
     private func responseHead(_ response: HTTPResponse, streamed: Bool) -> HTTPResponseHead {
-        var headers = HTTPHeaders([("Content-Type", HTTPResponse.clean(response.contentType))])
-        for (name, value) in response.headers.sorted(by: { $0.key < $1.key }) {
-            headers.add(name: HTTPResponse.clean(name), value: HTTPResponse.clean(value))
-        }
-        if streamed {
-            headers.add(name: "Transfer-Encoding", value: "chunked")
-            headers.add(name: "Cache-Control", value: "no-cache")
-        } else {
-            headers.add(name: "Content-Length", value: String(response.body.count))
-        }
         let staying = keepAlive && !streamed && !(inputClosed && queued.isEmpty)
-        headers.add(name: "Connection", value: staying ? "keep-alive" : "close")
+        let headers = HTTPHeaders(response.headerFields(streamed: streamed, keepAlive: staying))
         let status = HTTPResponseStatus.custom(code: UInt(clamping: response.status), reasonPhrase: HTTPResponse.reason(response.status))
         return HTTPResponseHead(version: .http1_1, status: status, headers: headers)
     }

@@ -51,17 +51,26 @@ public struct HTTPResponse: Sendable {
         }
     }
 
+    /// The header fields of the answer, in order: its content type and extra headers (without
+    /// control characters), then how the body is framed and whether the connection stays.
+    func headerFields(streamed: Bool, keepAlive: Bool) -> [(String, String)] {
+        var fields = [("Content-Type", Self.clean(contentType))]
+        fields += headers.sorted { $0.key < $1.key }.map { (Self.clean($0.key), Self.clean($0.value)) }
+        fields += streamed ? [("Transfer-Encoding", "chunked"), ("Cache-Control", "no-cache")] : [("Content-Length", String(body.count))]
+        fields.append(("Connection", keepAlive ? "keep-alive" : "close"))
+        return fields
+    }
+
     /// The whole answer with `Connection: close`, for the one the front sends before a connection
     /// reaches the HTTP server (too many connections).
     func serialized() -> [UInt8] {
-        var head = "HTTP/1.1 \(status) \(Self.reason(status))\r\nContent-Type: \(Self.clean(contentType))\r\n"
-        for (name, value) in headers.sorted(by: { $0.key < $1.key }) { head += "\(Self.clean(name)): \(Self.clean(value))\r\n" }
-        head += "Content-Length: \(body.count)\r\nConnection: close\r\n\r\n"
-        return Array(head.utf8) + body
+        var head = "HTTP/1.1 \(status) \(Self.reason(status))\r\n"
+        for (name, value) in headerFields(streamed: false, keepAlive: false) { head += "\(name): \(value)\r\n" }
+        return Array((head + "\r\n").utf8) + body
     }
 
     /// A header field without line breaks or other control characters.
-    static func clean(_ text: String) -> String {
+    private static func clean(_ text: String) -> String {
         String(String.UnicodeScalarView(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7f }))
     }
 
