@@ -19,8 +19,7 @@ struct FrameDecoder: ByteToMessageDecoder {
     mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
         guard let byte = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self),
               let length = buffer.getInteger(at: buffer.readerIndex + 1, endianness: .little, as: UInt32.self) else { return .needMoreData }
-        guard let kind = FrameKind(rawValue: byte) else { throw ForwardingError("unknown frame kind \(byte)") }
-        guard Int(length) <= maxPayload else { throw ForwardingError("frame of \(length) bytes is over the limit") }
+        let kind = try FrameKind.checked(byte, length: Int(length), maxPayload: maxPayload)
         guard buffer.readableBytes >= 5 + Int(length) else { return .needMoreData }
         buffer.moveReaderIndex(forwardBy: 5)
         guard let payload = buffer.readBytes(length: Int(length)) else { return .needMoreData }

@@ -20,6 +20,14 @@ enum FrameKind: UInt8 {
     case streamHead = 0x53 // S
     case chunk = 0x43 // C
     case end = 0x45 // E
+
+    /// A frame head's kind byte and payload length, checked: a known kind, a length within
+    /// `maxPayload`. Both readers of frames (blocking and on the event loop) use it.
+    static func checked(_ byte: UInt8, length: Int, maxPayload: Int) throws(ForwardingError) -> FrameKind {
+        guard let kind = FrameKind(rawValue: byte) else { throw ForwardingError("unknown frame kind \(byte)") }
+        guard length <= maxPayload else { throw ForwardingError("frame of \(length) bytes is over the limit") }
+        return kind
+    }
 }
 
 public struct ForwardingError: Error, CustomStringConvertible {
@@ -124,9 +132,8 @@ struct FrameChannel {
     func receive() throws(ForwardingError) -> (FrameKind, [UInt8]) {
         var head = WireReader(try readExactly(5))
         let byte = try head.u8()
-        guard let kind = FrameKind(rawValue: byte) else { throw ForwardingError("unknown frame kind \(byte)") }
         let length = try head.u32()
-        guard length <= maxPayload else { throw ForwardingError("frame of \(length) bytes is over the limit") }
+        let kind = try FrameKind.checked(byte, length: length, maxPayload: maxPayload)
         return (kind, try readExactly(length))
     }
 
