@@ -28,13 +28,12 @@ custodyd), CUSTODY_ARGS (more custodyd arguments, such as --no-low-latency).
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
-from benchlib import drop_caches, mounted, sh, timed, unwind_on_signals
+from benchlib import drop_caches, mounted, sh, status_kib, timed, unmount_and_wait, unwind_on_signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTODYD = os.environ.get("CUSTODYD", os.path.join(ROOT, ".build/release/custodyd"))
@@ -116,17 +115,7 @@ class System:
     def stop(self):
         if self.process is None:
             return
-        if mounted(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt])
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        unmount_and_wait(self.process, self.mnt, timeout=10)
         self.process = None
 
     def requests(self):
@@ -150,11 +139,7 @@ class System:
     def peak_rss_kib(self):
         if not (self.process and self.name.startswith("custody")):
             return None
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-        return None
+        return status_kib(self.process.pid, "VmHWM")
 
 
 def build_passthrough_ll():

@@ -19,6 +19,31 @@ def mounted(path):
         return any(line.split()[4] == path for line in f)
 
 
+def status_kib(pid, field):
+    """A field of /proc/PID/status given in KiB (VmRSS, VmHWM), or None."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def unmount_and_wait(process, mnt, timeout):
+    """Unmounts `mnt` and waits for its daemon: `timeout` seconds, then SIGTERM and half as long,
+    then SIGKILL."""
+    if mounted(mnt):
+        subprocess.run(["fusermount3", "-u", mnt])
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout / 2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def timed(fn):
     start = time.perf_counter()
     fn()

@@ -24,12 +24,11 @@ SCALE_PLOT. Environment: SCALE_SIZES, CLIENTS (1,2,4,8), FIO_SIZE_MB (128), BENC
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
-from benchlib import drop_caches, mounted, sh, timed, unwind_on_signals
+from benchlib import drop_caches, mounted, sh, status_kib, timed, unmount_and_wait, unwind_on_signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTODYD = os.environ.get("CUSTODYD", os.path.join(ROOT, ".build/release/custodyd"))
@@ -109,22 +108,12 @@ class Target:
     def rss_kib(self, field="VmRSS"):
         if self.process is None:
             return None
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-        return None
+        return status_kib(self.process.pid, field)
 
     def stop(self):
         if self.process is None:
             return
-        if mounted(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt])
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=10)
+        unmount_and_wait(self.process, self.mnt, timeout=30)
         self.process = None
 
 
