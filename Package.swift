@@ -26,6 +26,8 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .target(name: "CLinux"),
+        // FUSE over io_uring for a libfuse 3.14 session (liburing-dev): per-CPU request rings.
+        .target(name: "CFuseRing", linkerSettings: [.linkedLibrary("uring"), .linkedLibrary("fuse3")]),
         // tpm2-tss (ESAPI) calls for sealing a secret to a TPM 2.0 (libtss2-dev).
         .target(name: "CTPM", linkerSettings: [.linkedLibrary("tss2-esys"), .linkedLibrary("tss2-tctildr"),
                                                .linkedLibrary("tss2-mu"), .linkedLibrary("tss2-rc")]),
@@ -51,7 +53,7 @@ let package = Package(
         // Prometheus text format (swift-prometheus).
         .target(name: "CustodyMetrics", dependencies: ["CustodyCore", "CustodySystem", .product(name: "Prometheus", package: "swift-prometheus")]),
         // The low-level FUSE front end: inodes, handles, the passthrough.
-        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem", "CustodyMetrics",
+        .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CFuseRing", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem", "CustodyMetrics",
                                                    .product(name: "Logging", package: "swift-log")]),
 
         // Login sessions (systemd-logind over D-Bus, sd-bus) driving the engine's locks.

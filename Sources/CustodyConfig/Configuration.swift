@@ -34,6 +34,8 @@ public struct MountConfiguration: Equatable, Sendable {
     public var writebackCache = true
     /// Ask for low CPU wake-up latency while the mount serves bursts of requests.
     public var lowLatency = true
+    /// Serve requests on the CPU that sent them (FUSE over io_uring) where the kernel offers it.
+    public var requestRings = true
     public var threads = 8
 
     public init(backing: String, mountPoint: String) {
@@ -235,7 +237,7 @@ struct Reader {
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
                                "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout",
                                "MaxUnlockAttempts", "UnlockAttemptsAction"]
-    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "threads"]
+    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
@@ -400,6 +402,7 @@ struct Reader {
         if let value = bool(table, ["mount", "allow_nonempty"], index: index) { mount.allowNonEmpty = value }
         if let value = bool(table, ["mount", "writeback_cache"], index: index) { mount.writebackCache = value }
         if let value = bool(table, ["mount", "low_latency"], index: index) { mount.lowLatency = value }
+        if let value = bool(table, ["mount", "request_rings"], index: index) { mount.requestRings = value }
         if let value = number(table, ["mount", "cache_timeout"], index: index) {
             if value >= 0, value.isFinite { mount.cacheTimeout = value } else { fail(["mount", "cache_timeout"], index: index, "must be 0 or more seconds") }
         }

@@ -21,8 +21,13 @@ public final class FUSEMount: @unchecked Sendable {
         var session: OpaquePointer?
         var thread: pthread_t?
         var stopRequested = false
+        var transport = ""
     }
     private let running = Mutex(Running())
+
+    /// How requests reach the daemon, once the mount is live: per-CPU request rings, or /dev/fuse
+    /// and why.
+    public var requestTransport: String { running.withLock { $0.transport } }
 
     /// Ends the session loop from another thread (the mount is then unmounted by `run`). Safe to
     /// call before the loop starts (it ends at once) or after it ended.
@@ -114,7 +119,12 @@ public final class FUSEMount: @unchecked Sendable {
             return fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata.toOpaque())
         }
         guard let session else { throw .sessionFailed("fuse_session_new refused the options \(arguments)") }
-        defer { fuse_session_destroy(session) }
+        // The request rings' buffers go only once the connection is gone with the session.
+        var rings: RequestRings? = nil
+        defer {
+            fuse_session_destroy(session)
+            rings?.remove()
+        }
 
         if options.handleSignals {
             guard fuse_set_signal_handlers(session) == 0 else { throw .sessionFailed("cannot install signal handlers") }
@@ -122,7 +132,14 @@ public final class FUSEMount: @unchecked Sendable {
         defer { if options.handleSignals { fuse_remove_signal_handlers(session) } }
 
         guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
-        defer { fuse_session_unmount(session) }
+        // Per-CPU request rings, installed before the loop reads INIT. They stop after the mount
+        // is gone (so no request still waits for them) and before the session is destroyed.
+        rings = options.requestRings
+            ? RequestRings(session: session, key: userdata.toOpaque(), threadsPerQueue: options.ringThreadsPerCPU, metrics: metrics) : nil
+        defer {
+            fuse_session_unmount(session)
+            rings?.stop()
+        }
         if options.readAheadKiB > 0, let device = MountTable.entry(at: mountPoint)?.device, !device.isEmpty {
             // Applied at the first request after INIT (the INIT reply caps it at the kernel's offer).
             // The device comes from the mount table: a `stat` of the mount point would wait for
@@ -165,6 +182,18 @@ public final class FUSEMount: @unchecked Sendable {
         // The mount is attached to the engine but serves nothing yet (a daemon with several
         // mounts finishes interrupted wipes here, once all are attached).
         beforeServing()
+        if let rings {
+            rings.start()
+            filesystem.requestRings = rings
+        }
+        running.withLock { state in
+            state.transport = rings.map { rings in
+                switch rings.state {
+                case .started: return "per-CPU request rings (FUSE over io_uring, \(options.ringThreadsPerCPU) threads per CPU)"
+                case .unavailable(let reason): return "/dev/fuse (\(reason))"
+                }
+            } ?? "/dev/fuse (request rings turned off)"
+        }
         mounted()
 
         let config = fuse_loop_cfg_create()

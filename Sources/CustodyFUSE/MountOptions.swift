@@ -29,7 +29,12 @@ public struct MountOptions: Sendable, Equatable {
     /// file systems, another FUSE mount; see `BackingStore`). Where it is not served, the kernel
     /// still writes the file's cached pages back at close and reports their errors.
     public var flushOnClose: Bool? = nil
-    /// The most request threads the session loop runs.
+    /// Serve requests on the CPU that sent them, through per-CPU request rings (FUSE over
+    /// io_uring, `RequestRings`), where the kernel offers them; /dev/fuse otherwise.
+    public var requestRings: Bool = true
+    /// Threads (each with one ring entry) per CPU when `requestRings` is on.
+    public var ringThreadsPerCPU: Int = 2
+    /// The most request threads the /dev/fuse session loop runs.
     public var maxThreads: Int = 8
     /// Print every FUSE request (libfuse's debug output).
     public var debug: Bool = false

@@ -41,6 +41,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// Whether FLUSH (one per `close`) is served. When not, the first one is answered ENOSYS and
     /// the kernel sends no more: a close then costs the caller no round trip.
     let servesFlush: Bool
+    /// The per-CPU request rings, when the mount uses them (set before requests are served).
+    var requestRings: RequestRings?
 
     init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)

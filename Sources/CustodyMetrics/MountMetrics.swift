@@ -37,6 +37,10 @@ public final class MountMetrics: Sendable {
     private let errors = Mutex<[Int64: Counter]>([:])
     private let created: [OwnerKind: Counter]
     private let tampering: [TamperKind: Counter]
+    /// Requests served through per-CPU request rings (FUSE over io_uring) rather than /dev/fuse.
+    public let ringRequests: Counter
+    /// Times a CPU's ring threads were raised from idle to normal priority because requests waited.
+    public let ringPriorityRaises: Counter
     /// Plaintext bytes encrypted into and decrypted out of the mounts' files.
     public let bytesEncrypted: Counter
     public let bytesDecrypted: Counter
@@ -64,6 +68,10 @@ public final class MountMetrics: Sendable {
             ($0, registry.counter("custody_tamper_detections_total", [("kind", $0.rawValue)],
                                   help: "Requests refused because an encrypted file failed authentication (block, header, truncated)."))
         })
+        ringRequests = registry.counter("custody_fuse_ring_requests_total",
+                                        help: "FUSE requests served through per-CPU request rings (FUSE over io_uring) rather than /dev/fuse.")
+        ringPriorityRaises = registry.counter("custody_fuse_ring_priority_raises_total",
+                                              help: "Times a CPU's ring threads went from idle to normal priority because a request waited for them.")
         bytesEncrypted = registry.counter("custody_encrypted_bytes_total", help: "Plaintext bytes encrypted into the mounts' files.")
         bytesDecrypted = registry.counter("custody_decrypted_bytes_total", help: "Plaintext bytes decrypted from the mounts' files.")
         // The most common error, so that the family is never empty.

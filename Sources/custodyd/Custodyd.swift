@@ -67,6 +67,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Never ask for low CPU wake-up latency (PM QoS) during bursts of requests.")
     var noLowLatency = false
 
+    @Flag(help: "Serve requests through /dev/fuse only, not through per-CPU request rings (FUSE over io_uring).")
+    var noRequestRings = false
+
     @Option(help: ArgumentHelp("Most FUSE request threads.", valueName: "n"))
     var threads: Int = 8
 
@@ -245,6 +248,7 @@ struct Custodyd: ParsableCommand {
             mount.cacheTimeout = cacheTimeout
             mount.writebackCache = !noWritebackCache
             mount.lowLatency = !noLowLatency
+            mount.requestRings = !noRequestRings
             mount.threads = threads
             configuration.mounts.insert(mount, at: 0)
         }

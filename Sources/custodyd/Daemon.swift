@@ -196,6 +196,7 @@ final class Daemon: @unchecked Sendable {
         options.negativeTimeout = mount.cacheTimeout
         options.writebackCache = mount.writebackCache
         options.lowLatency = mount.lowLatency
+        options.requestRings = mount.requestRings
         options.maxThreads = mount.threads
         options.handleSignals = false
         return options
@@ -227,7 +228,7 @@ final class Daemon: @unchecked Sendable {
             running.join()
             return false
         }
-        logger.info("serving \(running.mount.backing) at \(running.mount.mountPoint)")
+        logger.info("serving \(running.mount.backing) at \(running.mount.mountPoint); requests through \(running.mount.requestTransport)")
         return true
     }
 

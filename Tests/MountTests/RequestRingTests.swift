@@ -1,0 +1,181 @@
+import CustodySystem
+import Foundation
+import Glibc
+import XCTest
+
+/// Per-CPU request rings (FUSE over io_uring, `RequestRings`): requests reach the daemon through
+/// them when the kernel offers them, the same operations give the same results through
+/// /dev/fuse, the ring threads run pinned at idle priority, and a request that waits for them on
+/// a busy CPU gets them raised to normal priority.
+final class RequestRingTests: XCTestCase {
+    var daemons: [MountedDaemon] = []
+    var hogs: [pid_t] = []
+
+    override func tearDown() {
+        for hog in hogs { kill(hog, SIGKILL); _ = waitForExit(hog, seconds: 5) }
+        hogs = []
+        for daemon in daemons { daemon.destroy() }
+        daemons = []
+    }
+
+    /// Rings need a kernel with FUSE over io_uring (6.14+); the machines the project runs on have it.
+    func requireRings() throws {
+        guard FileManager.default.fileExists(atPath: "/sys/module/fuse/parameters/enable_uring") else {
+            if ProcessInfo.processInfo.environment["CI"] == "true" {
+                XCTFail("this kernel has no FUSE over io_uring (no fuse.enable_uring parameter)")
+            }
+            throw XCTSkip("this kernel has no FUSE over io_uring")
+        }
+    }
+
+    /// A daemon, once it serves (it logs how requests reach it when its rings are made).
+    func start(_ arguments: [String] = []) throws -> MountedDaemon {
+        let daemon = try MountedDaemon(extraArguments: arguments)
+        daemons.append(daemon)
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline, !daemon.log.contains("requests through") { usleep(20_000) }
+        return daemon
+    }
+
+    func metrics(_ daemon: MountedDaemon) throws -> [String: Double] {
+        let answer = try daemon.api("GET", "/v1/metrics")
+        XCTAssertEqual(answer.status, 200, answer.body)
+        return MetricsTests.parse(answer.body)
+    }
+
+    /// Requests served in all, by the daemon's own count.
+    func requestsServed(_ values: [String: Double]) -> Double {
+        values.filter { $0.key.hasPrefix("custody_fuse_requests_total{") }.values.reduce(0, +)
+    }
+
+    /// The daemon's threads: ID, scheduling policy (0 normal, 5 idle) and allowed CPUs.
+    func threads(of pid: pid_t) -> [(id: Int, policy: Int, cpus: String)] {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task") else { return [] }
+        return names.compactMap { name in
+            guard let id = Int(name), let stat = readTextFile("/proc/\(pid)/task/\(name)/stat"),
+                  let close = stat.lastIndex(of: ")"),
+                  let status = readTextFile("/proc/\(pid)/task/\(name)/status") else { return nil }
+            // Fields after the command: the third is field 3 (state); policy is field 41.
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            guard fields.count > 38, let policy = Int(fields[38]) else { return nil }
+            let cpus = status.split(separator: "\n").first { $0.hasPrefix("Cpus_allowed_list:") }
+                .map { $0.dropFirst("Cpus_allowed_list:".count).trimmingCharacters(in: .whitespaces) } ?? ""
+            return (id, policy, cpus)
+        }
+    }
+
+    /// Creates, writes, renames, links, truncates, lists and removes files, and describes what it
+    /// read back, so that two transports can be compared.
+    func exercise(_ daemon: MountedDaemon) throws -> [String] {
+        var seen: [String] = []
+        try FileManager.default.createDirectory(atPath: daemon.mnt("dir/sub"), withIntermediateDirectories: true)
+        let big = (0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 11) }
+        try writeFile(daemon.mnt("dir/big"), big)
+        for index in 0..<200 { try writeFile(daemon.mnt("dir/sub/f\(index)"), bytes("file \(index)\n")) }
+        XCTAssertEqual(rename(daemon.mnt("dir/sub/f0"), daemon.mnt("dir/renamed")), 0)
+        XCTAssertEqual(link(daemon.mnt("dir/sub/f1"), daemon.mnt("dir/hard")), 0)
+        XCTAssertEqual(symlink("sub/f2", daemon.mnt("dir/soft")), 0)
+        XCTAssertEqual(truncate(daemon.mnt("dir/sub/f3"), 2), 0)
+        try Syscall.setxattr(daemon.mnt("dir/sub/f4"), "user.note", "kept", 4, 0)
+        for index in stride(from: 100, to: 200, by: 1) { XCTAssertEqual(unlink(daemon.mnt("dir/sub/f\(index)")), 0) }
+        _ = try mustRun(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+
+        XCTAssertEqual(try readFile(daemon.mnt("dir/big")), big, "a 3 MiB file reads back")
+        seen.append(try mustRun(["sh", "-c", "cd '\(daemon.mnt("dir"))' && ls -lnR --time-style=+ . | awk '{print $1, $2, $5, $NF}'"]))
+        seen.append(try mustRun(["sh", "-c", "cd '\(daemon.mnt("dir"))' && cat renamed hard soft sub/f3 && md5sum big"]))
+        seen.append(xattr(daemon.mnt("dir/sub/f4"), "user.note") ?? "no xattr")
+        XCTAssertEqual(errnoOf { _ = try readFile(daemon.mnt("dir/sub/f150")) }, ENOENT)
+        _ = try mustRun(["rm", "-rf", daemon.mnt("dir")])
+        XCTAssertFalse(FileManager.default.fileExists(atPath: daemon.back("dir")))
+        return seen
+    }
+
+    func testRequestsAreServedOnTheCallersCPUAndGiveWhatDevFuseGives() throws {
+        try requireRings()
+        let ringed = try start()
+        XCTAssertTrue(ringed.log.contains("requests through per-CPU request rings"), ringed.log)
+        // Two threads per CPU, each pinned to its CPU, at idle priority.
+        let cpus = Int(sysconf(Int32(_SC_NPROCESSORS_CONF)))
+        let pinned = threads(of: ringed.pid).filter { !$0.cpus.contains("-") && !$0.cpus.contains(",") }
+        XCTAssertEqual(pinned.count, cpus * 2, "\(threads(of: ringed.pid))")
+        XCTAssertEqual(Set(pinned.map(\.cpus)), Set((0..<cpus).map(String.init)))
+        XCTAssertTrue(pinned.allSatisfy { $0.policy == 5 }, "\(pinned)")
+        let before = try metrics(ringed)
+        let throughRings = try exercise(ringed)
+        let after = try metrics(ringed)
+        let served = requestsServed(after) - requestsServed(before)
+        let ringServed = (after["custody_fuse_ring_requests_total"] ?? 0) - (before["custody_fuse_ring_requests_total"] ?? 0)
+        XCTAssertGreaterThan(served, 1000)
+        // Everything but FORGET (which the kernel sends through /dev/fuse) goes through a ring.
+        let forgets = (after[#"custody_fuse_requests_total{op="forget"}"#] ?? 0) - (before[#"custody_fuse_requests_total{op="forget"}"#] ?? 0)
+        XCTAssertEqual(ringServed, served - forgets, "requests through the rings: \(ringServed) of \(served)")
+
+        let plain = try start(["--no-request-rings"])
+        XCTAssertTrue(plain.log.contains("requests through /dev/fuse (request rings turned off)"), plain.log)
+        let throughDevice = try exercise(plain)
+        XCTAssertEqual(throughRings, throughDevice)
+        XCTAssertEqual(try metrics(plain)["custody_fuse_ring_requests_total"], 0)
+        XCTAssertTrue(threads(of: plain.pid).allSatisfy { $0.policy == 0 })
+    }
+
+    /// Encrypted files through the rings: the same bytes back, ciphertext on disk.
+    func testEncryptedFilesThroughTheRings() throws {
+        try requireRings()
+        let daemon = try start(["--default-identity", "0=alice@contoso.com"])
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-id", "upn": "alice@contoso.com"}"#).status, 201)
+        let data = (0..<(5 << 20) + 123).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 7) }
+        try writeFile(daemon.mnt("secret"), data)
+        _ = try mustRun(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+        XCTAssertEqual(try readFile(daemon.mnt("secret")), data)
+        let stored = try readFile(daemon.back("secret"))
+        XCTAssertGreaterThan(stored.count, data.count)
+        XCTAssertNil(stored.firstRange(of: data[1000..<1064]), "the backing file holds ciphertext")
+        XCTAssertEqual(xattr(daemon.mnt("secret"), "user.custody.encrypted"), "1")
+        XCTAssertGreaterThan(try metrics(daemon)["custody_fuse_ring_requests_total"] ?? 0, 0)
+    }
+
+    /// A CPU kept busy by another program: the ring threads pinned there would get no turn at idle
+    /// priority; the guard sees the waiting request and raises them, then lowers them again.
+    func testARequestWaitingOnABusyCPURaisesItsRingThreads() throws {
+        try requireRings()
+        let daemon = try start()
+        let hog = try spawn("/usr/bin/taskset", ["-c", "0", "/bin/sh", "-c", "while :; do :; done"])
+        hogs.append(hog)
+        usleep(100_000)
+        // 2,000 round trips from the hog's CPU (attributes are not cached: every one reaches the daemon).
+        let started = Date()
+        let result = try runCommand(["taskset", "-c", "0", "python3", "-c", """
+            import os
+            for _ in range(2000):
+                try: os.getxattr('\(daemon.mountPoint)', 'user.none')
+                except OSError: pass
+            """])
+        XCTAssertEqual(result.status, 0, result.error)
+        let values = try metrics(daemon)
+        XCTAssertGreaterThanOrEqual(values["custody_fuse_ring_priority_raises_total"] ?? 0, 1, "the guard raised CPU 0's ring threads")
+        XCTAssertTrue(threads(of: daemon.pid).contains { $0.cpus == "0" && $0.policy == 0 }, "\(threads(of: daemon.pid))")
+        XCTAssertLessThan(Date().timeIntervalSince(started), 30, "the requests were served")
+        kill(hog, SIGKILL)
+        _ = waitForExit(hog, seconds: 5)
+        hogs = []
+        // The hold ends (1 s) and the threads go back to idle priority.
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline, threads(of: daemon.pid).contains(where: { $0.cpus == "0" && $0.policy == 0 }) { usleep(100_000) }
+        XCTAssertFalse(threads(of: daemon.pid).contains { $0.cpus == "0" && $0.policy == 0 }, "\(threads(of: daemon.pid))")
+    }
+
+    /// Unmounting while a program keeps making requests ends the daemon promptly (ring threads
+    /// stop with the connection) and the program sees errors, not a hang.
+    func testUnmountWhileRequestsFlowEndsCleanly() throws {
+        try requireRings()
+        let daemon = try start()
+        try writeFile(daemon.mnt("f"), bytes("x"))
+        let reader = try spawn("/bin/sh", ["-c", "while :; do cat '\(daemon.mnt("f"))' >/dev/null 2>&1 || exit 0; done"])
+        defer { kill(reader, SIGKILL); _ = waitForExit(reader, seconds: 5) }
+        usleep(300_000)
+        XCTAssertEqual(try runCommand(["fusermount3", "-u", "-z", daemon.mountPoint]).status, 0)
+        XCTAssertTrue(waitForExit(daemon.pid, seconds: 10), "the daemon ended after the unmount")
+        daemon.pid = 0
+        XCTAssertTrue(waitForExit(reader, seconds: 10), "the reader saw the mount go")
+    }
+}
