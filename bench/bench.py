@@ -44,8 +44,8 @@ ALL_WORKLOADS = ["dd_write", "dd_read_cold", "untar", "ls_lR_cold", "read_all_co
                  "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", ",".join(ALL_WORKLOADS)).split(",") if w]
 CUSTODYCTL = os.environ.get("CUSTODYCTL", os.path.join(os.path.dirname(CUSTODYD), "custodyctl"))
-ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-encrypted-bound", "custody-plain", "gocryptfs", "gocryptfs-plaintextnames",
-               "passthrough-ll"]
+ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-encrypted-bound", "custody-encrypted-devfuse", "custody-plain", "gocryptfs",
+               "gocryptfs-plaintextnames", "passthrough-ll"]
 PASSTHROUGH_LL_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
 # Workloads whose request counts are reported per file (the tree's entries).
 PER_FILE_WORKLOADS = ["untar", "ls_lR_cold", "read_all_cold", "rm_rf"]
@@ -82,9 +82,12 @@ class System:
             os.makedirs(state, mode=0o700)
             self.socket = os.path.join(self.base, "control.sock")
             cmd = [CUSTODYD, "--state", state, "--socket", self.socket, "--multi-identity"]
-            if self.name == "custody-encrypted":
+            if self.name in ("custody-encrypted", "custody-encrypted-devfuse"):
                 # Everything root (this benchmark) writes belongs to a managed identity.
                 cmd += ["--default-identity", "0=bench@custody.example"]
+            if self.name == "custody-encrypted-devfuse":
+                # The same, with every request through /dev/fuse (no per-CPU request rings).
+                cmd += ["--no-request-rings"]
             if self.name == "custody-encrypted-bound":
                 self.prefix = [CUSTODYCTL, "run", "--socket", self.socket, "--identity", "bench@custody.example", "--"]
             cmd += os.environ.get("CUSTODY_ARGS", "").split()

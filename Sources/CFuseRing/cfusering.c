@@ -90,6 +90,8 @@ struct custody_fuse_ring {
     struct iovec iov[2];
     uint64_t commit_id;
     uint32_t request_payload;    // bytes of the request in the payload (0: its arguments are all in the headroom)
+    uint32_t opcode;             // of the request being served
+    size_t read_answer;          // bytes of file content the last answer left in the payload
     // An answer that cannot go into the payload yet (the handler may still read the request
     // there, or another thread answered): kept here until the commit.
     char *stash;
@@ -167,6 +169,7 @@ static ssize_t answer(custody_fuse_ring *ring, const struct iovec *iov, int coun
         if (n && iov[i].iov_base != to + at) memmove(to + at, iov[i].iov_base, n);
         at += n;
     }
+    if (direct && ring->opcode == FUSE_READ) ring->read_answer = total;
     ring->stash_length = direct ? 0 : total;
     ring->stashed = !direct && total > 0;
     out.len = (uint32_t)(sizeof(out) + total);
@@ -491,7 +494,12 @@ static int take_request(custody_fuse_ring *ring, void **request, size_t *length)
     char *start = ring->payload - header - operation;
     memcpy(start, &in, header);
     memcpy(start + header, ring->header->op_in, operation);
+    // A READ's answer (a file's plaintext, for an encrypted file) does not stay in memory past
+    // the commit: what the next request does not overwrite is zeroed.
+    if (ring->read_answer > payload) memset(ring->payload + payload, 0, ring->read_answer - payload);
+    ring->read_answer = 0;
     ring->request_payload = payload;
+    ring->opcode = in.opcode;
     atomic_store_explicit(&ring->inflight, in.unique, memory_order_relaxed);
     ring->answered = 0;
     current_ring = ring;
@@ -552,6 +560,17 @@ int custody_fuse_ring_next(custody_fuse_ring *ring, void **request, size_t *leng
             return CUSTODY_RING_STOPPED;
         }
         unstash(ring);
+        if (ring->read_answer && (ring->uring.flags & IORING_SETUP_DEFER_TASKRUN)) {
+            // Send the READ's answer, then zero it unless the same call brought the next request
+            // (its header then carries another ID). Nothing else writes to the buffers while this
+            // thread is out of the kernel: with deferred task running, the kernel copies requests
+            // in only while the thread waits for them.
+            io_uring_submit(&ring->uring);
+            if (ring->header->entry.commit_id == ring->commit_id) {
+                memset(ring->payload, 0, ring->read_answer);
+                ring->read_answer = 0;
+            }
+        }
         int rc = io_uring_submit_and_wait(&ring->uring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME) return rc;
         struct io_uring_cqe *cqe = NULL;

@@ -134,6 +134,75 @@ final class RequestRingTests: XCTestCase {
         XCTAssertGreaterThan(try metrics(daemon)["custody_fuse_ring_requests_total"] ?? 0, 0)
     }
 
+    /// Whether `needle` is anywhere in the memory of process `pid` that can be read.
+    func memory(of pid: pid_t, contains needle: [UInt8]) throws -> Bool {
+        let maps = try String(contentsOfFile: "/proc/\(pid)/maps", encoding: .utf8)
+        let memory = open("/proc/\(pid)/mem", O_RDONLY)
+        guard memory >= 0 else { throw Errno.current }
+        defer { close(memory) }
+        for line in maps.split(separator: "\n") {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard fields.count >= 2, fields[1].hasPrefix("r"), !line.hasSuffix("[vvar]"), !line.hasSuffix("[vsyscall]"),
+                  !line.hasSuffix("[vvar_vclock]") else { continue }
+            let range = fields[0].split(separator: "-")
+            guard range.count == 2, let start = UInt64(range[0], radix: 16), let end = UInt64(range[1], radix: 16) else { continue }
+            var offset = start
+            var chunk = [UInt8](repeating: 0, count: 1 << 20)
+            while offset < end {
+                let want = Int(min(UInt64(chunk.count), end - offset))
+                let got = chunk.withUnsafeMutableBytes { pread(memory, $0.baseAddress, want, off_t(Int64(bitPattern: offset))) }
+                if got <= 0 { break }
+                let found = chunk.withUnsafeBytes { haystack in
+                    needle.withUnsafeBytes { wanted in Self.find(wanted, in: UnsafeRawBufferPointer(rebasing: haystack[0..<got])) }
+                }
+                if found { return true }
+                // Overlap so that a match across chunks is seen.
+                offset += UInt64(max(1, got - needle.count))
+            }
+        }
+        return false
+    }
+
+    /// Whether `needle` occurs in `haystack` (memchr for its first byte, then memcmp).
+    static func find(_ needle: UnsafeRawBufferPointer, in haystack: UnsafeRawBufferPointer) -> Bool {
+        guard let base = haystack.baseAddress, let wanted = needle.baseAddress, needle.count > 0, haystack.count >= needle.count else { return false }
+        var at = 0
+        let last = haystack.count - needle.count
+        while at <= last {
+            guard let hit = memchr(base + at, Int32(needle[0]), last - at + 1) else { return false }
+            let position = UnsafeRawPointer(hit) - base
+            if memcmp(hit, wanted, needle.count) == 0 { return true }
+            at = position + 1
+        }
+        return false
+    }
+
+    /// What an encrypted file's reader got does not stay in the daemon's memory after the answer,
+    /// through the rings (their READ answers are zeroed) or through /dev/fuse.
+    func testNoPlaintextStaysInTheDaemonAfterReads() throws {
+        try requireRings()
+        for arguments in [[], ["--no-request-rings"]] {
+            let daemon = try start(["--default-identity", "0=alice@contoso.com"] + arguments)
+            XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-id", "upn": "alice@contoso.com"}"#).status, 201)
+            // A marker no program holds but the reader: made here from random bytes.
+            var generator = SystemRandomNumberGenerator()
+            let marker = (0..<48).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            var data = [UInt8](repeating: 0x2e, count: 3 << 20)
+            for at in stride(from: 4096, to: data.count - marker.count, by: 256 << 10) { data.replaceSubrange(at..<(at + marker.count), with: marker) }
+            try writeFile(daemon.mnt("secret"), data)
+            _ = try mustRun(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+            XCTAssertEqual(try readFile(daemon.mnt("secret")), data)
+            // Small reads too (they decrypt from a mapping of the stored file).
+            let fd = try Syscall.open(daemon.mnt("secret"), O_RDONLY)
+            var page = [UInt8](repeating: 0, count: 4096)
+            _ = page.withUnsafeMutableBytes { pread(fd, $0.baseAddress, 4096, 4096) }
+            close(fd)
+            XCTAssertEqual(Array(page[0..<marker.count]), marker)
+            usleep(200_000)
+            XCTAssertFalse(try memory(of: daemon.pid, contains: marker), "plaintext left in the daemon's memory (\(arguments))")
+        }
+    }
+
     /// A CPU kept busy by another program: the ring threads pinned there would get no turn at idle
     /// priority; the guard sees the waiting request and raises them, then lowers them again.
     func testARequestWaitingOnABusyCPURaisesItsRingThreads() throws {
