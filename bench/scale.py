@@ -9,7 +9,7 @@ by a second identity, written through `custodyctl run --identity`):
   ls -lR    cold (caches dropped)
   find      cold
   du -s     cold
-  wipe      of the second identity (a third of the files): until its keys are destroyed, and
+  wipe      cold, of the second identity (a third of the files): until its keys are destroyed, and
             until the last of its files is deleted (Custody only)
 
 It reports the time per file of each step and the daemon's resident memory after each step and
@@ -140,6 +140,9 @@ def tree_steps(target, size):
         result["seconds"][step] = timed(fn)
         result["rss_kib"][step] = target.rss_kib()
     if target.process is not None:
+        # Cold like every other step: a small tree would otherwise still be in the caches from
+        # the step before, and a large one not.
+        drop_caches()
         started = time.perf_counter()
         answer = target.api("POST", "/v1/accounts/leave-oid/wipe")
         result["seconds"]["wipe"] = time.perf_counter() - started

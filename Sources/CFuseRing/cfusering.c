@@ -92,6 +92,7 @@ struct custody_fuse_ring {
     uint32_t request_payload;    // bytes of the request in the payload (0: its arguments are all in the headroom)
     uint32_t opcode;             // of the request being served
     size_t read_answer;          // bytes of file content the last answer left in the payload
+    int borrowed;                // the handler built its answer in the payload (`borrow_payload`)
     // An answer that cannot go into the payload yet (the handler may still read the request
     // there, or another thread answered): kept here until the commit.
     char *stash;
@@ -169,7 +170,9 @@ static ssize_t answer(custody_fuse_ring *ring, const struct iovec *iov, int coun
         if (n && iov[i].iov_base != to + at) memmove(to + at, iov[i].iov_base, n);
         at += n;
     }
-    if (direct && ring->opcode == FUSE_READ) ring->read_answer = total;
+    // A READ answer copied in from elsewhere may be an encrypted file's plaintext: zeroed later.
+    // One built in place says itself whether it is (`custody_fuse_ring_borrow_payload`).
+    if (direct && ring->opcode == FUSE_READ && !ring->borrowed && total > ring->read_answer) ring->read_answer = total;
     ring->stash_length = direct ? 0 : total;
     ring->stashed = !direct && total > 0;
     out.len = (uint32_t)(sizeof(out) + total);
@@ -435,6 +438,7 @@ void custody_fuse_ring_destroy(custody_fuse_ring *ring) {
 static void *map_buffer(custody_fuse_transport *t, size_t size) {
     void *memory = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) return NULL;
+    (void)madvise(memory, size, MADV_DONTDUMP);   // requests and answers hold plaintext
     pthread_mutex_lock(&t->lock);
     if (t->mapping_count >= 2 * MAX_RINGS) {
         pthread_mutex_unlock(&t->lock);
@@ -498,6 +502,7 @@ static int take_request(custody_fuse_ring *ring, void **request, size_t *length)
     // the commit: what the next request does not overwrite is zeroed.
     if (ring->read_answer > payload) memset(ring->payload + payload, 0, ring->read_answer - payload);
     ring->read_answer = 0;
+    ring->borrowed = 0;
     ring->request_payload = payload;
     ring->opcode = in.opcode;
     atomic_store_explicit(&ring->inflight, in.unique, memory_order_relaxed);
@@ -605,13 +610,14 @@ int custody_fuse_ring_answered(const custody_fuse_ring *ring) {
     return ring->answered || atomic_load(&((custody_fuse_ring *)ring)->inflight) == 0;
 }
 
-void *custody_fuse_ring_current_payload(size_t *size) {
+void *custody_fuse_ring_borrow_payload(size_t size, int sensitive) {
     custody_fuse_ring *ring = current_ring;
-    if (!ring || ring->request_payload != 0 || atomic_load_explicit(&ring->inflight, memory_order_relaxed) == 0) {
-        *size = 0;
+    if (!ring || ring->request_payload != 0 || size > ring->payload_size ||
+        atomic_load_explicit(&ring->inflight, memory_order_relaxed) == 0) {
         return NULL;
     }
-    *size = ring->payload_size;
+    ring->borrowed = 1;
+    if (sensitive && size > ring->read_answer) ring->read_answer = size;
     return ring->payload;
 }
 

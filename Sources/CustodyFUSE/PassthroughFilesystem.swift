@@ -1,4 +1,5 @@
 import CFuse3
+import CFuseRing
 import CustodyCore
 import CustodyFormat
 import CustodyMetrics
@@ -583,7 +584,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             replyError(req, error.rawValue)
             return
         }
-        Self.plaintextBuffers.withBuffer(byteCount: size) { buffer in
+        func answer(from buffer: UnsafeMutableRawBufferPointer) {
             do throws(FormatError) {
                 let count = try content.file.read(into: buffer, at: UInt64(offset))
                 metrics?.bytesDecrypted.increment(by: Int64(count))
@@ -594,6 +595,17 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 replyError(req, error.errnoValue.rawValue)
             }
         }
+        // On a request ring the plaintext goes straight into the ring entry (zeroed once sent).
+        if let buffer = ringAnswerBuffer(size, sensitive: true) { return answer(from: buffer) }
+        Self.plaintextBuffers.withBuffer(byteCount: size) { answer(from: $0) }
+    }
+
+    /// The request ring entry's payload, where a READ's answer is built and then sent without a
+    /// copy; nil when the request did not come from a ring (see `RequestRings`).
+    @inline(__always)
+    private func ringAnswerBuffer(_ size: Int, sensitive: Bool) -> UnsafeMutableRawBufferPointer? {
+        guard requestRings != nil, let base = custody_fuse_ring_borrow_payload(size, sensitive ? 1 : 0) else { return nil }
+        return UnsafeMutableRawBufferPointer(start: base, count: size)
     }
 
     /// Buffers for reads of plain files (up to 1 MiB), kept for reuse; not zeroed, as the same
@@ -605,7 +617,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// whole, never a 1 MiB read without `CAP_SYS_RESOURCE`, and otherwise reads into memory
     /// allocated for each request: 256 fresh pages per MiB (see `docs/performance.md`).
     private func readPlain(_ req: fuse_req_t, _ fd: Int32, _ size: Int, _ offset: off_t) {
-        Self.passthroughBuffers.withBuffer(byteCount: size) { buffer in
+        func answer(from buffer: UnsafeMutableRawBufferPointer) {
             do throws(Errno) {
                 let count = try buffer.baseAddress.map { (base) throws(Errno) in try Syscall.preadAll(fd, base, size, Int64(offset)) } ?? 0
                 fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
@@ -613,6 +625,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 replyError(req, error.rawValue)
             }
         }
+        if let buffer = ringAnswerBuffer(size, sensitive: false) { return answer(from: buffer) }
+        Self.passthroughBuffers.withBuffer(byteCount: size) { answer(from: $0) }
     }
 
     /// Large writes come from the kernel's write-back of a file being streamed: start the backing

@@ -78,9 +78,11 @@ int custody_fuse_ring_next(custody_fuse_ring *ring, void **request, size_t *leng
 /// custom I/O; an answer from another thread is committed at the next `next`).
 int custody_fuse_ring_answered(const custody_fuse_ring *ring);
 
-/// The entry's payload buffer and its size, for the thread serving a request whose arguments are
-/// all in its headers (READ): the answer's data may be built there, and is then not copied.
-void *custody_fuse_ring_current_payload(size_t *size);
+/// For the thread serving a request whose arguments are all in its headers (READ): the entry's
+/// payload buffer, where an answer of up to `size` bytes can be built and then sent without a
+/// copy (answer with a pointer to it). NULL when not serving such a request from a ring, or when
+/// `size` does not fit. `sensitive`: the bytes are an encrypted file's plaintext, zeroed once sent.
+void *custody_fuse_ring_borrow_payload(size_t size, int sensitive);
 
 /// Whether `custody_fuse_ring_work_pending` can tell (the kernel sets the flag it reads).
 int custody_fuse_ring_reports_pending(const custody_fuse_ring *ring);
