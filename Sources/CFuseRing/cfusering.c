@@ -66,6 +66,8 @@ struct custody_fuse_transport {
     _Atomic int kernel_offers_rings; // the kernel's INIT carried FUSE_OVER_IO_URING
     _Atomic int offer_rings;
     _Atomic int rings_offered;
+    _Atomic int kernel_offers_killpriv; // the kernel's INIT carried FUSE_HANDLE_KILLPRIV_V2
+    _Atomic int killpriv_negotiated;    // INIT was answered with it
     _Atomic uint32_t max_write;
     _Atomic uint32_t max_pages;
     pthread_mutex_t lock;            // the ring list and every ring's buffers
@@ -198,6 +200,51 @@ static void unstash(custody_fuse_ring *ring) {
     ring->stashed = 0;
 }
 
+// MARK: kill flags
+
+// Whether the request this thread is serving asks the file system to clear set-user-ID and
+// set-group-ID (FUSE_WRITE_KILL_SUIDGID, FATTR_KILL_SUIDGID, FUSE_OPEN_KILL_SUIDGID). libfuse
+// 3.14 does not pass these on, so they are read here from the request as it arrives.
+static __thread int request_kills_suidgid;
+
+int custody_fuse_request_kills_suidgid(void) {
+    return request_kills_suidgid;
+}
+
+// A 32-bit field of the operation's header (the request's first argument), or 0 when the
+// request is too short to hold that header.
+static uint32_t header_field(const char *arguments, size_t available, size_t header_size, size_t offset) {
+    uint32_t value = 0;
+    if (available >= header_size) memcpy(&value, arguments + offset, sizeof(value));
+    return value;
+}
+
+#define HEADER_FIELD(type, field) header_field(arguments, available, sizeof(struct type), offsetof(struct type, field))
+
+static void note_request(const void *buffer, size_t length) {
+    request_kills_suidgid = 0;
+    if (length < sizeof(struct fuse_in_header)) return;
+    struct fuse_in_header in;
+    memcpy(&in, buffer, sizeof(in));
+    const char *arguments = (const char *)buffer + sizeof(in);
+    size_t available = length - sizeof(in);
+    switch (in.opcode) {
+    case FUSE_WRITE:
+        request_kills_suidgid = (HEADER_FIELD(fuse_write_in, write_flags) & FUSE_WRITE_KILL_SUIDGID) != 0;
+        break;
+    case FUSE_SETATTR:
+        request_kills_suidgid = (HEADER_FIELD(fuse_setattr_in, valid) & FATTR_KILL_SUIDGID) != 0;
+        break;
+    case FUSE_OPEN:
+        request_kills_suidgid = (HEADER_FIELD(fuse_open_in, open_flags) & FUSE_OPEN_KILL_SUIDGID) != 0;
+        break;
+    default:
+        break;   // CREATE makes a new file, which keeps the set-ID bits it is made with
+    }
+}
+
+#undef HEADER_FIELD
+
 // An answer from a thread that does not serve the ring: find the ring waiting for it.
 static int answer_elsewhere(custody_fuse_transport *t, uint64_t unique, const struct iovec *iov, int count) {
     int done = 0;
@@ -230,6 +277,14 @@ static ssize_t write_init_answer(int fd, custody_fuse_transport *t, const struct
         init.flags2 |= RING_FLAG2_OVER_IO_URING;
         atomic_store(&t->rings_offered, 1);
     }
+    // The file system clears set-user-ID and set-group-ID when a request says so (see
+    // `note_request`) and the backing file system drops capabilities on the daemon's own writes,
+    // truncations and chowns; the kernel then stops asking for security.capability before each
+    // write, and for the attributes before each chown.
+    if (atomic_load(&t->kernel_offers_killpriv)) {
+        init.flags |= FUSE_HANDLE_KILLPRIV_V2;
+        atomic_store(&t->killpriv_negotiated, 1);
+    }
     struct iovec patched[2] = { iov[0], { .iov_base = &init, .iov_len = size } };
     return writev(fd, patched, 2);
 }
@@ -260,6 +315,11 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *key) {
 
 static ssize_t io_read(int fd, void *buffer, size_t size, void *key) {
     ssize_t n = read(fd, buffer, size);
+    if (n > 0) {
+        note_request(buffer, (size_t)n);
+    } else {
+        request_kills_suidgid = 0;
+    }
     if (n >= (ssize_t)(sizeof(struct fuse_in_header) + offsetof(struct fuse_init_in, flags) + sizeof(uint32_t))) {
         const struct fuse_in_header *in = buffer;
         if (in->opcode == FUSE_INIT) {
@@ -272,6 +332,7 @@ static ssize_t io_read(int fd, void *buffer, size_t size, void *key) {
                     offers = (init->flags & FUSE_INIT_EXT) && (init->flags2 & RING_FLAG2_OVER_IO_URING);
                 }
                 atomic_store(&t->kernel_offers_rings, offers);
+                atomic_store(&t->kernel_offers_killpriv, (init->flags & FUSE_HANDLE_KILLPRIV_V2) != 0);
                 atomic_store(&t->init_unique, in->unique);
             }
             errno = saved;
@@ -304,6 +365,10 @@ custody_fuse_transport *custody_fuse_transport_install(struct fuse_session *sess
 }
 
 void custody_fuse_transport_offer_rings(custody_fuse_transport *t) { atomic_store(&t->offer_rings, 1); }
+
+int custody_fuse_transport_handles_killpriv(const custody_fuse_transport *t) {
+    return atomic_load(&((custody_fuse_transport *)t)->killpriv_negotiated);
+}
 
 int custody_fuse_transport_rings_offered(const custody_fuse_transport *t) {
     return atomic_load(&((custody_fuse_transport *)t)->rings_offered);
@@ -508,6 +573,7 @@ static int take_request(custody_fuse_ring *ring, void **request, size_t *length)
     atomic_store_explicit(&ring->inflight, in.unique, memory_order_relaxed);
     ring->answered = 0;
     current_ring = ring;
+    note_request(start, in.len);
     *request = start;
     *length = in.len;
     return CUSTODY_RING_REQUEST;

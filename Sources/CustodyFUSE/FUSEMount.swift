@@ -134,8 +134,9 @@ public final class FUSEMount: @unchecked Sendable {
         guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
         // Per-CPU request rings, installed before the loop reads INIT. They stop after the mount
         // is gone (so no request still waits for them) and before the session is destroyed.
-        rings = options.requestRings
-            ? RequestRings(session: session, key: userdata.toOpaque(), threadsPerQueue: options.ringThreadsPerCPU, metrics: metrics) : nil
+        // The custom I/O under them is installed either way: it reads the request flags libfuse
+        // drops (see `PassthroughFilesystem.clearSetIDBits`).
+        rings = RequestRings(session: session, key: userdata.toOpaque(), threadsPerQueue: options.ringThreadsPerCPU, metrics: metrics)
         defer {
             fuse_session_unmount(session)
             rings?.stop()
@@ -182,7 +183,7 @@ public final class FUSEMount: @unchecked Sendable {
         // The mount is attached to the engine but serves nothing yet (a daemon with several
         // mounts finishes interrupted wipes here, once all are attached).
         beforeServing()
-        if let rings {
+        if let rings, options.requestRings {
             rings.start()
             filesystem.requestRings = rings
         }
@@ -190,7 +191,7 @@ public final class FUSEMount: @unchecked Sendable {
             state.transport = rings.map { rings in
                 switch rings.state {
                 case .started: return "per-CPU request rings (FUSE over io_uring, \(options.ringThreadsPerCPU) threads per CPU)"
-                case .unavailable(let reason): return "/dev/fuse (\(reason))"
+                case .unavailable(let reason): return "/dev/fuse (\(options.requestRings ? reason : "request rings turned off"))"
                 }
             } ?? "/dev/fuse (request rings turned off)"
         }

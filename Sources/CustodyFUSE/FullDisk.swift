@@ -19,7 +19,7 @@ import Synchronization
 //   attributes, so the next read sees what the disk holds (for encrypted files, the clean prefix
 //   `ProtectedFile` keeps) and the kernel learns the size from the short read.
 
-/// Where freed inodes point, and the kernel notifications about failed writes.
+/// Where freed inodes point, and the kernel notifications about failed writes and changed modes.
 final class StorageEdges: @unchecked Sendable {
     /// O_PATH descriptor of an empty anonymous file (a memfd: nothing on the backing store; -1
     /// if none could be made: then space comes back when the kernel forgets the inode).
@@ -49,6 +49,15 @@ final class StorageEdges: @unchecked Sendable {
                 guard let session else { return }
                 _ = fuse_lowlevel_notify_inval_inode(session.pointer, fuse_ino_t(id), 0, 0)
             }
+        }
+    }
+
+    /// Drops the kernel's cached attributes of node `id` now. Safe from a request handler: an
+    /// attributes-only notification waits for nothing (no page, no inode lock).
+    func invalidateAttributes(_ id: UInt64) {
+        session.withLock { session in
+            guard let session else { return }
+            _ = fuse_lowlevel_notify_inval_inode(session.pointer, fuse_ino_t(id), -1, 0)
         }
     }
 

@@ -8,9 +8,6 @@ public struct MountOptions: Sendable, Equatable {
     public var negativeTimeout: Double = 1.0
     /// Let the kernel buffer writes in the page cache and send them in large batches.
     public var writebackCache: Bool = true
-    /// Let libfuse receive requests (write data) from /dev/fuse through a pipe, with splice(2),
-    /// where a pipe can hold a whole request (never for 1 MiB writes without `CAP_SYS_RESOURCE`).
-    public var splice: Bool = true
     /// Let users other than the mounting one use the mount (implies `defaultPermissions`).
     public var allowOther: Bool = false
     /// Have the kernel check permissions from the file modes.

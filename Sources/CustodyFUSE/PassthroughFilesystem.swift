@@ -100,8 +100,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
         }
         want(FUSE_CAP_WRITEBACK_CACHE, options.writebackCache)
-        // Replies are always sent from memory (see `readPlain`), so only receiving may splice.
-        want(FUSE_CAP_SPLICE_READ, options.splice)
+        // Requests are read into memory, where the custom I/O (`CFuseRing`) sees the flags that
+        // libfuse drops (`custody_fuse_request_kills_suidgid`); replies are sent from memory too
+        // (see `readPlain`).
+        want(FUSE_CAP_SPLICE_READ, false)
         want(FUSE_CAP_SPLICE_WRITE, false)
         want(FUSE_CAP_SPLICE_MOVE, false)
         want(FUSE_CAP_ASYNC_READ)
@@ -258,6 +260,14 @@ final class PassthroughFilesystem: @unchecked Sendable {
                     try Syscall.utimensat(inode.fd, "", times, Linux.AT_EMPTY_PATH)
                 } else {
                     try Syscall.utimensat(AT_FDCWD, inode.procPath, times, 0)
+                }
+            }
+            if requestKillsSetIDBits(), inode.isRegularFile {
+                // A truncation by a process without CAP_FSETID, or a chown.
+                if let file {
+                    try clearSetIDBits(file.backingFD)
+                } else if let kept = Self.withoutSetIDBits(try Syscall.stat(of: inode.fd).st_mode) {
+                    try Syscall.chmod(inode.procPath, kept)
                 }
             }
             var attributes = if let file { try Syscall.fstat(file.backingFD) } else { try Syscall.stat(of: inode.fd) }
@@ -441,11 +451,37 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// How the kernel caches a new handle's data.
     private func setCaching(_ fi: UnsafeMutablePointer<fuse_file_info>) {
         // O_DIRECT goes straight to the daemon, encrypted or not (otherwise the kernel takes its
-        // page-cache path for each request: an asynchronous-I/O wait per read, and a GETXATTR of
-        // security.capability before every write).
+        // page-cache path for each request: an asynchronous-I/O wait per read).
         if fi.pointee.flags & Linux.O_DIRECT != 0 { fi.pointee.direct_io = 1 }
         // This daemon is the only writer of the backing tree: cached pages stay valid.
         fi.pointee.keep_cache = 1
+    }
+
+    /// Whether the request being served asks for the set-ID bits to go (see `clearSetIDBits`).
+    private func requestKillsSetIDBits() -> Bool {
+        custody_fuse_request_kills_suidgid() != 0
+    }
+
+    /// Clears a backing file's set-user-ID bit, and its set-group-ID bit where group execution is
+    /// allowed, as a local file system does when a process without CAP_FSETID writes or truncates
+    /// a file, and at a chown. The daemon holds CAP_FSETID, so the backing file system would keep
+    /// them on the daemon's own writes; the kernel says in the request when they must go
+    /// (FUSE_HANDLE_KILLPRIV_V2). File capabilities (`security.capability`) need nothing here:
+    /// the backing file system drops them at every write, truncation and chown, the daemon's too.
+    /// Whether any bit went.
+    @discardableResult
+    func clearSetIDBits(_ fd: Int32) throws(Errno) -> Bool {
+        guard let kept = Self.withoutSetIDBits(try Syscall.fstat(fd).st_mode) else { return false }
+        try Syscall.fchmod(fd, kept)
+        return true
+    }
+
+    /// The permission bits `mode` keeps once its set-ID bits are cleared; nil when none go.
+    static func withoutSetIDBits(_ mode: mode_t) -> mode_t? {
+        let bits = mode & 0o7777
+        var kept = bits & ~S_ISUID
+        if bits & S_IXGRP != 0 { kept &= ~S_ISGID }
+        return kept == bits ? nil : kept
     }
 
     func open(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
@@ -484,6 +520,13 @@ final class PassthroughFilesystem: @unchecked Sendable {
             } else {
                 let fd = try withDescriptor { () throws(Errno) in try Syscall.open(inode.procPath, backingFlags(fi.pointee.flags)) }
                 fi.pointee.fh = HandleBox.store(OpenFile(fd: fd, inode: inode, grant: grant))
+            }
+            if requestKillsSetIDBits(), let handle = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) {
+                // Opened with O_TRUNC by a process without CAP_FSETID.
+                do throws(Errno) { try clearSetIDBits(handle.backingFD) } catch {
+                    releaseHandle(fi.pointee.fh)
+                    throw error
+                }
             }
             setCaching(fi)
             // Across identities every request reaches the daemon, which checks the grant again:
@@ -651,6 +694,14 @@ final class PassthroughFilesystem: @unchecked Sendable {
         let content: ProtectedContent
         do throws(Errno) {
             try checkGrant(file, write: true)
+            // A write by a process without CAP_FSETID: through the page cache the kernel sends
+            // it straight away with this flag, and direct writes always carry it.
+            // A WRITE's answer carries no attributes: the kernel would show the old mode until
+            // its attributes expire.
+            if requestKillsSetIDBits(), try clearSetIDBits(file.backingFD), let inode = file.inode,
+               let id = inodes.id(device: inode.device, number: inode.number) {
+                storageEdges.invalidateAttributes(id)
+            }
             guard let live = try liveContent(file) else {
                 let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
                 if written < 0 {

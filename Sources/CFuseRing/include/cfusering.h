@@ -6,7 +6,8 @@
 // libfuse 3.14 knows nothing of rings, so requests that arrive on a ring are handed to libfuse's
 // own parser (`fuse_session_process_buf`) as one contiguous buffer, and its answers come back
 // through a custom I/O (`fuse_session_custom_io`) that writes them into the ring entry instead of
-// /dev/fuse. Everything else (INIT, FORGET, INTERRUPT, notifications, and every request until
+// /dev/fuse. The same custom I/O reads every /dev/fuse request, to see the flags libfuse drops
+// (`custody_fuse_request_kills_suidgid`). Everything else (INIT, FORGET, INTERRUPT, notifications, and every request until
 // the rings are ready or when they never are) keeps going through /dev/fuse.
 #ifndef CFUSERING_H
 #define CFUSERING_H
@@ -32,6 +33,18 @@ void custody_fuse_transport_offer_rings(custody_fuse_transport *transport);
 
 /// Whether INIT was answered with the ring flag (then the kernel waits for every queue).
 int custody_fuse_transport_rings_offered(const custody_fuse_transport *transport);
+
+/// Whether INIT was answered with FUSE_HANDLE_KILLPRIV_V2: the kernel then leaves clearing
+/// set-user-ID and set-group-ID on write, truncate and chown to the file system, which finds out
+/// when to through `custody_fuse_request_kills_suidgid`. The transport negotiates it whenever the
+/// kernel offers it.
+int custody_fuse_transport_handles_killpriv(const custody_fuse_transport *transport);
+
+/// Whether the request the calling thread serves (a WRITE, SETATTR or OPEN) asks the file
+/// system to clear the file's set-user-ID bit, and its set-group-ID bit where group execution is
+/// allowed. The kernel asks so when the writing, truncating or chowning process lacks
+/// CAP_FSETID; direct (O_DIRECT) writes carry it on every kernel, whatever INIT said.
+int custody_fuse_request_kills_suidgid(void);
 
 /// The largest answer payload libfuse may send (max_write), known once INIT was answered; 0 before.
 uint32_t custody_fuse_transport_max_write(const custody_fuse_transport *transport);
