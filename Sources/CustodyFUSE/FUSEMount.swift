@@ -193,7 +193,7 @@ public final class FUSEMount: @unchecked Sendable {
                 case .started: return "per-CPU request rings (FUSE over io_uring, \(options.ringThreadsPerCPU) threads per CPU)"
                 case .unavailable(let reason): return "/dev/fuse (\(options.requestRings ? reason : "request rings turned off"))"
                 }
-            } ?? "/dev/fuse (request rings turned off)"
+            } ?? "/dev/fuse (libfuse refused the custom I/O: no request rings, and the kernel checks set-ID bits itself)"
         }
         mounted()
 
