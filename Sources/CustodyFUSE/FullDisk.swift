@@ -7,7 +7,9 @@ import Synchronization
 
 // Full disks and freed space.
 //
-// - A file removed through the mount frees its space at once, as on the backing file system. The
+// - A file removed through the mount frees its space at once, as on the backing file system (the
+//   work is done on a queue after the answer, and every request that takes or reports space
+//   waits for it first: `settleReleases`). The
 //   daemon keeps an O_PATH descriptor on every inode the kernel knows, and the kernel forgets an
 //   unlinked inode only when it evicts it (which may take a while, and longer while a failed
 //   write-back holds its pages). So once a regular file has no name left and no open handle, its
@@ -63,6 +65,32 @@ final class StorageEdges: @unchecked Sendable {
 
     /// Waits until queued notifications went out (before the session ends).
     func drain() { queue.sync {} }
+
+    /// Releases handed to `releaseSoon` and not done yet.
+    private let pendingReleases = Atomic<Int>(0)
+    /// Where removed files' storage is let go after the UNLINK was answered.
+    private let releases = DispatchQueue(label: "custody.storage-release")
+
+    /// `releaseIfUnlinked`, on a queue of its own: freeing a removed file's blocks (ext4 does it
+    /// when the daemon's last descriptor goes) then runs beside the caller's next request, on
+    /// whichever CPU is free, instead of before the answer of a request ring's UNLINK (whose
+    /// answer leaves only when the handler returns). `settleReleases` keeps the space promise.
+    func releaseSoon(_ inode: Inode) {
+        guard placeholder >= 0, inode.isRegularFile else { return }
+        pendingReleases.add(1, ordering: .acquiringAndReleasing)
+        releases.async { [self] in
+            releaseIfUnlinked(inode)
+            pendingReleases.subtract(1, ordering: .acquiringAndReleasing)
+        }
+    }
+
+    /// Waits for the releases handed over so far: called before every request that takes space
+    /// or reports it (writes, creations, statfs …), so a file removed through the mount has given
+    /// its space back by then, as on the backing file system. One atomic load when none wait.
+    func settleReleases() {
+        guard pendingReleases.load(ordering: .acquiring) > 0 else { return }
+        releases.sync {}
+    }
 
     /// Lets the storage of a regular file go once it has no name and no open handle.
     func releaseIfUnlinked(_ inode: Inode) {

@@ -384,7 +384,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             try Syscall.unlinkat(parent.fd, name, 0)
             removed(victim)
             replyError(req, 0)
-            if let victim, victim.inode.isRegularFile { storageEdges.releaseIfUnlinked(victim.inode) }
+            if let victim, victim.inode.isRegularFile { storageEdges.releaseSoon(victim.inode) }
         } catch {
             replyError(req, error.rawValue)
         }

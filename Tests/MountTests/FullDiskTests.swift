@@ -31,9 +31,10 @@ final class FullDiskTests: XCTestCase {
         XCTAssertEqual(answer.status, 201, answer.body)
     }
 
+    /// Free space as programs on the mount see it (`df`; a STATFS request).
     var freeBytes: UInt64 {
         var info = statvfs()
-        statvfs(daemon.backing, &info)
+        statvfs(daemon.mountPoint, &info)
         return UInt64(info.f_bavail) * UInt64(info.f_frsize)
     }
 
