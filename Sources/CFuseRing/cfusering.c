@@ -67,7 +67,6 @@ struct custody_fuse_transport {
     _Atomic int offer_rings;
     _Atomic int rings_offered;
     _Atomic int kernel_offers_killpriv; // the kernel's INIT carried FUSE_HANDLE_KILLPRIV_V2
-    _Atomic int killpriv_negotiated;    // INIT was answered with it
     _Atomic uint32_t max_write;
     _Atomic uint32_t max_pages;
     pthread_mutex_t lock;            // the ring list and every ring's buffers
@@ -281,10 +280,7 @@ static ssize_t write_init_answer(int fd, custody_fuse_transport *t, const struct
     // `note_request`) and the backing file system drops capabilities on the daemon's own writes,
     // truncations and chowns; the kernel then stops asking for security.capability before each
     // write, and for the attributes before each chown.
-    if (atomic_load(&t->kernel_offers_killpriv)) {
-        init.flags |= FUSE_HANDLE_KILLPRIV_V2;
-        atomic_store(&t->killpriv_negotiated, 1);
-    }
+    if (atomic_load(&t->kernel_offers_killpriv)) init.flags |= FUSE_HANDLE_KILLPRIV_V2;
     struct iovec patched[2] = { iov[0], { .iov_base = &init, .iov_len = size } };
     return writev(fd, patched, 2);
 }
@@ -365,10 +361,6 @@ custody_fuse_transport *custody_fuse_transport_install(struct fuse_session *sess
 }
 
 void custody_fuse_transport_offer_rings(custody_fuse_transport *t) { atomic_store(&t->offer_rings, 1); }
-
-int custody_fuse_transport_handles_killpriv(const custody_fuse_transport *t) {
-    return atomic_load(&((custody_fuse_transport *)t)->killpriv_negotiated);
-}
 
 int custody_fuse_transport_rings_offered(const custody_fuse_transport *t) {
     return atomic_load(&((custody_fuse_transport *)t)->rings_offered);

@@ -1,5 +1,6 @@
 import CFuse3
 import CLinux
+import CustodyMetrics
 import CustodySystem
 import Dispatch
 import Glibc
@@ -90,6 +91,19 @@ final class StorageEdges: @unchecked Sendable {
     func settleReleases() {
         guard pendingReleases.load(ordering: .acquiring) > 0 else { return }
         releases.sync {}
+    }
+
+    /// By `FileOperation.rawValue`: whether a request may need space on the backing store, or
+    /// reports it, and so calls `settleReleases` first (in `PassthroughFilesystem.serve`).
+    static let waitsForReleases: [Bool] = FileOperation.allCases.map { operation in
+        switch operation {
+        // Not SETATTR: `rm -rf` sends one after every UNLINK (the change time), and a truncation
+        // needs no new blocks.
+        case .statfs, .mkdir, .mknod, .symlink, .link, .rename, .create, .write, .fallocate, .copyFileRange, .setxattr:
+            return true
+        default:
+            return false
+        }
     }
 
     /// Lets the storage of a regular file go once it has no name and no open handle.

@@ -22,26 +22,13 @@ extension PassthroughFilesystem {
     /// time to the answer, and the errno it was answered with.
     @inline(__always)
     func serve(_ operation: FileOperation, _ body: (PassthroughFilesystem) -> Void) {
-        if Self.takesOrReportsSpace[operation.rawValue] { storageEdges.settleReleases() }
+        if StorageEdges.waitsForReleases[operation.rawValue] { storageEdges.settleReleases() }
         guard let metrics else { return body(self) }
         let slot = RequestSlot.slots.value
         slot.errno = 0
         let start = monotonicNanoseconds()
         body(self)
         metrics.served(operation, nanoseconds: monotonicNanoseconds() &- start, errno: slot.errno)
-    }
-
-    /// By `FileOperation.rawValue`: whether the operation may need space on the backing store, or
-    /// reports it (see `StorageEdges.settleReleases`).
-    static let takesOrReportsSpace: [Bool] = FileOperation.allCases.map { operation in
-        switch operation {
-        // Not SETATTR: `rm -rf` sends one after every UNLINK (the change time), and a truncation
-        // needs no new blocks.
-        case .statfs, .mkdir, .mknod, .symlink, .link, .rename, .create, .write, .fallocate, .copyFileRange, .setxattr:
-            return true
-        default:
-            return false
-        }
     }
 
     /// Counts an encrypted file that failed authentication and reports it to the engine (an event

@@ -18,6 +18,11 @@ final class SetIDBitTests: XCTestCase {
         daemon = nil
     }
 
+    /// `arguments` run as nobody, with no supplementary groups.
+    private func asNobody(_ arguments: [String]) -> [String] {
+        ["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups"] + arguments
+    }
+
     /// Every case: a file made by nobody with `mode`, then the step (run as `who`).
     private static let cases: [(name: String, mode: String, who: String, step: String)] = [
         ("append-4755", "4755", "nobody", "echo b >> F"),
@@ -40,20 +45,20 @@ final class SetIDBitTests: XCTestCase {
         var modes: [String: String] = [:]
         for item in Self.cases {
             let file = directory + "/" + item.name
-            let make = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups", "sh", "-c",
-                                       "head -c 4096 /dev/urandom > '\(file)' && chmod \(item.mode) '\(file)'"])
+            let make = try runCommand(asNobody(["sh", "-c",
+                                       "head -c 4096 /dev/urandom > '\(file)' && chmod \(item.mode) '\(file)'"]))
             XCTAssertEqual(make.status, 0, "\(item.name): \(make.error)")
             let step = item.step.replacingOccurrences(of: "F", with: "'\(file)'")
             let command = item.who == "root" ? ["sh", "-c", step]
-                : ["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups", "sh", "-c", step]
+                : asNobody(["sh", "-c", step])
             let result = try runCommand(command)
             XCTAssertEqual(result.status, 0, "\(item.name): \(result.error)")
             modes[item.name] = String(try Syscall.lstat(file).st_mode & 0o7777, radix: 8)
         }
         // A new file made with O_TRUNC keeps the set-ID bits it is created with.
         let created = directory + "/create-trunc-4755"
-        let create = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups", "/usr/bin/python3", "-c",
-                                     "import os; os.umask(0); os.close(os.open('\(created)', os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o4755))"])
+        let create = try runCommand(asNobody(["/usr/bin/python3", "-c",
+                                     "import os; os.umask(0); os.close(os.open('\(created)', os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o4755))"]))
         XCTAssertEqual(create.status, 0, create.error)
         modes["create-trunc-4755"] = String(try Syscall.lstat(created).st_mode & 0o7777, radix: 8)
         return modes
@@ -106,8 +111,8 @@ final class SetIDBitTests: XCTestCase {
                     XCTAssertEqual(Array(try readFile(daemon.back(name)).prefix(8)), FileHeader.magic, "\(name) is stored encrypted")
                 }
                 // Readable by their owner (root is another identity here).
-                let read = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups", "sh", "-c",
-                                           "wc -c < '\(daemon.mnt("truncate-4755"))'; cat '\(daemon.mnt("otrunc-6755"))'"])
+                let read = try runCommand(asNobody(["sh", "-c",
+                                           "wc -c < '\(daemon.mnt("truncate-4755"))'; cat '\(daemon.mnt("otrunc-6755"))'"]))
                 XCTAssertEqual(read.output, "1\nx\n", what + read.error)
             }
             daemon.destroy()
@@ -119,11 +124,11 @@ final class SetIDBitTests: XCTestCase {
     func testFileCapabilityGoesAtAWrite() throws {
         let daemon = try startDaemon([], encrypted: false)
         let file = daemon.mnt("tool")
-        XCTAssertEqual(try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups", "sh", "-c", "echo a > '\(file)'"]).status, 0)
+        XCTAssertEqual(try runCommand(asNobody(["sh", "-c", "echo a > '\(file)'"])).status, 0)
         let set = try runCommand(["setcap", "cap_net_raw+ep", file])
         XCTAssertEqual(set.status, 0, set.error)
         XCTAssertTrue(try runCommand(["getcap", file]).output.contains("cap_net_raw"))
-        let write = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups", "sh", "-c", "echo b >> '\(file)'"])
+        let write = try runCommand(asNobody(["sh", "-c", "echo b >> '\(file)'"]))
         XCTAssertEqual(write.status, 0, write.error)
         XCTAssertEqual(try runCommand(["getcap", file]).output.trimmingCharacters(in: .whitespacesAndNewlines), "")
         XCTAssertEqual(try runCommand(["getcap", daemon.back("tool")]).output.trimmingCharacters(in: .whitespacesAndNewlines), "")

@@ -34,12 +34,10 @@ void custody_fuse_transport_offer_rings(custody_fuse_transport *transport);
 /// Whether INIT was answered with the ring flag (then the kernel waits for every queue).
 int custody_fuse_transport_rings_offered(const custody_fuse_transport *transport);
 
-/// Whether INIT was answered with FUSE_HANDLE_KILLPRIV_V2: the kernel then leaves clearing
-/// set-user-ID and set-group-ID on write, truncate and chown to the file system, which finds out
-/// when to through `custody_fuse_request_kills_suidgid`. The transport negotiates it whenever the
-/// kernel offers it.
-int custody_fuse_transport_handles_killpriv(const custody_fuse_transport *transport);
-
+/// The transport answers INIT with FUSE_HANDLE_KILLPRIV_V2 whenever the kernel offers it: the
+/// kernel then leaves clearing set-user-ID and set-group-ID on write, truncate and chown to the
+/// file system, which finds out when to through `custody_fuse_request_kills_suidgid`.
+///
 /// Whether the request the calling thread serves (a WRITE, SETATTR or OPEN) asks the file
 /// system to clear the file's set-user-ID bit, and its set-group-ID bit where group execution is
 /// allowed. The kernel asks so when the writing, truncating or chowning process lacks
