@@ -79,6 +79,14 @@ ssize_t clinux_getxattrat(int directory, const char *path, const char *name, voi
     return syscall(SYS_getxattrat, directory, path, AT_SYMLINK_NOFOLLOW, name, &args, sizeof(args));
 }
 
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
+
+int clinux_fchmod_path(int fd, unsigned int mode) {
+    return (int)syscall(SYS_fchmodat2, fd, "", mode, AT_EMPTY_PATH);
+}
+
 int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags) {
     return setxattr(path, name, value, size, flags);
 }

@@ -3,8 +3,9 @@ import CustodyCore
 import CustodySystem
 import Glibc
 
-/// Extended attributes, passed through to the backing object by its /proc/self/fd path
-/// (the xattr calls do not accept O_PATH descriptors). Symlinks carry no user attributes.
+/// Extended attributes, passed through to the backing object (read as `backingGetxattr` says;
+/// changed and listed by its /proc/self/fd path, as the xattr calls do not accept O_PATH
+/// descriptors). Symlinks carry no user attributes.
 ///
 /// The mount adds virtual attributes: `user.custody.owner` (the owner's identity),
 /// `user.custody.class` (the protection class of an encrypted file) and `user.custody.encrypted`
@@ -50,6 +51,31 @@ extension PassthroughFilesystem {
         }
     }
 
+    /// The directory and name a node was last looked up by, if the directory is still known.
+    func backingEntry(of id: UInt64) -> BackingEntry? {
+        guard let entry = inodes.name(of: id), let parent = try? inodes.inode(entry.parent) else { return nil }
+        return BackingEntry(directory: parent, name: entry.name)
+    }
+
+    /// Attribute `name` of an inode's backing object. The xattr calls take no O_PATH descriptor,
+    /// and its /proc path costs a walk of /proc (5 µs, 10–20 under load) per call, so in order:
+    /// an open handle's descriptor (the kernel asks for `security.capability` before a file's
+    /// first write, with the file open); the name it was looked up by, if that still leads to it
+    /// (`ls -l` asks every file for its ACL and security label right after listing it); the
+    /// /proc path.
+    func backingGetxattr(_ inode: Inode, lookedUpAs entry: BackingEntry?, _ name: UnsafePointer<CChar>,
+                         _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
+        if let open = openDescriptor(of: inode) {
+            return try withExtendedLifetime(open.owner) { () throws(Errno) in try Syscall.fgetxattr(open.fd, name, buffer, size) }
+        }
+        if let entry, let count = try withExtendedLifetime(entry.directory, { () throws(Errno) in
+            try Syscall.getxattr(in: entry.directory.fd, entry.name, ifStill: inode.device, inode.number, name, buffer, size)
+        }) {
+            return count
+        }
+        return try Syscall.getxattr(inode.procPath, name, buffer, size)
+    }
+
     func getxattr(_ req: fuse_req_t, _ id: fuse_ino_t, _ name: UnsafePointer<CChar>, _ size: Int) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
@@ -70,14 +96,7 @@ extension PassthroughFilesystem {
             guard !inode.isSymlink else { throw Errno.noData }
             let buffer = size == 0 ? nil : UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 1)
             defer { buffer?.deallocate() }
-            let count: Int
-            if let open = openDescriptor(of: inode) {
-                // Through an open handle's descriptor: the kernel asks for security.capability
-                // before every write, always with the file open, and the /proc path costs 3–4 µs.
-                count = try withExtendedLifetime(open.owner) { () throws(Errno) in try Syscall.fgetxattr(open.fd, name, buffer, size) }
-            } else {
-                count = try Syscall.getxattr(inode.procPath, name, buffer, size)
-            }
+            let count = try backingGetxattr(inode, lookedUpAs: backingEntry(of: UInt64(id)), name, buffer, size)
             if let buffer {
                 fuse_reply_buf(req, buffer.assumingMemoryBound(to: CChar.self), count)
             } else {

@@ -189,3 +189,9 @@ struct EntryName: Sendable {
     var parent: UInt64
     var name: String
 }
+
+/// A name in a backing directory, as a request reached an object by it.
+struct BackingEntry {
+    var directory: Inode
+    var name: String
+}

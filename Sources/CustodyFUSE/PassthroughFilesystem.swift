@@ -132,7 +132,22 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// Looks `name` up in `parent` (node `parentID`) and registers one kernel lookup of it.
     private func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
         let fd = try openPath(parent.fd, name)
-        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: String(cString: name)))
+        let text = String(cString: name)
+        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: text), in: parent)
+    }
+
+    /// An O_PATH descriptor on what `fd` (just opened by `name` in `parent`) refers to: by the
+    /// name, a lookup of one name, when that still leads to the same object (with its
+    /// attributes); else by `fd`'s /proc path, a walk of /proc.
+    private func pathDescriptor(of fd: Int32, named name: UnsafePointer<CChar>, in parent: Inode) throws(Errno) -> (Int32, stat?) {
+        if let byName = try? openPath(parent.fd, name) {
+            if let opened = try? Syscall.fstat(fd), let found = try? Syscall.stat(of: byName),
+               opened.st_dev == found.st_dev, opened.st_ino == found.st_ino {
+                return (byName, found)
+            }
+            Syscall.close(byName)
+        }
+        return (try withDescriptor { () throws(Errno) in try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC) }, nil)
     }
 
     /// `openat(O_PATH)`; out of descriptors, it wakes the pruner and waits for the kernel to
@@ -159,10 +174,13 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     /// Registers one kernel lookup of the object an O_PATH descriptor refers to (taking the
     /// descriptor). `protection`, when known (a file just created), saves probing it.
-    private func rememberEntry(pathFD fd: Int32, name: EntryName?, protection known: Protection? = nil) throws(Errno) -> fuse_entry_param {
+    /// `parent`: the directory `name` is in (its record is then read by name, not by /proc);
+    /// `stated`: the attributes of `fd`, when the caller has them.
+    private func rememberEntry(pathFD fd: Int32, name: EntryName?, in parent: Inode? = nil, stated: stat? = nil,
+                               protection known: Protection? = nil) throws(Errno) -> fuse_entry_param {
         let attributes: stat
-        do {
-            attributes = try Syscall.stat(of: fd)
+        do throws(Errno) {
+            if let stated { attributes = stated } else { attributes = try Syscall.stat(of: fd) }
         } catch {
             Syscall.close(fd)
             throw error
@@ -170,7 +188,11 @@ final class PassthroughFilesystem: @unchecked Sendable {
         let id = inodes.remember(fd: fd, attributes: attributes, name: name)
         _ = underInodePressure
         guard let inode = try? inodes.inode(id) else { return entryParam(id: id, attributes: attributes) }
-        if let known { inode.protectionState.withLock { $0.protection = known } }
+        if let known {
+            inode.protectionState.withLock { $0.protection = known }
+        } else if let parent, let name {
+            _ = protection(of: inode, lookedUpAs: BackingEntry(directory: parent, name: name.name))
+        }
         var entry = entryParam(id: id, attributes: presented(attributes, of: inode))
         entry.attr_timeout = attributeTimeout(of: inode)
         return entry
@@ -224,7 +246,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 } else if inode.isSymlink {
                     throw Errno.notSupported
                 } else {
-                    try Syscall.chmod(inode.procPath, new.pointee.st_mode)
+                    try Syscall.chmod(of: inode.fd, new.pointee.st_mode)
                 }
             }
             if toSet & (custody_SET_ATTR_UID | custody_SET_ATTR_GID) != 0 {
@@ -259,7 +281,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 } else if inode.isSymlink {
                     try Syscall.utimensat(inode.fd, "", times, Linux.AT_EMPTY_PATH)
                 } else {
-                    try Syscall.utimensat(AT_FDCWD, inode.procPath, times, 0)
+                    try Syscall.utimens(of: inode.fd, times)
                 }
             }
             if requestKillsSetIDBits(), inode.isRegularFile {
@@ -267,7 +289,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 if let file {
                     try clearSetIDBits(file.backingFD)
                 } else if let kept = Self.withoutSetIDBits(try Syscall.stat(of: inode.fd).st_mode) {
-                    try Syscall.chmod(inode.procPath, kept)
+                    try Syscall.chmod(of: inode.fd, kept)
                 }
             }
             var attributes = if let file { try Syscall.fstat(file.backingFD) } else { try Syscall.stat(of: inode.fd) }
@@ -573,8 +595,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 _ = unlinkat(parent.fd, name, 0)
                 throw error
             }
-            var entry = try rememberEntry(pathFD: try withDescriptor { () throws(Errno) in try Syscall.open(Syscall.procPath(fd), Linux.O_PATH | O_CLOEXEC) },
-                                          name: EntryName(parent: UInt64(parentID), name: String(cString: name)), protection: wanted)
+            let (pathFD, stated) = try pathDescriptor(of: fd, named: name, in: parent)
+            var entry = try rememberEntry(pathFD: pathFD, name: EntryName(parent: UInt64(parentID), name: String(cString: name)),
+                                          stated: stated, protection: wanted)
             let inode = try inodes.inode(UInt64(entry.ino))
             metrics?.created(wanted.isEncrypted ? .encrypted : wanted == .untracked ? .none : .plain)
             if let content {

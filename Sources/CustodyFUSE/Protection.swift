@@ -101,11 +101,16 @@ extension PassthroughFilesystem {
     // MARK: Probing
 
     /// The protection of `inode`, read from its owner record the first time.
-    func protection(of inode: Inode) -> Protection {
+    ///
+    /// `entry`: the directory and name the inode was just looked up by, which reach its record
+    /// faster than its /proc path.
+    func protection(of inode: Inode, lookedUpAs entry: BackingEntry? = nil) -> Protection {
         if let known = inode.protectionState.withLock({ $0.protection }) { return known }
         var found = Protection.untracked
         if inode.isRegularFile || inode.isDirectory {
-            found = Protection(record: try? OwnerRecord.load(from: inode.procPath))
+            found = Protection(record: try? OwnerRecord.load { (bytes) throws(Errno) in
+                try backingGetxattr(inode, lookedUpAs: entry, OwnerRecord.attributeName, bytes.baseAddress, bytes.count)
+            })
         }
         inode.protectionState.withLock { if $0.protection == nil { $0.protection = found } }
         return found

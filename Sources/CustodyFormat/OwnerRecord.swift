@@ -100,8 +100,9 @@ extension OwnerRecord {
         try load { (bytes) throws(Errno) in try Syscall.getxattr(in: directory, name, attributeName, bytes.baseAddress, bytes.count) }
     }
 
-    /// Reads the attribute with `read` (into a buffer, returning its length) and decodes it.
-    private static func load(_ read: (UnsafeMutableRawBufferPointer) throws(Errno) -> Int) throws(FormatError) -> OwnerRecord? {
+    /// Reads the attribute with `read` (into a buffer, returning its length; `attributeName` is
+    /// the attribute to read) and decodes it; nil when `read` finds no such attribute.
+    public static func load(_ read: (UnsafeMutableRawBufferPointer) throws(Errno) -> Int) throws(FormatError) -> OwnerRecord? {
         var buffer = [UInt8](repeating: 0, count: 512)
         let count: Int
         do {

@@ -77,6 +77,25 @@ public enum Syscall {
         _ = try valueOrErrno(Glibc.chmod(path, mode))
     }
 
+    /// Sets the mode of what `fd` (an O_PATH descriptor included) refers to, in one call where the
+    /// kernel has `fchmodat2` (Linux 6.6); elsewhere by its /proc path, a walk of /proc per call.
+    public static func chmod(of fd: Int32, _ mode: mode_t) throws(Errno) {
+        if !noFchmodat2.load(ordering: .relaxed) {
+            if clinux_fchmod_path(fd, UInt32(mode)) == 0 { return }
+            let error = Errno.current
+            if error == .notImplemented {
+                noFchmodat2.store(true, ordering: .relaxed)
+            } else if error != .notPermitted {
+                // EPERM may be a system call filter's answer as well as the file's: the path says.
+                throw error
+            }
+        }
+        try chmod(procPath(fd), mode)
+    }
+
+    /// Set once `fchmodat2` turned out to be missing.
+    static let noFchmodat2 = Atomic<Bool>(false)
+
     @inlinable
     public static func fchownat(_ dir: Int32, _ path: UnsafePointer<CChar>, _ uid: uid_t, _ gid: gid_t, _ flags: Int32) throws(Errno) {
         _ = try valueOrErrno(Glibc.fchownat(dir, path, uid, gid, flags))
@@ -100,6 +119,16 @@ public enum Syscall {
     @inlinable
     public static func utimensat(_ dir: Int32, _ path: UnsafePointer<CChar>, _ times: [timespec], _ flags: Int32) throws(Errno) {
         _ = try valueOrErrno(Glibc.utimensat(dir, path, times, flags))
+    }
+
+    /// Sets the times of what `fd` (an O_PATH descriptor included) refers to: `utimensat` with
+    /// `AT_EMPTY_PATH` (Linux 5.8), else by its /proc path.
+    public static func utimens(of fd: Int32, _ times: [timespec]) throws(Errno) {
+        if Glibc.utimensat(fd, "", times, Linux.AT_EMPTY_PATH) == 0 { return }
+        let error = Errno.current
+        // EINVAL: a kernel without AT_EMPTY_PATH here (or times it refuses either way).
+        guard error == .invalidArgument || error == .notImplemented || error == .notPermitted else { throw error }
+        try utimensat(AT_FDCWD, procPath(fd), times, 0)
     }
 
     @inlinable
@@ -245,6 +274,28 @@ public enum Syscall {
 
     /// Set once `getxattrat` turned out to be missing.
     static let noGetxattrat = Atomic<Bool>(false)
+
+    /// Attribute `name` of the entry `path` in `directory`, provided that entry is still the object
+    /// `device`/`number`: `getxattrat`, then an `fstatat` confirming the name still leads there,
+    /// two lookups of one name each, where `getxattr` on /proc/self/fd/N walks /proc (5 µs, 10–20
+    /// under load here). nil where the kernel lacks `getxattrat`, or the name is gone or names
+    /// another object now: the caller then asks by the object's /proc path.
+    public static func getxattr(in directory: Int32, _ path: String, ifStill device: UInt64, _ number: UInt64,
+                                _ name: UnsafePointer<CChar>, _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int? {
+        guard !noGetxattrat.load(ordering: .relaxed) else { return nil }
+        let count = clinux_getxattrat(directory, path, name, buffer, size)
+        let error = count < 0 ? Errno.current : nil
+        if error == .notImplemented || error == .notPermitted {
+            if error == .notImplemented { noGetxattrat.store(true, ordering: .relaxed) }
+            return nil
+        }
+        // Confirmed after the read: an answer (or "no such attribute") about another object is
+        // never returned.
+        guard let st = try? fstatat(directory, path, AT_SYMLINK_NOFOLLOW),
+              UInt64(st.st_dev) == device, UInt64(st.st_ino) == number else { return nil }
+        if let error { throw error }
+        return count
+    }
 
     public static func lgetxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
         try valueOrErrno(clinux_lgetxattr(path, name, buffer, size))

@@ -95,6 +95,71 @@ final class SyscallTests: XCTestCase {
         }
     }
 
+    /// An attribute by name, only while the name still leads to the object asked about: after a
+    /// rename puts another file under the name, or removes it, the answer is nil (ask by /proc),
+    /// never the other file's attribute or its "no such attribute".
+    func testExtendedAttributeByNameIfStillTheSameObject() throws {
+        for (name, value) in [("a", "first"), ("b", "other")] {
+            let fd = open(directory + "/" + name, O_CREAT | O_WRONLY, 0o644)
+            XCTAssertGreaterThanOrEqual(fd, 0)
+            close(fd)
+            try Syscall.setxattr(directory + "/" + name, "user.k", value, value.utf8.count, 0)
+        }
+        try Syscall.setxattr(directory + "/b", "user.only-b", "x", 1, 0)
+        let dir = open(directory, O_RDONLY | O_DIRECTORY)
+        defer { close(dir) }
+        let a = try Syscall.fstatat(dir, "a", AT_SYMLINK_NOFOLLOW)
+        let (device, number) = (UInt64(a.st_dev), UInt64(a.st_ino))
+        var buffer = [UInt8](repeating: 0, count: 16)
+        let expectsCall = Self.kernelVersion.lexicographicallyPrecedes([6, 13]) == false
+        let found = try Syscall.getxattr(in: dir, "a", ifStill: device, number, "user.k", &buffer, buffer.count)
+        if expectsCall {
+            XCTAssertEqual(found, 5)
+            XCTAssertEqual(Array(buffer.prefix(5)), Array("first".utf8))
+            XCTAssertThrowsError(try Syscall.getxattr(in: dir, "a", ifStill: device, number, "user.only-b", &buffer, buffer.count)) {
+                XCTAssertEqual($0 as? Errno, .noData)
+            }
+        } else {
+            XCTAssertNil(found, "no getxattrat: ask by /proc")
+        }
+        // Another file under the name: neither its value nor its absent attribute is returned.
+        XCTAssertEqual(rename(directory + "/a", directory + "/c"), 0)
+        XCTAssertEqual(rename(directory + "/b", directory + "/a"), 0)
+        XCTAssertNil(try Syscall.getxattr(in: dir, "a", ifStill: device, number, "user.k", &buffer, buffer.count))
+        XCTAssertNil(try Syscall.getxattr(in: dir, "a", ifStill: device, number, "user.none", &buffer, buffer.count))
+        // The name is gone.
+        XCTAssertNil(try Syscall.getxattr(in: dir, "b", ifStill: device, number, "user.k", &buffer, buffer.count))
+    }
+
+    /// Mode and times of what an O_PATH descriptor refers to, with the one-call forms and through
+    /// /proc.
+    func testModeAndTimesThroughPathDescriptor() throws {
+        let file = directory + "/file"
+        let created = open(file, O_CREAT | O_WRONLY, 0o600)
+        XCTAssertGreaterThanOrEqual(created, 0)
+        close(created)
+        let fd = try Syscall.open(file, Linux.O_PATH | O_NOFOLLOW)
+        defer { close(fd) }
+        defer { Syscall.noFchmodat2.store(false, ordering: .relaxed) }
+        for (index, throughProc) in [false, true].enumerated() {
+            Syscall.noFchmodat2.store(throughProc, ordering: .relaxed)
+            let mode: mode_t = throughProc ? 0o640 : 0o604
+            try Syscall.chmod(of: fd, mode)
+            XCTAssertEqual(try Syscall.fstatat(AT_FDCWD, file, 0).st_mode & 0o7777, mode, "through /proc: \(throughProc)")
+            let seconds = 1_000_000 + index
+            try Syscall.utimens(of: fd, [timespec(tv_sec: seconds, tv_nsec: 5), timespec(tv_sec: seconds + 1, tv_nsec: 7)])
+            let st = try Syscall.fstatat(AT_FDCWD, file, 0)
+            XCTAssertEqual(st.st_atim.tv_sec, seconds)
+            XCTAssertEqual(st.st_mtim.tv_sec, seconds + 1)
+            XCTAssertEqual(st.st_mtim.tv_nsec, 7)
+        }
+        if Self.kernelVersion.lexicographicallyPrecedes([6, 6]) == false {
+            Syscall.noFchmodat2.store(false, ordering: .relaxed)
+            try Syscall.chmod(of: fd, 0o644)
+            XCTAssertFalse(Syscall.noFchmodat2.load(ordering: .relaxed), "fchmodat2 is used where the kernel has it")
+        }
+    }
+
     /// The running kernel's major and minor version.
     static var kernelVersion: [Int] {
         var name = utsname()

@@ -255,6 +255,24 @@ final class PassthroughOperationTests: XCTestCase {
         XCTAssertEqual(try mustRun(["getfattr", "--only-values", "-n", "user.dir", daemon.back("d")]), "yes")
     }
 
+    /// Attributes are read by the name a file was looked up by when that name still leads to it:
+    /// after the names of two files are swapped through the mount (the kernel moves its cached
+    /// entries and asks nothing), each still shows its own value and its own missing attributes.
+    func testExtendedAttributesAfterNamesAreSwapped() throws {
+        for (name, value) in [("a", "first"), ("b", "other")] {
+            try writeFile(daemon.mnt(name), bytes(name))
+            try Syscall.setxattr(daemon.mnt(name), "user.k", value, value.utf8.count, 0)
+        }
+        try Syscall.setxattr(daemon.mnt("b"), "user.only-b", "x", 1, 0)
+        XCTAssertEqual(xattr(daemon.mnt("a"), "user.k"), "first")
+        XCTAssertEqual(rename(daemon.mnt("a"), daemon.mnt("c")), 0)
+        XCTAssertEqual(rename(daemon.mnt("b"), daemon.mnt("a")), 0)
+        XCTAssertEqual(xattr(daemon.mnt("c"), "user.k"), "first")
+        XCTAssertEqual(errnoOf { _ = try Syscall.getxattr(daemon.mnt("c"), "user.only-b", nil, 0) }, ENODATA)
+        XCTAssertEqual(xattr(daemon.mnt("a"), "user.k"), "other")
+        XCTAssertEqual(try readFile(daemon.mnt("c")), bytes("a"))
+    }
+
     func testSparseFilesFallocateAndSeekHole() throws {
         let path = daemon.mnt("sparse")
         let fd = try Syscall.open(path, O_RDWR | O_CREAT, 0o644)
