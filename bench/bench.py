@@ -173,7 +173,7 @@ def run_round(system, round_index, tarball, results, peaks, requests):
 
     def cold():
         """Drops the caches for a cold workload. A bound system's workloads start through
-        custodyctl, whose binary and libraries would then come from the disk too (60-90 ms here);
+        custodyctl, whose binary and libraries would then come from the disk too (90-150 ms here);
         they are read back in first, and that cold start is measured on its own
         (custodyctl_run_cold), so that the bound workloads compare the mount's costs."""
         drop_caches()

@@ -132,8 +132,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// Looks `name` up in `parent` (node `parentID`) and registers one kernel lookup of it.
     private func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
         let fd = try openPath(parent.fd, name)
-        let text = String(cString: name)
-        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: text), in: parent)
+        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: String(cString: name)), in: parent)
     }
 
     /// An O_PATH descriptor on what `fd` (just opened by `name` in `parent`) refers to: by the

@@ -81,7 +81,7 @@ final class PolicyReprotection: @unchecked Sendable {
                     walk(child, prefix + name + "/")
                     Syscall.close(child)
                 } else if attributes.st_mode & S_IFMT == S_IFREG,
-                          let record = try? OwnerRecord.load(from: "/proc/self/fd/\(fd)/" + name),
+                          let record = try? OwnerRecord.load(in: fd, name: name),
                           account.matches(record.owner.canonical) {
                     found.append(prefix + name)
                 }

@@ -44,9 +44,7 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
                 let child = try Syscall.openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                 let childID = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
                 let empty = try wipe(directory: child, directoryID: childID, account: account, counts: &counts, progress: progress)
-                let owned = owns(account, (try? OwnerRecord.load { (bytes) throws(Errno) in
-                    try Syscall.fgetxattr(child, OwnerRecord.attributeName, bytes.baseAddress, bytes.count)
-                }) ?? nil)
+                let owned = owns(account, (try? OwnerRecord.load(on: child)) ?? nil)
                 Syscall.close(child)
                 if empty, owned, (try? Syscall.unlinkat(fd, name, AT_REMOVEDIR)) != nil {
                     forget(name, in: directoryID, child: childID)

@@ -94,6 +94,12 @@ extension OwnerRecord {
         try load { (bytes) throws(Errno) in try Syscall.getxattr(path, attributeName, bytes.baseAddress, bytes.count) }
     }
 
+    /// The record on the open stored file or directory `fd` (not an `O_PATH` descriptor), or nil
+    /// when it has none.
+    public static func load(on fd: Int32) throws(FormatError) -> OwnerRecord? {
+        try load { (bytes) throws(Errno) in try Syscall.fgetxattr(fd, attributeName, bytes.baseAddress, bytes.count) }
+    }
+
     /// The record of `name` in the directory `directory` (a symlink's own, never its target's);
     /// nil when it has none. One system call where the kernel has `getxattrat`.
     public static func load(in directory: Int32, name: String) throws(FormatError) -> OwnerRecord? {
