@@ -166,6 +166,6 @@ public struct Account: Codable, Equatable, Sendable {
 
     /// The case-folded, trimmed form identities are compared in.
     public static func canonical(_ identity: String) -> String {
-        identity.trimmingWhitespace().lowercased()
+        identity.foldedIdentity()
     }
 }

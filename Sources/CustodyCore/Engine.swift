@@ -63,6 +63,10 @@ public final class Engine: @unchecked Sendable {
     /// Changes whenever a policy or the settings change: open handles granted across identities
     /// check their grant again.
     let policyGeneration = Atomic<UInt64>(0)
+    /// No lock completes before this time (monotonic seconds, as a `Double`'s bits): every file
+    /// created asks for a class key, which first completes due locks, and this spares it a walk
+    /// of every identity's keys when none is due. Written only under `state`'s lock.
+    let earliestLockDeadline = Atomic<UInt64>(Double.infinity.bitPattern)
     let transferRulesBox = Mutex<TransferRules?>(nil)
     let transferEvents = EventRateLimiter()
     let tamperEvents = EventRateLimiter()

@@ -43,6 +43,9 @@ extension Engine {
             }
             keys.lock = .locking(until: deadline)
             state.keys[key] = keys
+            if deadline < Double(bitPattern: earliestLockDeadline.load(ordering: .acquiring)) {
+                earliestLockDeadline.store(deadline.bitPattern, ordering: .releasing)
+            }
             return true
         }
         if requested {
@@ -182,10 +185,16 @@ extension Engine {
     /// engine also calls it before answering anything that depends on lock state.
     public func processDeadlines() {
         let now = clock.now()
+        guard Double(bitPattern: earliestLockDeadline.load(ordering: .acquiring)) <= now else { return }
         let completed: [(String, Int)] = state.withLock { state in
             var done: [(String, Int)] = []
+            var next = Double.infinity
             for (key, var keys) in state.keys {
-                guard case .locking(let until) = keys.lock, until <= now else { continue }
+                guard case .locking(let until) = keys.lock else { continue }
+                guard until <= now else {
+                    next = min(next, until)
+                    continue
+                }
                 keys.classA = nil
                 keys.classBPrivate = nil
                 keys.lock = .locked
@@ -194,6 +203,7 @@ extension Engine {
                 let upn = state.accounts.first { $0.matches(key) }?.upn ?? key
                 done.append((upn, revoked))
             }
+            earliestLockDeadline.store(next.bitPattern, ordering: .releasing)
             return done
         }
         for (upn, revoked) in completed {

@@ -61,7 +61,8 @@ public final class ProtectedFile: @unchecked Sendable {
         // writeback at close (auto_da_alloc), a disk write per new file.
         if !storageIsEmpty, try storage.size() != 0 { try storage.truncate(to: 0) }
         try storage.writeBytes(header.encoded(), at: 0)
-        let file = try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism)
+        // The storage now holds the header alone: an empty file, whose size need not be asked.
+        let file = try ProtectedFile(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism, plaintextSize: 0)
         // A new file has no holes (a record left by an earlier file at this place goes).
         if !storageIsEmpty { try? storage.writeHoleRecord(nil) }
         file.holes.withLock { $0 = (true, HoleSet()) }
@@ -86,10 +87,16 @@ public final class ProtectedFile: @unchecked Sendable {
     }
 
     /// Content whose file key the caller already holds (the engine caches unwrapped keys).
-    public init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int = defaultParallelism) throws(FormatError) {
+    public convenience init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int = defaultParallelism) throws(FormatError) {
+        let layout = BlockLayout(blockSize: header.blockSize)
+        try self.init(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism,
+                      plaintextSize: try layout.plaintextSize(storedSize: storage.size()))
+    }
+
+    private init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int, plaintextSize: UInt64) throws(FormatError) {
         guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
         let layout = BlockLayout(blockSize: header.blockSize)
-        self.plaintextSize = try layout.plaintextSize(storedSize: storage.size())
+        self.plaintextSize = plaintextSize
         self.cipher = try ContentCipher(fileKey: fileKey, fileID: header.fileID)
         self.storage = storage
         self.header = header

@@ -60,6 +60,41 @@ final class LockTests: EngineTestCase {
         XCTAssertEqual(try engine.lockStatus("bob"), .unlocked)
     }
 
+    /// Locks due at different times complete each at its own time: after the first completes,
+    /// the engine still knows the later one is pending (class keys are asked on every create and
+    /// only walk the identities when a lock is due).
+    func testStaggeredLocksCompleteEachAtItsDeadline() throws {
+        let clock = ManualClock()
+        let engine = try makeEngine(testSettings(grace: 10), clock: clock)
+        try engine.enroll(id: "alice", upn: "alice@contoso.com")
+        try engine.enroll(id: "bob", upn: "bob@contoso.com")
+        try engine.lock("bob")
+        clock.advance(by: 4)
+        try engine.lock("alice")
+        XCTAssertEqual(engine.nextDeadline(), clock.now() + 6)
+        clock.advance(by: 6)
+        // Nothing but the class key request sees the deadline pass.
+        XCTAssertThrowsError(try engine.classKey(for: "bob", .complete, purpose: .create)) {
+            XCTAssertEqual($0 as? EngineError, .locked("bob@contoso.com", .complete))
+        }
+        XCTAssertTrue(available(engine, .complete, .create), "alice's lock is not due yet")
+        clock.advance(by: 3.9)
+        XCTAssertTrue(available(engine, .complete, .create))
+        clock.advance(by: 0.2)
+        XCTAssertFalse(available(engine, .complete, .create), "alice's lock completes at its own deadline")
+        XCTAssertEqual(try engine.lockStatus("alice"), .locked)
+        XCTAssertNil(engine.nextDeadline())
+        // A cancelled lock leaves nothing due; a new lock is due again at its own time.
+        try engine.unlock("alice", passphrase: nil)
+        try engine.lock("alice")
+        XCTAssertTrue(try engine.cancelPendingLock("alice"))
+        clock.advance(by: 20)
+        XCTAssertTrue(available(engine, .complete, .create))
+        try engine.lock("alice")
+        clock.advance(by: 10)
+        XCTAssertFalse(available(engine, .complete, .create))
+    }
+
     func testWrongPassphrasesAreRateLimited() throws {
         let clock = ManualClock()
         let engine = try makeEngine(testSettings(grace: 0), clock: clock)

@@ -64,6 +64,26 @@ final class ProtectedFileTests: XCTestCase {
         XCTAssertNotEqual((try makeFile(content).storage as! MemoryStorage).bytes, stored)
     }
 
+    /// A new file starts empty, whether it replaces stored bytes (which are cut, and whose hole
+    /// record goes) or is made on storage the caller knows to be empty.
+    func testCreateStartsEmptyOverOldContentAndOnEmptyStorage() throws {
+        let old = MemoryStorage([UInt8](repeating: 0xAB, count: 9_000), holeRecord: [1, 2, 3])
+        let replaced = try ProtectedFile.create(on: old, owner: owner, protectionClass: .complete, classKey: try symmetricClassKey())
+        XCTAssertEqual(replaced.size, 0)
+        XCTAssertEqual(old.bytes.count, 512, "the header alone")
+        XCTAssertNil(try old.readHoleRecord())
+        let empty = MemoryStorage()
+        let fresh = try ProtectedFile.create(on: empty, owner: owner, protectionClass: .complete, classKey: try symmetricClassKey(),
+                                             storageIsEmpty: true)
+        XCTAssertEqual(fresh.size, 0)
+        for (file, storage) in [(replaced, old), (fresh, empty)] {
+            try file.write(Array("hello".utf8), at: 0)
+            XCTAssertEqual(file.size, 5)
+            XCTAssertEqual(storage.bytes.count, 512 + 5 + 28)
+            XCTAssertEqual(try reopen(storage.bytes).readAll(), Array("hello".utf8))
+        }
+    }
+
     /// Flip every byte of a small encrypted file, one at a time: each read fails with the error
     /// that names the damaged part, and never returns plaintext.
     func testEveryFlippedByteIsDetected() throws {
