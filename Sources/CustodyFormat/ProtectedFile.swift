@@ -88,6 +88,7 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// Content whose file key the caller already holds (the engine caches unwrapped keys).
     public convenience init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int = defaultParallelism) throws(FormatError) {
+        guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
         let layout = BlockLayout(blockSize: header.blockSize)
         try self.init(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism,
                       plaintextSize: try layout.plaintextSize(storedSize: storage.size()))
