@@ -17,7 +17,12 @@ Systems (each mounted once for the run, alternating round by round):
                              with -o writeback,xattr,clone_fd: what FUSE itself costs
 
 For the Custody systems it also counts the FUSE requests each workload made, per file (from the
-daemon's metrics, GET /v1/metrics), by operation.
+daemon's metrics, GET /v1/metrics), by operation. round_trip_us times one request every system
+passes to its daemon (a getxattr of an absent attribute); with the request counts it gives each
+per-file workload's round-trip floor: the raw disk's time plus what the waited-for requests cost
+over plain system calls. A FUSE file system that does the raw disk's work on the caller's path
+cannot go below it; one that moves work off that path (Custody frees a removed file's blocks after
+answering the UNLINK) can.
 
 Prints a markdown table of medians (seconds, or IOPS for fio) with the ratio to gocryptfs, writes
 JSON under bench/runs/ (ignored by git: results are not committed), and records custodyd's peak
@@ -42,8 +47,8 @@ CUSTODYD = os.environ.get("CUSTODYD", os.path.join(ROOT, ".build/release/custody
 BENCH_DIR = os.environ.get("BENCH_DIR", "/var/tmp/custody-bench")
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 FIO_SECONDS = int(os.environ.get("FIO_SECONDS", "10"))
-ALL_WORKLOADS = ["custodyctl_run_cold", "dd_write", "dd_read_cold", "untar", "ls_lR_cold", "read_all_cold", "rm_rf",
-                 "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
+ALL_WORKLOADS = ["custodyctl_run_cold", "round_trip_us", "dd_write", "dd_read_cold", "untar", "ls_lR_cold", "read_all_cold",
+                 "rm_rf", "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", ",".join(ALL_WORKLOADS)).split(",") if w]
 CUSTODYCTL = os.environ.get("CUSTODYCTL", os.path.join(os.path.dirname(CUSTODYD), "custodyctl"))
 ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-encrypted-bound", "custody-encrypted-devfuse", "custody-plain", "gocryptfs",
@@ -53,6 +58,27 @@ PASSTHROUGH_LL_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
 PER_FILE_WORKLOADS = ["untar", "ls_lR_cold", "read_all_cold", "rm_rf"]
 SYSTEMS = [s for s in os.environ.get("SYSTEMS", ",".join(ALL_SYSTEMS)).split(",") if s]
 IOPS_WORKLOADS = {"fio_randread_4k", "fio_randwrite_4k"}
+# Requests the caller does not wait for: the kernel sends them and goes on.
+UNWAITED_REQUESTS = {"release", "releasedir", "forget", "batch_forget", "interrupt"}
+# round_trip_us: one getxattr of an absent attribute, which every file system here passes to its
+# daemon (no cache answers it), timed in a loop in the system's own context (a bound system's
+# inside `custodyctl run`). Against the raw disk's figure it is what one waited-for request costs.
+ROUND_TRIP_CALLS = 20000
+ROUND_TRIP_SCRIPT = """
+import errno, os, sys, time
+path, calls = sys.argv[1], int(sys.argv[2])
+def loop(count):
+    for _ in range(count):
+        try:
+            os.getxattr(path, "user.custody-bench-absent")
+        except OSError as error:
+            if error.errno not in (errno.ENODATA, errno.EOPNOTSUPP):
+                raise
+loop(1000)
+start = time.perf_counter()
+loop(calls)
+print((time.perf_counter() - start) / calls * 1e6)
+"""
 
 
 class System:
@@ -199,6 +225,12 @@ def run_round(system, round_index, tarball, results, peaks, requests):
     if system.prefix and "custodyctl_run_cold" in WORKLOADS:
         drop_caches()
         record("custodyctl_run_cold", timed(lambda: run("true")))
+    if "round_trip_us" in WORKLOADS:
+        probe = os.path.join(work, "round-trip")
+        run("touch", probe)
+        out = subprocess.run([*system.prefix, sys.executable, "-c", ROUND_TRIP_SCRIPT, probe, str(ROUND_TRIP_CALLS)],
+                             check=True, capture_output=True, text=True).stdout
+        record("round_trip_us", float(out.strip()))
     if "dd_write" in WORKLOADS or "dd_read_cold" in WORKLOADS:
         # Like every other workload, the write starts from clean caches: without this it also paid
         # for the write-back of whatever the previous system's fio run left dirty.
@@ -239,6 +271,27 @@ def run_round(system, round_index, tarball, results, peaks, requests):
                 # The example opens the backing file with O_DIRECT and writes from libfuse's
                 # unaligned buffer: EINVAL. No figure (the table shows a dash).
     shutil.rmtree(work, ignore_errors=True)
+
+
+def round_trip_floors(medians, per_file, files):
+    """Per Custody system and per-file workload: the raw disk's time plus each waited-for request's
+    cost over a raw system call (what the round trips alone add), and the measured time, both as
+    ratios to the raw disk."""
+    raw = medians.get("raw", {})
+    floors = {}
+    for s, by_workload in per_file.items():
+        round_trip, raw_call = medians.get(s, {}).get("round_trip_us"), raw.get("round_trip_us")
+        if round_trip is None or raw_call is None:
+            continue
+        for w, ops in by_workload.items():
+            raw_time, measured = raw.get(w), medians.get(s, {}).get(w)
+            if not raw_time or measured is None:
+                continue
+            waited = sum(n for op, n in ops.items() if op not in UNWAITED_REQUESTS)
+            floor = raw_time + waited * files * (round_trip - raw_call) / 1e6
+            floors.setdefault(s, {})[w] = {"waited_per_entry": waited, "floor_seconds": floor,
+                                           "floor_ratio": floor / raw_time, "measured_ratio": measured / raw_time}
+    return floors
 
 
 def running_order(systems):
@@ -301,8 +354,12 @@ def main():
             if value is None:
                 cells.append("–")
                 continue
-            unit = " IOPS" if w in IOPS_WORKLOADS else " s"
-            text = f"{value:.0f}{unit}" if w in IOPS_WORKLOADS else f"{value:.3f}{unit}"
+            if w in IOPS_WORKLOADS:
+                text = f"{value:.0f} IOPS"
+            elif w == "round_trip_us":
+                text = f"{value:.1f} µs"
+            else:
+                text = f"{value:.3f} s"
             ref = medians.get(reference, {}).get(w) if reference else None
             if ref and s != reference:
                 # Time ratio to gocryptfs (< 1 is faster); for IOPS the inverse, so the same holds.
@@ -332,13 +389,22 @@ def main():
             detail = ", ".join(f"{op} {n:.2f}" for op, n in ops if n >= 0.01)
             print(f"  {w}: {sum(by_workload[w].values()):.2f} ({detail})")
 
+    floors = round_trip_floors(medians, per_file, files)
+    if floors:
+        print("\nRound-trip floor: the raw disk's time plus, per entry, the requests the caller waited for"
+              " times what one costs over the raw disk (round_trip_us); ratios to the raw disk")
+        for s, by_workload in floors.items():
+            detail = ", ".join(f"{w} {f['measured_ratio']:.2f}× (floor {f['floor_ratio']:.2f}×, {f['waited_per_entry']:.2f} waited)"
+                               for w, f in by_workload.items())
+            print(f"  {s}: {detail}")
+
     os.makedirs(os.path.join(ROOT, "bench/runs"), exist_ok=True)
     out = os.path.join(ROOT, "bench/runs", time.strftime("%Y%m%d-%H%M%S") + ".json")
     with open(out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": ROUNDS, "fio_seconds": FIO_SECONDS,
                    "untar_entries": files, "elapsed_seconds": elapsed, "samples": results,
                    "medians": medians, "peak_rss_kib_untar": peaks, "requests": requests,
-                   "requests_per_entry": per_file}, f, indent=2)
+                   "requests_per_entry": per_file, "round_trip_floors": floors}, f, indent=2)
     print(f"\nwrote {os.path.relpath(out, ROOT)}")
 
 
