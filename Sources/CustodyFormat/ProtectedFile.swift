@@ -88,16 +88,19 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// Content whose file key the caller already holds (the engine caches unwrapped keys).
     public convenience init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int = defaultParallelism) throws(FormatError) {
-        guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
-        let layout = BlockLayout(blockSize: header.blockSize)
-        try self.init(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism,
-                      plaintextSize: try layout.plaintextSize(storedSize: storage.size()))
+        try self.init(storage: storage, header: header, fileKey: fileKey, parallelism: parallelism, plaintextSize: nil)
     }
 
-    private init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int, plaintextSize: UInt64) throws(FormatError) {
+    /// `plaintextSize`: known to the caller (a file just created), or nil to derive from the
+    /// stored size.
+    private init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int, plaintextSize: UInt64?) throws(FormatError) {
         guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
         let layout = BlockLayout(blockSize: header.blockSize)
-        self.plaintextSize = plaintextSize
+        if let plaintextSize {
+            self.plaintextSize = plaintextSize
+        } else {
+            self.plaintextSize = try layout.plaintextSize(storedSize: storage.size())
+        }
         self.cipher = try ContentCipher(fileKey: fileKey, fileID: header.fileID)
         self.storage = storage
         self.header = header

@@ -39,11 +39,17 @@ final class LockTests: EngineTestCase {
         XCTAssertTrue(available(engine, .complete))
     }
 
-    func testUnlockDuringGraceCancelsTheLockAndLockAllLocksEveryone() throws {
+    /// An engine on a manual clock with alice and bob enrolled without passphrases.
+    func aliceAndBob(grace: Double) throws -> (ManualClock, Engine) {
         let clock = ManualClock()
-        let engine = try makeEngine(testSettings(grace: 5), clock: clock)
+        let engine = try makeEngine(testSettings(grace: grace), clock: clock)
         try engine.enroll(id: "alice", upn: "alice@contoso.com")
         try engine.enroll(id: "bob", upn: "bob@contoso.com")
+        return (clock, engine)
+    }
+
+    func testUnlockDuringGraceCancelsTheLockAndLockAllLocksEveryone() throws {
+        let (clock, engine) = try aliceAndBob(grace: 5)
         try engine.lock("alice")
         clock.advance(by: 2)
         try engine.unlock("alice", passphrase: nil)
@@ -64,10 +70,7 @@ final class LockTests: EngineTestCase {
     /// the engine still knows the later one is pending (class keys are asked on every create and
     /// only walk the identities when a lock is due).
     func testStaggeredLocksCompleteEachAtItsDeadline() throws {
-        let clock = ManualClock()
-        let engine = try makeEngine(testSettings(grace: 10), clock: clock)
-        try engine.enroll(id: "alice", upn: "alice@contoso.com")
-        try engine.enroll(id: "bob", upn: "bob@contoso.com")
+        let (clock, engine) = try aliceAndBob(grace: 10)
         try engine.lock("bob")
         clock.advance(by: 4)
         try engine.lock("alice")
