@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -360,4 +361,8 @@ long clinux_filesystem_type(int fd) {
     struct statfs info;
     if (fstatfs(fd, &info) != 0) return -1;
     return (long)info.f_type;
+}
+
+int clinux_unshare_fs(void) {
+    return unshare(CLONE_FS);
 }

@@ -59,12 +59,13 @@ extension PassthroughFilesystem {
 
     /// Attribute `name` of an inode's backing object. The xattr calls take no O_PATH descriptor,
     /// and its /proc path costs a walk of /proc (5 µs, 10–20 under load) per call, so in order:
-    /// an open handle's descriptor (the kernel asks for `security.capability` before a file's
-    /// first write, with the file open); the name it was looked up by, if that still leads to it
-    /// (`ls -l` asks every file for its ACL and security label right after listing it); the
-    /// /proc path.
+    /// the root's directory descriptor; an open handle's descriptor (the kernel asks for
+    /// `security.capability` before a file's first write, with the file open); the name it was
+    /// looked up by, if that still leads to it (`ls -l` asks every file for its ACL and security
+    /// label right after listing it); the /proc path.
     func backingGetxattr(_ inode: Inode, lookedUpAs entry: BackingEntry?, _ name: UnsafePointer<CChar>,
                          _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
+        if inode === root, rootDirectory >= 0 { return try Syscall.fgetxattr(rootDirectory, name, buffer, size) }
         if let open = openDescriptor(of: inode) {
             return try withExtendedLifetime(open.owner) { () throws(Errno) in try Syscall.fgetxattr(open.fd, name, buffer, size) }
         }
@@ -163,10 +164,38 @@ extension PassthroughFilesystem {
             }
             guard !inode.isSymlink else { throw Errno.notPermitted }
             try Syscall.setxattr(inode.procPath, name, value, size, flags)
+            if attribute == Self.accessACL { try dropSetGroupIDAfterACL(req, inode) }
             replyError(req, 0)
         } catch {
             replyError(req, error.rawValue)
         }
+    }
+
+    static let accessACL = "system.posix_acl_access"
+
+    /// A file's set-group-ID bit goes when a caller outside its group sets its access ACL, as on
+    /// a local file system (which would otherwise let the ACL's mode keep a group's set-ID bit for
+    /// someone not in that group). The backing file system sees the daemon, which may keep it;
+    /// the kernel leaves this to the daemon. Callers other than root lose it unless the file's
+    /// group is theirs.
+    private func dropSetGroupIDAfterACL(_ req: fuse_req_t, _ inode: Inode) throws(Errno) {
+        let attributes = try Syscall.stat(of: inode.fd)
+        guard attributes.st_mode & S_ISGID != 0, let context = fuse_req_ctx(req)?.pointee, context.uid != 0,
+              !Self.caller(req, context, isInGroup: attributes.st_gid) else { return }
+        try Syscall.chmod(of: inode.fd, attributes.st_mode & 0o7777 & ~S_ISGID)
+    }
+
+    /// Whether the caller's group or one of its supplementary groups is `group`.
+    static func caller(_ req: fuse_req_t, _ context: fuse_ctx, isInGroup group: gid_t) -> Bool {
+        if context.gid == group { return true }
+        var groups = [gid_t](repeating: 0, count: 64)
+        var count = fuse_req_getgroups(req, Int32(groups.count), &groups)
+        if count > Int32(groups.count) {
+            groups = [gid_t](repeating: 0, count: Int(count))
+            count = fuse_req_getgroups(req, Int32(groups.count), &groups)
+        }
+        guard count > 0 else { return false }
+        return groups.prefix(min(Int(count), groups.count)).contains(group)
     }
 
     func removexattr(_ req: fuse_req_t, _ id: fuse_ino_t, _ name: UnsafePointer<CChar>) {

@@ -206,7 +206,7 @@ public final class FUSEMount: @unchecked Sendable {
 
     private func mountOptionString() -> String {
         var parts = ["fsname=\(Self.escapeOption(backing))", "subtype=custody"]
-        if options.allowOther || options.defaultPermissions { parts.append("default_permissions") }
+        if options.kernelChecksPermissions { parts.append("default_permissions") }
         if options.allowOther { parts.append("allow_other") }
         return parts.joined(separator: ",")
     }

@@ -12,6 +12,9 @@ public struct MountOptions: Sendable, Equatable {
     public var allowOther: Bool = false
     /// Have the kernel check permissions from the file modes.
     public var defaultPermissions: Bool = false
+    /// Whether the kernel checks permissions (from modes and POSIX ACLs) rather than leaving the
+    /// mount to its one user.
+    public var kernelChecksPermissions: Bool { allowOther || defaultPermissions }
     /// Mount over a mount point that is not empty.
     public var allowNonEmpty: Bool = false
     /// Hold a CPU wake-up latency bound (PM QoS) while requests arrive back to back, so that

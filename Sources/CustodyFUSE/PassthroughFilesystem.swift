@@ -44,10 +44,18 @@ final class PassthroughFilesystem: @unchecked Sendable {
     let servesFlush: Bool
     /// The per-CPU request rings, when the mount uses them (set before requests are served).
     var requestRings: RequestRings?
+    /// The mount's root, and its backing directory open for reading (-1 if it could not be
+    /// opened): the kernel does not cache the root's ACL, and asks for it at every path walk
+    /// through the root by a user other than its owner, so it is read through this descriptor
+    /// rather than the /proc path an O_PATH descriptor needs (see `backingGetxattr`).
+    let root: Inode
+    let rootDirectory: Int32
 
     init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)
         self.inodes = inodes
+        self.root = root
+        rootDirectory = (try? Syscall.openat(root.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) ?? -1
         directoryReadAhead = DirectoryReadAhead { ids in Self.fetchFirstBytes(of: ids, in: inodes) }
         self.options = options
         self.engine = engine
@@ -114,6 +122,12 @@ final class PassthroughFilesystem: @unchecked Sendable {
         want(FUSE_CAP_ATOMIC_O_TRUNC)
         want(FUSE_CAP_CACHE_SYMLINKS)
         want(FUSE_CAP_EXPORT_SUPPORT, false)
+        // Where the kernel checks permissions it must also enforce the POSIX ACLs that the
+        // backing store keeps and `getfacl` shows; without FUSE_POSIX_ACL it would show them and
+        // check the mode alone. The caller's umask then comes unapplied (FUSE_DONT_MASK), so that
+        // a directory's default ACL overrides it, as on a local file system (`withCallerMask`).
+        want(FUSE_CAP_POSIX_ACL, options.kernelChecksPermissions)
+        want(FUSE_CAP_DONT_MASK, options.kernelChecksPermissions)
         conn.pointee.max_background = 64
         conn.pointee.congestion_threshold = 48
     }
@@ -339,21 +353,32 @@ final class PassthroughFilesystem: @unchecked Sendable {
         // In a set-group-ID directory the new object already has the directory's group.
         let parentAttributes = try Syscall.stat(of: parent.fd)
         let gid = parentAttributes.st_mode & S_ISGID != 0 ? gid_t.max : context.gid
+        // chown clears set-user-ID and set-group-ID bits on non-directories: put back the mode
+        // the object was made with (the one asked for, less the umask).
+        var madeWith: mode_t?
+        if mode & (S_ISUID | S_ISGID) != 0, mode & S_IFMT != S_IFDIR, let fd { madeWith = try Syscall.fstat(fd).st_mode }
         if let fd {
             try Syscall.fchownat(fd, "", context.uid, gid, Linux.AT_EMPTY_PATH)
         } else if let name {
             try Syscall.fchownat(parent.fd, name, context.uid, gid, AT_SYMLINK_NOFOLLOW)
         }
-        // chown clears set-user-ID and set-group-ID bits on non-directories: put back what was asked.
-        if mode & (S_ISUID | S_ISGID) != 0, mode & S_IFMT != S_IFDIR, let fd {
-            try Syscall.fchmod(fd, mode & ~S_IFMT)
-        }
+        if let madeWith, let fd { try Syscall.fchmod(fd, madeWith & ~S_IFMT) }
+    }
+
+    /// Calls `body` with the mode to create an object with, under the caller's umask. Where the
+    /// kernel checks permissions it leaves the umask to the daemon (FUSE_DONT_MASK), and the
+    /// backing file system applies it unless the directory has a default ACL; elsewhere the
+    /// kernel has applied it already.
+    @inline(__always)
+    private func withCallerMask<T>(_ req: fuse_req_t, _ mode: mode_t, _ body: (mode_t) throws(Errno) -> T) throws(Errno) -> T {
+        guard options.kernelChecksPermissions, let mask = fuse_req_ctx(req)?.pointee.umask else { return try body(mode) }
+        return try CreationMask.creating(mode: mode, mask: mask, body)
     }
 
     func mkdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try Syscall.mkdirat(parent.fd, name, mode)
+            try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mkdirat(parent.fd, name, mode) }
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode | S_IFDIR)
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
@@ -365,7 +390,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func mknod(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ device: dev_t) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try Syscall.mknodat(parent.fd, name, mode, device)
+            try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mknodat(parent.fd, name, mode, device) }
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode)
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
@@ -581,7 +606,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
             // A tracked file starts empty: O_TRUNC empties one that appeared in the backing
             // directory meanwhile (and does nothing to a file this open creates).
             if wanted != .untracked { flags |= O_TRUNC }
-            let fd = try withDescriptor { () throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
+            let fd = try withDescriptor { () throws(Errno) in
+                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
+            }
             let handle: OpenFile
             var content: ProtectedContent?
             do throws(Errno) {

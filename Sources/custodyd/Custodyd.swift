@@ -52,7 +52,7 @@ struct Custodyd: ParsableCommand {
     @Option(help: ArgumentHelp("Members of this group are administrators (default custody-admin when it exists).", valueName: "group"))
     var adminGroup: String?
 
-    @Flag(help: "Let other users use the mount (turns on kernel permission checks).")
+    @Flag(help: "Let other users use the mount (turns on kernel permission checks, from modes and POSIX ACLs; new objects take the caller's umask, or their directory's default ACL).")
     var allowOther = false
 
     @Flag(help: "Mount even when the mount point is not empty.")

@@ -2,18 +2,7 @@
 import Glibc
 import XCTest
 
-final class SyscallTests: XCTestCase {
-    var directory = ""
-
-    override func setUpWithError() throws {
-        var template = Array("/tmp/custody-sys.XXXXXX".utf8CString)
-        directory = String(cString: try XCTUnwrap(mkdtemp(&template)))
-    }
-
-    override func tearDown() {
-        _ = system("rm -rf '\(directory)'")
-    }
-
+final class SyscallTests: TemporaryDirectoryTestCase {
     func testErrnoCarriesNumberAndMessage() {
         XCTAssertEqual(Errno.noSuchFile.rawValue, ENOENT)
         XCTAssertTrue(Errno.noSuchFile.description.contains("No such file"))

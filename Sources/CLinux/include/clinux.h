@@ -24,6 +24,8 @@ extern const int clinux_XATTR_REPLACE;
 extern const int clinux_FALLOC_FL_KEEP_SIZE;
 extern const int clinux_FALLOC_FL_PUNCH_HOLE;
 
+/// Gives the calling thread a file-system context (cwd, root, umask) of its own: unshare(CLONE_FS).
+int clinux_unshare_fs(void);
 int clinux_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
 int clinux_fallocate(int fd, int mode, int64_t offset, int64_t length);
 ssize_t clinux_copy_file_range(int fd_in, int64_t *off_in, int fd_out, int64_t *off_out, size_t len, unsigned int flags);
