@@ -297,15 +297,21 @@ final class PassthroughFilesystem: @unchecked Sendable {
                     try Syscall.utimens(of: inode.fd, times)
                 }
             }
+            func attributesNow() throws(Errno) -> stat {
+                if let file { try Syscall.fstat(file.backingFD) } else { try Syscall.stat(of: inode.fd) }
+            }
+            // A truncation by a process without CAP_FSETID, or a chown: the set-ID bits go. When
+            // there are none, the attributes read to find out are the answer.
+            var unchanged: stat?
             if requestKillsSetIDBits(), inode.isRegularFile {
-                // A truncation by a process without CAP_FSETID, or a chown.
-                if let file {
-                    try clearSetIDBits(file.backingFD)
-                } else if let kept = Self.withoutSetIDBits(try Syscall.stat(of: inode.fd).st_mode) {
-                    try Syscall.chmod(of: inode.fd, kept)
+                let current = try attributesNow()
+                if let kept = Self.withoutSetIDBits(current.st_mode) {
+                    if let file { try Syscall.fchmod(file.backingFD, kept) } else { try Syscall.chmod(of: inode.fd, kept) }
+                } else {
+                    unchanged = current
                 }
             }
-            var attributes = if let file { try Syscall.fstat(file.backingFD) } else { try Syscall.stat(of: inode.fd) }
+            var attributes = if let unchanged { unchanged } else { try attributesNow() }
             attributes = presented(attributes, of: inode)
             fuse_reply_attr(req, &attributes, attributeTimeout(of: inode))
         } catch {
