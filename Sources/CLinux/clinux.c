@@ -4,6 +4,8 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
+#include <errno.h>
+#include <linux/capability.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -365,4 +367,28 @@ long clinux_filesystem_type(int fd) {
 
 int clinux_unshare_fs(void) {
     return unshare(CLONE_FS);
+}
+
+static __thread struct __user_cap_data_struct thread_capabilities[_LINUX_CAPABILITY_U32S_3];
+static __thread int thread_capabilities_known;
+
+int clinux_thread_drop_capability(int capability) {
+    if (capability < 0 || capability >= 32 * _LINUX_CAPABILITY_U32S_3) { errno = EINVAL; return -1; }
+    struct __user_cap_header_struct header = { _LINUX_CAPABILITY_VERSION_3, 0 };
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    if (syscall(SYS_capget, &header, data) != 0) return -1;
+    data[capability / 32].effective &= ~(1u << (capability % 32));
+    if (syscall(SYS_capset, &header, data) != 0) return -1;
+    memcpy(thread_capabilities, data, sizeof(data));
+    thread_capabilities_known = 1;
+    return 0;
+}
+
+int clinux_thread_set_fsuid_keeping_capabilities(uid_t uid) {
+    int previous = setfsuid(uid);
+    if (thread_capabilities_known) {
+        struct __user_cap_header_struct header = { _LINUX_CAPABILITY_VERSION_3, 0 };
+        (void)syscall(SYS_capset, &header, thread_capabilities);
+    }
+    return previous;
 }

@@ -15,6 +15,9 @@ final class Inode: @unchecked Sendable {
     let protectionState = Mutex(InodeProtection())
     /// The table's epoch when a request last used it (for the pruner's choice).
     let lastUsed = Atomic<UInt64>(0)
+    /// The owner's uid, as last read: space for the file is allocated as its owner
+    /// (`AllocationCredentials`).
+    let ownerUID = Atomic<UInt32>(0)
 
     init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
         self.fd = fd

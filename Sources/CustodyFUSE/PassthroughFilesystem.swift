@@ -50,11 +50,14 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// rather than the /proc path an O_PATH descriptor needs (see `backingGetxattr`).
     let root: Inode
     let rootDirectory: Int32
+    /// Whether writes are near the backing store's reserved blocks (see `asOwner`).
+    let rootReserve: RootReserve
 
     init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)
         self.inodes = inodes
         self.root = root
+        rootReserve = RootReserve(fd: root.fd, device: root.device)
         rootDirectory = (try? Syscall.openat(root.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) ?? -1
         directoryReadAhead = DirectoryReadAhead { ids in Self.fetchFirstBytes(of: ids, in: inodes) }
         self.options = options
@@ -269,11 +272,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             if toSet & custody_SET_ATTR_SIZE != 0 {
                 let size = UInt64(max(0, new.pointee.st_size))
+                let owner = allocationOwner(inode)
                 if let file, let content = try liveContent(file) {
-                    do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
+                    try AllocationCredentials.allocating(for: owner) { () throws(Errno) in
+                        do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
+                    }
                 } else if inode.isRegularFile, protection(of: inode).isEncrypted {
                     try withContent(inode) { (content) throws(Errno) in
-                        do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
+                        try AllocationCredentials.allocating(for: owner) { () throws(Errno) in
+                            do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
+                        }
                     }
                 } else if let file {
                     try Syscall.ftruncate(file.fd, Int64(new.pointee.st_size))
@@ -737,6 +745,30 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// each use (see `BufferPool`).
     static let plaintextBuffers = BufferPool(capacity: 1 << 20, keep: 2, zeroesOnReturn: true, smallLimit: 64 << 10)
 
+    /// Whom space for an inode's file is allocated as: its owner (`AllocationCredentials`).
+    @inline(__always)
+    private func allocationOwner(_ inode: Inode?) -> uid_t {
+        inode.map { uid_t($0.ownerUID.load(ordering: .relaxed)) } ?? AllocationCredentials.daemonFSUID
+    }
+
+    /// Runs `body`, a write of up to 1 MiB to `file`, as the file's owner where it could reach
+    /// the space the backing store keeps for root (`RootReserve`). Larger allocations
+    /// (fallocate, copy_file_range, an encrypted file's extension) always go as the owner.
+    @inline(__always)
+    private func writingAsOwner<T, E: Error>(of inode: Inode?, _ body: () throws(E) -> T) throws(E) -> T {
+        guard let inode, rootReserve.ownerNeeded(onDevice: inode.device) else {
+            AllocationCredentials.prepareThread()
+            return try body()
+        }
+        return try AllocationCredentials.allocating(for: allocationOwner(inode), body)
+    }
+
+    /// Runs `body`, which allocates space for `file`, as the file's owner.
+    @inline(__always)
+    private func asOwner<T, E: Error>(of file: OpenFile, _ body: () throws(E) -> T) throws(E) -> T {
+        try AllocationCredentials.allocating(for: allocationOwner(file.inode), body)
+    }
+
     private func writeBehind(_ fd: Int32, written: Int) {
         if written >= Self.writeBehindThreshold { Syscall.startWriteback(fd) }
     }
@@ -758,7 +790,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 storageEdges.invalidateAttributes(id)
             }
             guard let live = try liveContent(file) else {
-                let written = custody_copy_bufvec_to_fd(buffers, file.fd, offset)
+                let written = writingAsOwner(of: file.inode) { custody_copy_bufvec_to_fd(buffers, file.fd, offset) }
                 if written < 0 {
                     replyError(req, Int32(-written))
                     writeFailed(file.inode)
@@ -800,7 +832,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
 
     private func writeEncrypted(_ content: ProtectedContent, _ data: UnsafeRawBufferPointer, _ offset: off_t, _ req: fuse_req_t, _ inode: Inode?) {
         do throws(FormatError) {
-            try content.file.write(data, at: UInt64(offset))
+            try writingAsOwner(of: inode) { () throws(FormatError) in
+                try content.file.write(data, at: UInt64(offset))
+            }
             metrics?.bytesEncrypted.increment(by: Int64(data.count))
             fuse_reply_write(req, data.count)
             writeBehind(content.fd, written: data.count)
@@ -889,10 +923,12 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 guard mode & ~Linux.FALLOC_FL_KEEP_SIZE == 0 else { throw Errno.notSupported }
                 let end = UInt64(offset) + UInt64(length)
                 if mode & Linux.FALLOC_FL_KEEP_SIZE == 0, end > content.file.size {
-                    do throws(FormatError) { try content.file.truncate(to: end) } catch { throw error.errnoValue }
+                    try asOwner(of: file) { () throws(Errno) in
+                        do throws(FormatError) { try content.file.truncate(to: end) } catch { throw error.errnoValue }
+                    }
                 }
             } else {
-                try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length))
+                try asOwner(of: file) { () throws(Errno) in try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length)) }
             }
             replyError(req, 0)
         } catch {
@@ -939,7 +975,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             try checkGrant(output, write: true)
             var from = Int64(inOffset)
             var to = Int64(outOffset)
-            let copied = try Syscall.copyFileRange(input.fd, &from, output.fd, &to, length, flags)
+            let copied = try asOwner(of: output) { () throws(Errno) in try Syscall.copyFileRange(input.fd, &from, output.fd, &to, length, flags) }
             fuse_reply_write(req, copied)
         } catch {
             replyError(req, error.rawValue)

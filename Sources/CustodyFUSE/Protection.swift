@@ -116,8 +116,10 @@ extension PassthroughFilesystem {
         return found
     }
 
-    /// Attributes as the mount shows them: encrypted files show their plaintext size.
+    /// Attributes as the mount shows them: encrypted files show their plaintext size. Every
+    /// attribute answer passes here, which notes the owner for allocations.
     func presented(_ attributes: stat, of inode: Inode) -> stat {
+        inode.ownerUID.store(attributes.st_uid, ordering: .relaxed)
         guard inode.isRegularFile, protection(of: inode).isEncrypted else { return attributes }
         var shown = attributes
         shown.st_size = off_t((try? BlockLayout().plaintextSize(storedSize: UInt64(attributes.st_size))) ?? 0)

@@ -24,6 +24,12 @@ extern const int clinux_XATTR_REPLACE;
 extern const int clinux_FALLOC_FL_KEEP_SIZE;
 extern const int clinux_FALLOC_FL_PUNCH_HOLE;
 
+/// Drops `capability` from the calling thread's effective set (other threads keep theirs) and
+/// remembers the thread's sets; 0 on success.
+int clinux_thread_drop_capability(int capability);
+/// Sets the calling thread's filesystem uid and puts back the effective capabilities that the
+/// change cleared (as remembered by clinux_thread_drop_capability); returns the previous fsuid.
+int clinux_thread_set_fsuid_keeping_capabilities(uid_t uid);
 /// Gives the calling thread a file-system context (cwd, root, umask) of its own: unshare(CLONE_FS).
 int clinux_unshare_fs(void);
 int clinux_renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags);
