@@ -50,7 +50,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// rather than the /proc path an O_PATH descriptor needs (see `backingGetxattr`).
     let root: Inode
     let rootDirectory: Int32
-    /// Whether writes are near the backing store's reserved blocks (see `asOwner`).
+    /// Whether writes are near the backing store's reserved blocks (see `writingAsOwner`).
     let rootReserve: RootReserve
 
     init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
@@ -69,6 +69,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
         storageEdges = StorageEdges()
         servesFlush = options.flushOnClose ?? BackingStore.reportsErrorsAtClose(root.fd)
     }
+
+    deinit { if rootDirectory >= 0 { Syscall.close(rootDirectory) } }
 
     /// Has the disk start reading the first bytes of these regular files (see `DirectoryReadAhead`).
     static func fetchFirstBytes(of ids: [UInt64], in inodes: InodeTable) {
@@ -272,17 +274,16 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             if toSet & custody_SET_ATTR_SIZE != 0 {
                 let size = UInt64(max(0, new.pointee.st_size))
-                let owner = allocationOwner(inode)
-                if let file, let content = try liveContent(file) {
-                    try AllocationCredentials.allocating(for: owner) { () throws(Errno) in
+                // Extending an encrypted file writes its last block.
+                func truncate(_ content: ProtectedContent) throws(Errno) {
+                    try asOwner(of: inode) { () throws(Errno) in
                         do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
                     }
+                }
+                if let file, let content = try liveContent(file) {
+                    try truncate(content)
                 } else if inode.isRegularFile, protection(of: inode).isEncrypted {
-                    try withContent(inode) { (content) throws(Errno) in
-                        try AllocationCredentials.allocating(for: owner) { () throws(Errno) in
-                            do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
-                        }
-                    }
+                    try withContent(inode) { (content) throws(Errno) in try truncate(content) }
                 } else if let file {
                     try Syscall.ftruncate(file.fd, Int64(new.pointee.st_size))
                 } else {
@@ -751,7 +752,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
         inode.map { uid_t($0.ownerUID.load(ordering: .relaxed)) } ?? AllocationCredentials.daemonFSUID
     }
 
-    /// Runs `body`, a write of up to 1 MiB to `file`, as the file's owner where it could reach
+    /// Runs `body`, a write of up to 1 MiB to `inode`'s file, as its owner where it could reach
     /// the space the backing store keeps for root (`RootReserve`). Larger allocations
     /// (fallocate, copy_file_range, an encrypted file's extension) always go as the owner.
     @inline(__always)
@@ -763,10 +764,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
         return try AllocationCredentials.allocating(for: allocationOwner(inode), body)
     }
 
-    /// Runs `body`, which allocates space for `file`, as the file's owner.
+    /// Runs `body`, which allocates space for `inode`'s file, as its owner.
     @inline(__always)
-    private func asOwner<T, E: Error>(of file: OpenFile, _ body: () throws(E) -> T) throws(E) -> T {
-        try AllocationCredentials.allocating(for: allocationOwner(file.inode), body)
+    private func asOwner<T, E: Error>(of inode: Inode?, _ body: () throws(E) -> T) throws(E) -> T {
+        try AllocationCredentials.allocating(for: allocationOwner(inode), body)
     }
 
     private func writeBehind(_ fd: Int32, written: Int) {
@@ -923,12 +924,12 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 guard mode & ~Linux.FALLOC_FL_KEEP_SIZE == 0 else { throw Errno.notSupported }
                 let end = UInt64(offset) + UInt64(length)
                 if mode & Linux.FALLOC_FL_KEEP_SIZE == 0, end > content.file.size {
-                    try asOwner(of: file) { () throws(Errno) in
+                    try asOwner(of: file.inode) { () throws(Errno) in
                         do throws(FormatError) { try content.file.truncate(to: end) } catch { throw error.errnoValue }
                     }
                 }
             } else {
-                try asOwner(of: file) { () throws(Errno) in try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length)) }
+                try asOwner(of: file.inode) { () throws(Errno) in try Syscall.fallocate(file.fd, mode, Int64(offset), Int64(length)) }
             }
             replyError(req, 0)
         } catch {
@@ -975,7 +976,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             try checkGrant(output, write: true)
             var from = Int64(inOffset)
             var to = Int64(outOffset)
-            let copied = try asOwner(of: output) { () throws(Errno) in try Syscall.copyFileRange(input.fd, &from, output.fd, &to, length, flags) }
+            let copied = try asOwner(of: output.inode) { () throws(Errno) in try Syscall.copyFileRange(input.fd, &from, output.fd, &to, length, flags) }
             fuse_reply_write(req, copied)
         } catch {
             replyError(req, error.rawValue)
