@@ -115,13 +115,19 @@ struct HoleSet: Equatable {
     private static func tag(body: [UInt8], nonce: [UInt8], cipher: ContentCipher) throws(FormatError) -> [UInt8] {
         let aad = context + cipher.fileID + body
         var tag = [UInt8](repeating: 0, count: AESGCMKey.tagSize)
+        // The map is authenticated, not encrypted: an empty message whose data is all in the AAD.
         var empty: UInt8 = 0
         do throws(CryptoError) {
             try aad.withBytes { (aadBytes) throws(CryptoError) in
                 try nonce.withBytes { (nonceBytes) throws(CryptoError) in
                     try tag.withMutableBytes { (tagBytes) throws(CryptoError) in
-                        try cipher.key.seal(nonce: nonceBytes, aad: aadBytes, plaintext: UnsafeRawBufferPointer(start: &empty, count: 0),
-                                            ciphertext: &empty, tag: tagBytes.baseAddress!)
+                        try withUnsafeMutableBytes(of: &empty) { (emptyBytes) throws(CryptoError) in
+                            guard let tagStart = tagBytes.baseAddress, let emptyStart = emptyBytes.baseAddress else {
+                                throw CryptoError.library("no buffer")
+                            }
+                            try cipher.key.seal(nonce: nonceBytes, aad: aadBytes, plaintext: UnsafeRawBufferPointer(rebasing: emptyBytes[0..<0]),
+                                                ciphertext: emptyStart, tag: tagStart)
+                        }
                     }
                 }
             }
