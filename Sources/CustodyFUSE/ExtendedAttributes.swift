@@ -152,7 +152,7 @@ extension PassthroughFilesystem {
                     // Protect (or re-own): the file or directory becomes `given`'s; empty unprotects.
                     guard engine != nil else { throw Errno.notSupported }
                     let owner = given.trimmingWhitespace()
-                    try changeOwner(id: UInt64(id), inode, to: owner.isEmpty ? nil : owner)
+                    try asCaller(req) { () throws(Errno) in try changeOwner(id: UInt64(id), inode, to: owner.isEmpty ? nil : owner) }
                     replyError(req, 0)
                     return
                 }
@@ -163,7 +163,7 @@ extension PassthroughFilesystem {
                 return
             }
             guard !inode.isSymlink else { throw Errno.notPermitted }
-            try Syscall.setxattr(inode.procPath, name, value, size, flags)
+            try creatingAsCaller(req, on: inode.device) { () throws(Errno) in try Syscall.setxattr(inode.procPath, name, value, size, flags) }
             if attribute == Self.accessACL { try dropSetGroupIDAfterACL(req, inode) }
             replyError(req, 0)
         } catch {
@@ -205,7 +205,7 @@ extension PassthroughFilesystem {
             if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.notPermitted }
             if attribute == "user.custody.owner", engine != nil {
                 // Unprotect: plain and untracked again (recursively for a directory).
-                try changeOwner(id: UInt64(id), inode, to: nil)
+                try asCaller(req) { () throws(Errno) in try changeOwner(id: UInt64(id), inode, to: nil) }
                 replyError(req, 0)
                 return
             }

@@ -393,7 +393,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func mkdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mkdirat(parent.fd, name, mode) }
+            try creatingAsCaller(req, on: parent.device) { () throws(Errno) in
+                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mkdirat(parent.fd, name, mode) }
+            }
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode | S_IFDIR)
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
@@ -405,7 +407,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func mknod(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ device: dev_t) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mknodat(parent.fd, name, mode, device) }
+            try creatingAsCaller(req, on: parent.device) { () throws(Errno) in
+                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mknodat(parent.fd, name, mode, device) }
+            }
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode)
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
@@ -417,7 +421,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
     func symlink(_ req: fuse_req_t, _ target: UnsafePointer<CChar>, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try Syscall.symlinkat(target, parent.fd, name)
+            try creatingAsCaller(req, on: parent.device) { () throws(Errno) in try Syscall.symlinkat(target, parent.fd, name) }
             try giveToCaller(req, parent: parent, name: name, fd: nil, mode: S_IFLNK)
             var entry = try lookupEntry(in: parent, parentID, name)
             fuse_reply_entry(req, &entry)
@@ -430,7 +434,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
             let newParent = try inodes.inode(UInt64(newParentID))
-            try Syscall.linkat(AT_FDCWD, inode.procPath, newParent.fd, newName, AT_SYMLINK_FOLLOW)
+            try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
+                try Syscall.linkat(AT_FDCWD, inode.procPath, newParent.fd, newName, AT_SYMLINK_FOLLOW)
+            }
             var entry = try lookupEntry(in: newParent, newParentID, newName)
             fuse_reply_entry(req, &entry)
         } catch {
@@ -485,7 +491,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
             let parent = try inodes.inode(UInt64(parentID))
             let newParent = try inodes.inode(UInt64(newParentID))
             let replaced = flags & Linux.RENAME_EXCHANGE == 0 ? knownObject(in: newParent, newName) : nil
-            try Syscall.renameat2(parent.fd, name, newParent.fd, newName, flags)
+            try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
+                try Syscall.renameat2(parent.fd, name, newParent.fd, newName, flags)
+            }
             removed(replaced)
             replyError(req, 0)
             if let replaced, replaced.inode.isRegularFile { storageEdges.releaseIfUnlinked(replaced.inode) }
@@ -621,21 +629,22 @@ final class PassthroughFilesystem: @unchecked Sendable {
             // A tracked file starts empty: O_TRUNC empties one that appeared in the backing
             // directory meanwhile (and does nothing to a file this open creates).
             if wanted != .untracked { flags |= O_TRUNC }
-            let fd = try withDescriptor { () throws(Errno) in
-                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
+            // The inode, and an encrypted file's header and owner record, are made as the caller.
+            let (fd, content) = try creatingAsCaller(req, on: parent.device) { () throws(Errno) -> (Int32, ProtectedContent?) in
+                let fd = try withDescriptor { () throws(Errno) in
+                    try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
+                }
+                do throws(Errno) {
+                    try giveToCaller(req, parent: parent, name: nil, fd: fd, mode: mode)
+                    guard wanted != .untracked else { return (fd, nil) }
+                    return (fd, try applyProtection(wanted, classKey: classKey, fd: fd, inode: nil, isNew: true))
+                } catch {
+                    Syscall.close(fd)
+                    _ = unlinkat(parent.fd, name, 0)
+                    throw error
+                }
             }
             let handle: OpenFile
-            var content: ProtectedContent?
-            do throws(Errno) {
-                try giveToCaller(req, parent: parent, name: nil, fd: fd, mode: mode)
-                if wanted != .untracked {
-                    content = try applyProtection(wanted, classKey: classKey, fd: fd, inode: nil, isNew: true)
-                }
-            } catch {
-                Syscall.close(fd)
-                _ = unlinkat(parent.fd, name, 0)
-                throw error
-            }
             let (pathFD, stated) = try pathDescriptor(of: fd, named: name, in: parent)
             var entry = try rememberEntry(pathFD: pathFD, name: EntryName(parent: UInt64(parentID), name: String(cString: name)),
                                           stated: stated, protection: wanted)
@@ -768,6 +777,26 @@ final class PassthroughFilesystem: @unchecked Sendable {
     @inline(__always)
     private func asOwner<T, E: Error>(of inode: Inode?, _ body: () throws(E) -> T) throws(E) -> T {
         try AllocationCredentials.allocating(for: allocationOwner(inode), body)
+    }
+
+    /// Runs `body`, which makes something new for the caller on `device` (an object's inode, a
+    /// directory's entry and the blocks it may grow by, a symlink's target, an attribute, an
+    /// encrypted file's header), as the caller where that could reach the space the backing
+    /// store keeps for root (`RootReserve`): a local file system decides it from the caller's
+    /// credentials, and without this a user could take root's reserve a directory at a time.
+    @inline(__always)
+    func creatingAsCaller<T, E: Error>(_ req: fuse_req_t, on device: UInt64, _ body: () throws(E) -> T) throws(E) -> T {
+        guard rootReserve.ownerNeeded(onDevice: device), let caller = fuse_req_ctx(req)?.pointee.uid else {
+            AllocationCredentials.prepareThread()
+            return try body()
+        }
+        return try AllocationCredentials.allocating(for: caller, body)
+    }
+
+    /// Runs `body`, which may allocate any amount of space for the caller (a file rewritten into
+    /// another protection), as the caller.
+    func asCaller<T, E: Error>(_ req: fuse_req_t, _ body: () throws(E) -> T) throws(E) -> T {
+        try AllocationCredentials.allocating(for: fuse_req_ctx(req)?.pointee.uid ?? AllocationCredentials.daemonFSUID, body)
     }
 
     private func writeBehind(_ fd: Int32, written: Int) {

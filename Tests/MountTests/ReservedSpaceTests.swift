@@ -41,9 +41,12 @@ final class ReservedSpaceTests: XCTestCase {
         return (Int(info.f_bfree) * Int(info.f_frsize), Int(info.f_bavail) * Int(info.f_frsize))
     }
 
-    private func fillAsNobody(_ path: String) throws -> CommandResult {
-        try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups",
-                        "dd", "if=/dev/zero", "of=\(path)", "bs=1M", "count=100", "conv=fsync", "status=none"])
+    /// Writes 100 MiB as nobody: in 1 MiB writes, or in 4 KiB direct writes (the last few blocks:
+    /// an encrypted file's 1 MiB write that does not fit is taken back whole).
+    private func fillAsNobody(_ path: String, small: Bool = false) throws -> CommandResult {
+        let size = small ? ["bs=4k", "count=25600", "oflag=direct"] : ["bs=1M", "count=100"]
+        return try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups",
+                               "dd", "if=/dev/zero", "of=\(path)"] + size + ["conv=fsync", "status=none"])
     }
 
     /// Fills the mount as nobody, then checks that root's reserve is still there and usable.
@@ -63,6 +66,139 @@ final class ReservedSpaceTests: XCTestCase {
         let rootWrite = try runCommand(["dd", "if=/dev/urandom", "of=\(daemon.mnt("root-file"))", "bs=1M", "count=4", "conv=fsync", "status=none"])
         XCTAssertEqual(rootWrite.status, 0, rootWrite.error)
         XCTAssertEqual(try readFile(daemon.mnt("root-file")).count, 4 << 20)
+    }
+
+    /// Makes `count` things of one `kind` as nobody in `directory`, each of which needs a block of
+    /// its own, and returns how many were made and the errors of the others (errno: count).
+    private func createAsNobody(_ kind: String, in directory: String, count: Int = 1000) throws -> (made: Int, errors: [String: Int]) {
+        let script = #"""
+        import errno, json, os, sys
+        kind, directory, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        made, errors = 0, {}
+        for i in range(count):
+            path = os.path.join(directory, f"{kind}-{i}")
+            try:
+                if kind == "directory":
+                    os.mkdir(path)
+                elif kind == "symlink":
+                    os.symlink("t" * 200 + str(i), path)     # beyond the inode's 60 bytes: a block
+                elif kind == "attribute":
+                    # Distinct values: ext4 shares the block of an identical attribute set.
+                    os.setxattr(os.path.join(directory, f"empty-{i}"), "user.note", (f"{directory}:{i}" * 600)[:600].encode())
+                elif kind == "file":
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                made += 1
+            except OSError as error:
+                name = errno.errorcode.get(error.errno, str(error.errno))
+                errors[name] = errors.get(name, 0) + 1
+        print(json.dumps({"made": made, "errors": errors}))
+        """#
+        let result = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups",
+                                     "/usr/bin/python3", "-c", script, kind, directory, String(count)])
+        XCTAssertEqual(result.status, 0, result.error)
+        let answer = try JSONSerialization.jsonObject(with: Data(result.output.utf8)) as? [String: Any]
+        return (answer?["made"] as? Int ?? -1, answer?["errors"] as? [String: Int] ?? [:])
+    }
+
+    /// How many more blocks users may take, once what is written has settled (ext4 gives back
+    /// what it held for delayed allocation), with a few to spare for directory growth.
+    private func blocksLeftForUsers(_ daemon: MountedDaemon) throws -> Int {
+        _ = try mustRun(["sync"])
+        var info = statvfs()
+        XCTAssertEqual(statvfs(daemon.backing, &info), 0)
+        return Int(info.f_bavail) + 8
+    }
+
+    /// Fills what users may use, as nobody, through the mount: again while ext4 gives back blocks
+    /// it had held for delayed allocation.
+    private func exhaustUsersSpace(_ daemon: MountedDaemon) throws {
+        for round in 0..<5 {
+            XCTAssertNotEqual(try fillAsNobody(daemon.mnt("fill-\(round)"), small: round > 0).status, 0)
+            if try blocksLeftForUsers(daemon) <= 16 { return }
+        }
+        XCTFail("users still have \(try blocksLeftForUsers(daemon)) blocks")
+    }
+
+    /// Makes a directory of nobody's at `path`, with `empties` empty files in it.
+    private func nobodysDirectory(_ path: String, empties: Int = 0) throws {
+        XCTAssertEqual(mkdir(path, 0o755), 0)
+        for i in 0..<empties { try writeFile(path + "/empty-\(i)", []) }
+        _ = try mustRun(["chown", "-R", "\(nobody):\(nobody)", path])
+    }
+
+    /// Once users' space is used up, nobody's directories, long symlinks and attribute blocks
+    /// fail with ENOSPC through the mount, as on the ext4 itself, and root keeps its reserve.
+    func testCreationsByAUserStopAtRootsReserve() throws {
+        let daemon = try start([])
+        try nobodysDirectory(daemon.mnt("nobody"), empties: 1000)
+        try nobodysDirectory(daemon.back("direct"), empties: 1000)
+        let before = free(daemon)
+        let reserved = before.root - before.users
+        try exhaustUsersSpace(daemon)
+        for kind in ["directory", "symlink", "attribute"] {
+            let room = try blocksLeftForUsers(daemon)
+            let mounted = try createAsNobody(kind, in: daemon.mnt("nobody"))
+            XCTAssertLessThanOrEqual(mounted.made, room, "\(kind): nobody made \(mounted.made) through the mount")
+            XCTAssertEqual(mounted.errors.keys.sorted(), ["ENOSPC"], "\(kind)")
+            let direct = try createAsNobody(kind, in: daemon.back("direct"))
+            XCTAssertLessThanOrEqual(direct.made, room, "\(kind): and \(direct.made) on the ext4 itself")
+            XCTAssertEqual(direct.errors.keys.sorted(), ["ENOSPC"], "\(kind)")
+        }
+        let after = free(daemon)
+        XCTAssertGreaterThanOrEqual(after.root, reserved * 9 / 10, "root's reserve: \(after.root) of \(reserved) bytes left")
+        // Root still may: a directory and a long symlink through the mount.
+        XCTAssertEqual(mkdir(daemon.mnt("roots"), 0o755), 0, String(cString: strerror(errno)))
+        XCTAssertEqual(symlink(String(repeating: "r", count: 300), daemon.mnt("roots/link")), 0, String(cString: strerror(errno)))
+        XCTAssertEqual(try Syscall.lstat(daemon.back("roots/link")).st_size, 300)
+    }
+
+    /// An encrypted file's header takes a block when the file is made: once users' space is used
+    /// up, nobody's new encrypted files fail with ENOSPC and leave nothing behind.
+    func testEncryptedFilesOfAUserStopAtRootsReserve() throws {
+        let daemon = try start(["--multi-identity", "--default-identity", "\(nobody)=nobody@contoso.com"])
+        let answer = try daemon.api("POST", "/v1/accounts", #"{"id": "nobody-oid", "upn": "nobody@contoso.com", "policy": {"protectionLevel": "none"}}"#)
+        XCTAssertEqual(answer.status, 201, answer.body)
+        try nobodysDirectory(daemon.mnt("nobody"))
+        let before = free(daemon)
+        let reserved = before.root - before.users
+        try exhaustUsersSpace(daemon)
+        let room = try blocksLeftForUsers(daemon)
+        let made = try createAsNobody("file", in: daemon.mnt("nobody"))
+        XCTAssertLessThanOrEqual(made.made, room, "nobody made \(made.made) encrypted files")
+        XCTAssertEqual(made.errors.keys.sorted(), ["ENOSPC"])
+        let left = try FileManager.default.contentsOfDirectory(atPath: daemon.back("nobody"))
+        XCTAssertEqual(left.count, made.made, "a file whose header could not be written is removed")
+        let after = free(daemon)
+        XCTAssertGreaterThanOrEqual(after.root, reserved * 9 / 10, "root's reserve: \(after.root) of \(reserved) bytes left")
+        try writeFile(daemon.mnt("root-file"), Array("root's".utf8))
+        XCTAssertEqual(try readFile(daemon.mnt("root-file")), Array("root's".utf8))
+    }
+
+    /// Protecting a file rewrites it into a new encrypted copy: a user's copy is made as the
+    /// user, so once users' space is used up it fails with ENOSPC and the file stays as it was.
+    func testAUserProtectingAFileStopsAtRootsReserve() throws {
+        let daemon = try start(["--multi-identity"])
+        let answer = try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "none"}}"#)
+        XCTAssertEqual(answer.status, 201, answer.body)
+        try nobodysDirectory(daemon.mnt("nobody"))
+        let content = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }
+        try writeFile(daemon.mnt("nobody/big"), content)
+        _ = try mustRun(["chown", "\(nobody):\(nobody)", daemon.mnt("nobody/big")])
+        let before = free(daemon)
+        let reserved = before.root - before.users
+        try exhaustUsersSpace(daemon)
+        let protect = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups",
+                                      "setfattr", "-n", "user.custody.owner", "-v", "alice@contoso.com", daemon.mnt("nobody/big")])
+        XCTAssertNotEqual(protect.status, 0)
+        XCTAssertTrue(protect.error.contains("No space left"), protect.error)
+        XCTAssertGreaterThanOrEqual(free(daemon).root, reserved * 9 / 10, "root's reserve is left")
+        XCTAssertNil(xattr(daemon.mnt("nobody/big"), "user.custody.owner"), "the file is not protected")
+        XCTAssertTrue(try readFile(daemon.mnt("nobody/big")) == content, "and has its content")
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.back("nobody")), ["big"])
+        // Root's own protection of the same file may use the reserve.
+        XCTAssertNil(errnoOf { try Syscall.setxattr(daemon.mnt("nobody/big"), "user.custody.owner", "alice@contoso.com", 17, 0) })
+        XCTAssertEqual(xattr(daemon.mnt("nobody/big"), "user.custody.encrypted"), "1")
+        XCTAssertFalse(try readFile(daemon.back("nobody/big")).starts(with: content.prefix(4096)), "stored encrypted")
     }
 
     func testAUserOfThePlainMountStopsAtRootsReserve() throws {
