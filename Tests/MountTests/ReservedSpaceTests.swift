@@ -68,8 +68,9 @@ final class ReservedSpaceTests: XCTestCase {
         XCTAssertEqual(try readFile(daemon.mnt("root-file")).count, 4 << 20)
     }
 
-    /// Makes `count` things of one `kind` as nobody in `directory`, each of which needs a block of
-    /// its own, and returns how many were made and the errors of the others (errno: count).
+    /// Makes `count` things of one `kind` as nobody in `directory` (each directory, symlink,
+    /// attribute or encrypted file needs a block of its own; links and renames grow a directory),
+    /// and returns how many were made and the errors of the others (errno: count).
     private func createAsNobody(_ kind: String, in directory: String, count: Int = 1000) throws -> (made: Int, errors: [String: Int]) {
         let script = #"""
         import errno, json, os, sys
@@ -85,6 +86,11 @@ final class ReservedSpaceTests: XCTestCase {
                 elif kind == "attribute":
                     # Distinct values: ext4 shares the block of an identical attribute set.
                     os.setxattr(os.path.join(directory, f"empty-{i}"), "user.note", (f"{directory}:{i}" * 600)[:600].encode())
+                elif kind == "link":                            # a directory grows
+                    os.link(os.path.join(directory, "empty-0"), path)
+                elif kind == "rename":
+                    os.rename(os.path.join(directory, f"empty-{i}"),
+                              os.path.join(directory, "moved", f"renamed-with-a-name-long-enough-to-fill-blocks-{i:04}"))
                 elif kind == "file":
                     os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
                 made += 1
@@ -119,15 +125,18 @@ final class ReservedSpaceTests: XCTestCase {
         XCTFail("users still have \(try blocksLeftForUsers(daemon)) blocks")
     }
 
-    /// Makes a directory of nobody's at `path`, with `empties` empty files in it.
+    /// Makes a directory of nobody's at `path`, with `empties` empty files and a directory
+    /// `moved` in it.
     private func nobodysDirectory(_ path: String, empties: Int = 0) throws {
         XCTAssertEqual(mkdir(path, 0o755), 0)
+        XCTAssertEqual(mkdir(path + "/moved", 0o755), 0)
         for i in 0..<empties { try writeFile(path + "/empty-\(i)", []) }
         _ = try mustRun(["chown", "-R", "\(nobody):\(nobody)", path])
     }
 
-    /// Once users' space is used up, nobody's directories, long symlinks and attribute blocks
-    /// fail with ENOSPC through the mount, as on the ext4 itself, and root keeps its reserve.
+    /// Once users' space is used up, nobody's directories, long symlinks, attribute blocks and
+    /// directories grown by links and renames fail with ENOSPC through the mount, as on the ext4
+    /// itself, and root keeps its reserve.
     func testCreationsByAUserStopAtRootsReserve() throws {
         let daemon = try start([])
         try nobodysDirectory(daemon.mnt("nobody"), empties: 1000)
@@ -135,14 +144,21 @@ final class ReservedSpaceTests: XCTestCase {
         let before = free(daemon)
         let reserved = before.root - before.users
         try exhaustUsersSpace(daemon)
-        for kind in ["directory", "symlink", "attribute"] {
+        for kind in ["directory", "symlink", "attribute", "link", "rename"] {
+            let growsADirectory = kind == "link" || kind == "rename"
             let room = try blocksLeftForUsers(daemon)
-            let mounted = try createAsNobody(kind, in: daemon.mnt("nobody"))
-            XCTAssertLessThanOrEqual(mounted.made, room, "\(kind): nobody made \(mounted.made) through the mount")
+            let count = kind == "link" ? 5000 : 1000
+            let mounted = try createAsNobody(kind, in: daemon.mnt("nobody"), count: count)
             XCTAssertEqual(mounted.errors.keys.sorted(), ["ENOSPC"], "\(kind)")
-            let direct = try createAsNobody(kind, in: daemon.back("direct"))
-            XCTAssertLessThanOrEqual(direct.made, room, "\(kind): and \(direct.made) on the ext4 itself")
+            let direct = try createAsNobody(kind, in: daemon.back("direct"), count: count)
             XCTAssertEqual(direct.errors.keys.sorted(), ["ENOSPC"], "\(kind)")
+            // The two directories are alike: the names that fit in their last blocks, and one
+            // block's worth (51 names) more.
+            XCTAssertLessThanOrEqual(mounted.made, direct.made + 51, "\(kind): nobody made \(mounted.made) through the mount, \(direct.made) on the ext4")
+            if !growsADirectory {
+                // A block for each directory, symlink and attribute.
+                XCTAssertLessThanOrEqual(mounted.made, room, "\(kind): nobody made \(mounted.made) through the mount")
+            }
         }
         let after = free(daemon)
         XCTAssertGreaterThanOrEqual(after.root, reserved * 9 / 10, "root's reserve: \(after.root) of \(reserved) bytes left")
@@ -167,7 +183,7 @@ final class ReservedSpaceTests: XCTestCase {
         XCTAssertLessThanOrEqual(made.made, room, "nobody made \(made.made) encrypted files")
         XCTAssertEqual(made.errors.keys.sorted(), ["ENOSPC"])
         let left = try FileManager.default.contentsOfDirectory(atPath: daemon.back("nobody"))
-        XCTAssertEqual(left.count, made.made, "a file whose header could not be written is removed")
+        XCTAssertEqual(left.count, made.made + 1, "a file whose header could not be written is removed (\(left.sorted()))")
         let after = free(daemon)
         XCTAssertGreaterThanOrEqual(after.root, reserved * 9 / 10, "root's reserve: \(after.root) of \(reserved) bytes left")
         try writeFile(daemon.mnt("root-file"), Array("root's".utf8))
@@ -194,7 +210,7 @@ final class ReservedSpaceTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(free(daemon).root, reserved * 9 / 10, "root's reserve is left")
         XCTAssertNil(xattr(daemon.mnt("nobody/big"), "user.custody.owner"), "the file is not protected")
         XCTAssertTrue(try readFile(daemon.mnt("nobody/big")) == content, "and has its content")
-        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.back("nobody")), ["big"])
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.back("nobody")).sorted(), ["big", "moved"], "no copy is left")
         // Root's own protection of the same file may use the reserve.
         XCTAssertNil(errnoOf { try Syscall.setxattr(daemon.mnt("nobody/big"), "user.custody.owner", "alice@contoso.com", 17, 0) })
         XCTAssertEqual(xattr(daemon.mnt("nobody/big"), "user.custody.encrypted"), "1")
