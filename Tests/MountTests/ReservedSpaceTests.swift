@@ -200,6 +200,15 @@ final class ReservedSpaceTests: XCTestCase {
         let content = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 3) }
         try writeFile(daemon.mnt("nobody/big"), content)
         _ = try mustRun(["chown", "\(nobody):\(nobody)", daemon.mnt("nobody/big")])
+        // With room left, nobody's protection of a file of its own succeeds (made as nobody).
+        try writeFile(daemon.mnt("nobody/small"), Array("small".utf8))
+        _ = try mustRun(["chown", "\(nobody):\(nobody)", daemon.mnt("nobody/small")])
+        let small = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups",
+                                    "setfattr", "-n", "user.custody.owner", "-v", "alice@contoso.com", daemon.mnt("nobody/small")])
+        XCTAssertEqual(small.status, 0, small.error)
+        XCTAssertEqual(xattr(daemon.mnt("nobody/small"), "user.custody.encrypted"), "1")
+        XCTAssertEqual(try Syscall.lstat(daemon.back("nobody/small")).st_uid, nobody)
+        XCTAssertFalse(try readFile(daemon.back("nobody/small")).starts(with: Array("small".utf8)))
         let before = free(daemon)
         let reserved = before.root - before.users
         try exhaustUsersSpace(daemon)
@@ -210,7 +219,7 @@ final class ReservedSpaceTests: XCTestCase {
         XCTAssertGreaterThanOrEqual(free(daemon).root, reserved * 9 / 10, "root's reserve is left")
         XCTAssertNil(xattr(daemon.mnt("nobody/big"), "user.custody.owner"), "the file is not protected")
         XCTAssertTrue(try readFile(daemon.mnt("nobody/big")) == content, "and has its content")
-        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.back("nobody")).sorted(), ["big", "moved"], "no copy is left")
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.back("nobody")).sorted(), ["big", "moved", "small"], "no copy is left")
         // Root's own protection of the same file may use the reserve.
         XCTAssertNil(errnoOf { try Syscall.setxattr(daemon.mnt("nobody/big"), "user.custody.owner", "alice@contoso.com", 17, 0) })
         XCTAssertEqual(xattr(daemon.mnt("nobody/big"), "user.custody.encrypted"), "1")
