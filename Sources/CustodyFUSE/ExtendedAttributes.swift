@@ -176,12 +176,14 @@ extension PassthroughFilesystem {
     /// A file's set-group-ID bit goes when a caller outside its group sets its access ACL, as on
     /// a local file system (which would otherwise let the ACL's mode keep a group's set-ID bit for
     /// someone not in that group). The backing file system sees the daemon, which may keep it;
-    /// the kernel leaves this to the daemon. Callers other than root lose it unless the file's
-    /// group is theirs.
+    /// the kernel leaves this to the daemon. A caller keeps it when the file's group is one of
+    /// its groups or it holds CAP_FSETID (root, or a process given that capability), as the
+    /// kernel decides for a local file system.
     private func dropSetGroupIDAfterACL(_ req: fuse_req_t, _ inode: Inode) throws(Errno) {
         let attributes = try Syscall.stat(of: inode.fd)
-        guard attributes.st_mode & S_ISGID != 0, let context = fuse_req_ctx(req)?.pointee, context.uid != 0,
-              !Self.caller(req, context, isInGroup: attributes.st_gid) else { return }
+        guard attributes.st_mode & S_ISGID != 0, let context = fuse_req_ctx(req)?.pointee,
+              !Self.caller(req, context, isInGroup: attributes.st_gid),
+              !CallerCapabilities.has(CallerCapabilities.setID, thread: context.pid) else { return }
         try Syscall.chmod(of: inode.fd, attributes.st_mode & 0o7777 & ~S_ISGID)
     }
 

@@ -152,13 +152,18 @@ final class MultiUserTests: XCTestCase {
         XCTAssertEqual(try Syscall.lstat(daemon.back("plain/made")).st_mode & 0o7777, 0o640, "on the backing store too")
     }
 
+    /// A set-group-ID script of nobody's, in `group`.
+    private func setGroupIDScript(_ path: String, group: gid_t) throws {
+        try writeFile(path, bytes("#!/bin/sh\n"), mode: 0o755)
+        XCTAssertEqual(chown(path, nobody, group), 0)   // first: a chown clears set-group-ID
+        XCTAssertEqual(chmod(path, 0o2775), 0)
+    }
+
     func testSettingAnACLOutsideTheFilesGroupDropsSetGroupID() throws {
         for directory in [daemon.mnt(""), try reference()] {
             let foreign = directory + "/foreign-group", own = directory + "/own-group"
             for (path, group) in [(foreign, gid_t(0)), (own, gid_t(nobody))] {
-                try writeFile(path, bytes("#!/bin/sh\n"), mode: 0o755)
-                XCTAssertEqual(chown(path, nobody, group), 0)
-                XCTAssertEqual(chmod(path, 0o2775), 0)
+                try setGroupIDScript(path, group: group)
                 let result = try asNobody("setfacl -m u:root:rwx '\(path)'")
                 XCTAssertEqual(result.status, 0, result.error)
             }
@@ -167,5 +172,23 @@ final class MultiUserTests: XCTestCase {
             XCTAssertEqual(try Syscall.lstat(own).st_mode & 0o7777, 0o2775, "\(directory): and stays when it is")
         }
         XCTAssertEqual(try Syscall.lstat(daemon.back("foreign-group")).st_mode & 0o7777, 0o775)
+    }
+
+    /// CAP_FSETID, not being root, keeps set-group-ID on an ACL change outside the file's group:
+    /// nobody given the capability keeps it, root without it loses it, as on ext4.
+    func testTheCapabilityToKeepSetIDDecidesAfterAnACLChange() throws {
+        for directory in [daemon.mnt(""), try reference()] {
+            let capable = directory + "/capable", incapable = directory + "/incapable"
+            try setGroupIDScript(capable, group: 0)
+            try setGroupIDScript(incapable, group: gid_t(nobody))
+            let withCapability = try runCommand(["setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups",
+                                                 "--inh-caps=+fsetid", "--ambient-caps=+fsetid", "setfacl", "-m", "u:root:rwx", capable])
+            XCTAssertEqual(withCapability.status, 0, withCapability.error)
+            let rootWithout = try runCommand(["setpriv", "--clear-groups", "--inh-caps=-fsetid", "--bounding-set=-fsetid",
+                                              "setfacl", "-m", "u:root:rwx", incapable])
+            XCTAssertEqual(rootWithout.status, 0, rootWithout.error)
+            XCTAssertEqual(try Syscall.lstat(capable).st_mode & 0o7777, 0o2775, "\(directory): kept with CAP_FSETID")
+            XCTAssertEqual(try Syscall.lstat(incapable).st_mode & 0o7777, 0o775, "\(directory): root without it loses it")
+        }
     }
 }
