@@ -80,26 +80,18 @@ public struct LinuxProcessTable: ProcessTable {
 
     /// The real uid of a process (first value of `Uid:`).
     public func uid(of pid: Int32) -> UInt32? {
-        Self.statusValues("Uid:", of: pid)?.first.flatMap { UInt32($0) }
+        ProcStatus.values("Uid:", of: pid)?.first.flatMap { UInt32($0) }
     }
 
     /// The supplementary groups of a process (`Groups:`).
     public func groups(of pid: Int32) -> [UInt32] {
-        Self.statusValues("Groups:", of: pid)?.compactMap { UInt32($0) } ?? []
+        ProcStatus.values("Groups:", of: pid)?.compactMap { UInt32($0) } ?? []
     }
 
     private func statusField(_ name: String, of pid: Int32) -> Int32? {
-        Self.statusValues(name, of: pid)?.first.flatMap { Int32($0) }
+        ProcStatus.values(name, of: pid)?.first.flatMap { Int32($0) }
     }
 
-    /// The whitespace-separated values of one line of /proc/PID/status; nil when there is none.
-    static func statusValues(_ name: String, of pid: Int32) -> [Substring]? {
-        guard let text = readTextFile("/proc/\(pid)/status") else { return nil }
-        for line in text.split(separator: "\n") where line.hasPrefix(name) {
-            return line.dropFirst(name.count).split(whereSeparator: { $0 == " " || $0 == "\t" })
-        }
-        return nil
-    }
 }
 
 /// A process or thread as bound: its ID and start time, so that a reused ID does not match.

@@ -19,18 +19,18 @@ public enum CallerCapabilities {
 
     /// The `CapEff:` mask of /proc/TID/status.
     static func effectiveSet(of thread: pid_t) -> UInt64? {
-        guard let status = readTextFile("/proc/\(thread)/status") else { return nil }
-        return effectiveSet(inStatus: status)
+        mask(ProcStatus.values("CapEff:", of: thread))
     }
 
     /// The `CapEff:` mask of a /proc status text; nil when the line is missing or malformed.
     static func effectiveSet(inStatus status: String) -> UInt64? {
-        for line in status.split(separator: "\n") where line.hasPrefix("CapEff:") {
-            let value = line.dropFirst("CapEff:".count).trimmingCharacters(in: " \t")
-            guard !value.isEmpty, value.count <= 16 else { return nil }
-            return UInt64(value, radix: 16)
-        }
-        return nil
+        mask(ProcStatus.values("CapEff:", in: status))
+    }
+
+    /// A capability line's one value, 64 bits of hexadecimal.
+    private static func mask(_ values: [Substring]?) -> UInt64? {
+        guard let values, values.count == 1, let value = values.first, value.count <= 16 else { return nil }
+        return UInt64(value, radix: 16)
     }
 
     static func sharesUserNamespace(thread: pid_t) -> Bool {
