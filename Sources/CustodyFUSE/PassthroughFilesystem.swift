@@ -766,11 +766,23 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// (fallocate, copy_file_range, an encrypted file's extension) always go as the owner.
     @inline(__always)
     private func writingAsOwner<T, E: Error>(of inode: Inode?, _ body: () throws(E) -> T) throws(E) -> T {
-        guard let inode, rootReserve.ownerNeeded(onDevice: inode.device) else {
+        guard let inode else {
             AllocationCredentials.prepareThread()
             return try body()
         }
-        return try AllocationCredentials.allocating(for: allocationOwner(inode), body)
+        return try allocating(as: allocationOwner(inode), nearReserveOn: inode.device, body)
+    }
+
+    /// Runs `body`, which allocates on `device`, as `user` where that could reach the space the
+    /// backing store keeps for root (`RootReserve`); elsewhere with the daemon's fsuid (changing
+    /// it costs more than a small write).
+    @inline(__always)
+    private func allocating<T, E: Error>(as user: uid_t, nearReserveOn device: UInt64, _ body: () throws(E) -> T) throws(E) -> T {
+        guard rootReserve.ownerNeeded(onDevice: device) else {
+            AllocationCredentials.prepareThread()
+            return try body()
+        }
+        return try AllocationCredentials.allocating(for: user, body)
     }
 
     /// Runs `body`, which allocates space for `inode`'s file, as its owner.
@@ -786,17 +798,19 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// credentials, and without this a user could take root's reserve a directory at a time.
     @inline(__always)
     func creatingAsCaller<T, E: Error>(_ req: fuse_req_t, on device: UInt64, _ body: () throws(E) -> T) throws(E) -> T {
-        guard rootReserve.ownerNeeded(onDevice: device), let caller = fuse_req_ctx(req)?.pointee.uid else {
-            AllocationCredentials.prepareThread()
-            return try body()
-        }
-        return try AllocationCredentials.allocating(for: caller, body)
+        try allocating(as: callerUID(req), nearReserveOn: device, body)
     }
 
     /// Runs `body`, which may allocate any amount of space for the caller (a file rewritten into
     /// another protection), as the caller.
     func asCaller<T, E: Error>(_ req: fuse_req_t, _ body: () throws(E) -> T) throws(E) -> T {
-        try AllocationCredentials.allocating(for: fuse_req_ctx(req)?.pointee.uid ?? AllocationCredentials.daemonFSUID, body)
+        try AllocationCredentials.allocating(for: callerUID(req), body)
+    }
+
+    /// The uid of the process that made the request (the daemon's when there is none).
+    @inline(__always)
+    private func callerUID(_ req: fuse_req_t) -> uid_t {
+        fuse_req_ctx(req)?.pointee.uid ?? AllocationCredentials.daemonFSUID
     }
 
     private func writeBehind(_ fd: Int32, written: Int) {
