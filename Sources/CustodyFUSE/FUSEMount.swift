@@ -132,15 +132,22 @@ public final class FUSEMount: @unchecked Sendable {
         defer { if options.handleSignals { fuse_remove_signal_handlers(session) } }
 
         guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
-        // Per-CPU request rings, installed before the loop reads INIT. They stop after the mount
-        // is gone (so no request still waits for them) and before the session is destroyed.
-        // The custom I/O under them is installed either way: it reads the request flags libfuse
-        // drops (see `PassthroughFilesystem.clearSetIDBits`).
-        rings = RequestRings(session: session, key: userdata.toOpaque(), threadsPerQueue: options.ringThreadsPerCPU, metrics: metrics)
-        defer {
+        // Per-CPU request rings, installed before the loop reads INIT. The custom I/O under them
+        // is installed either way: it reads the request flags libfuse drops (see
+        // `PassthroughFilesystem.clearSetIDBits`).
+        rings = RequestRings(session: session, key: userdata.toOpaque(), workers: options.maxThreads, metrics: metrics)
+        // Serving ends before anything requests use stops (the pruner, lock enforcement, the
+        // engine's attachment …) and before the session is destroyed: the mount goes, then the
+        // rings' threads and their workers end. Once the loop has ended this runs first (the
+        // `defer` before the loop); here it covers a failure on the way there.
+        var serving = true
+        func stopServing() {
+            guard serving else { return }
+            serving = false
             fuse_session_unmount(session)
             rings?.stop()
         }
+        defer { stopServing() }
         if options.readAheadKiB > 0, let device = MountTable.entry(at: mountPoint)?.device, !device.isEmpty {
             // Applied at the first request after INIT (the INIT reply caps it at the kernel's offer).
             // The device comes from the mount table: a `stat` of the mount point would wait for
@@ -190,11 +197,13 @@ public final class FUSEMount: @unchecked Sendable {
         running.withLock { state in
             state.transport = rings.map { rings in
                 switch rings.state {
-                case .started: return "per-CPU request rings (FUSE over io_uring, \(options.ringThreadsPerCPU) threads per CPU)"
+                case .started:
+                    return "per-CPU request rings (FUSE over io_uring, one thread per CPU; requests that may wait on up to \(rings.mostWorkers) workers)"
                 case .unavailable(let reason): return "/dev/fuse (\(options.requestRings ? reason : "request rings turned off"))"
                 }
             } ?? "/dev/fuse (libfuse refused the custom I/O: no request rings, and the kernel checks set-ID bits itself)"
         }
+        defer { stopServing() }
         mounted()
 
         let config = fuse_loop_cfg_create()

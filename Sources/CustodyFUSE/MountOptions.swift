@@ -32,9 +32,8 @@ public struct MountOptions: Sendable, Equatable {
     /// Serve requests on the CPU that sent them, through per-CPU request rings (FUSE over
     /// io_uring, `RequestRings`), where the kernel offers them; /dev/fuse otherwise.
     public var requestRings: Bool = true
-    /// Threads (each with one ring entry) per CPU when `requestRings` is on.
-    public var ringThreadsPerCPU: Int = 2
-    /// The most request threads the /dev/fuse session loop runs.
+    /// The most request threads: those of the /dev/fuse session loop, and with request rings the
+    /// workers that serve requests that may wait (fsync, large reads and writes, truncation).
     public var maxThreads: Int = 8
     /// Print every FUSE request (libfuse's debug output).
     public var debug: Bool = false

@@ -20,12 +20,20 @@ import Synchronization
 /// woken where it was, and takes the CPU from the ring thread at once. `RingPriorityGuard` puts
 /// them back at normal priority whenever other work keeps them from running.
 ///
-/// Each queue (one per possible CPU) gets `threadsPerQueue` threads, each with one ring entry, so
-/// a request that blocks (an `fsync`) does not hold up the next one from the same CPU. libfuse
-/// 3.14 predates rings: a request from a ring is handed to its parser as if read from /dev/fuse,
-/// and its answer is steered back into the ring by a custom I/O (`CFuseRing`). FORGET, INTERRUPT
-/// and notifications keep using /dev/fuse, as does everything when the kernel does not offer
-/// rings (before 6.14, or with the `fuse.enable_uring` module parameter off).
+/// Each queue (one per possible CPU) has one thread and a ring of several entries. The thread
+/// serves what is answered from memory or with one short call where it arrived, and hands
+/// requests that may wait (an fsync, a large read or write, a truncation …) to worker threads, so
+/// one user's wait for a slow disk never holds up another user's requests from the same CPU; the
+/// ring registers more entries while workers hold some. libfuse 3.14 predates rings: a request
+/// from a ring is handed to its parser as if read from /dev/fuse, and its answer is steered back
+/// into the ring entry by a custom I/O (`CFuseRing`). FORGET, INTERRUPT and notifications keep
+/// using /dev/fuse, as does everything when the kernel does not offer rings (before 6.14, or with
+/// the `fuse.enable_uring` module parameter off).
+///
+/// Teardown (`stop`): the ring threads stop and are joined, then the workers finish the requests
+/// handed to them and are joined, and only then are the rings freed. No thread reads a ring that
+/// may be freed: each ring is read by its own thread, by the priority guard (stopped first), and
+/// by answers from other threads, which find it under the transport's lock.
 final class RequestRings: @unchecked Sendable {
     /// How setting up the rings went, for the log.
     enum State: Sendable, Equatable {
@@ -38,15 +46,23 @@ final class RequestRings: @unchecked Sendable {
     private let session: OpaquePointer
     private let transport: OpaquePointer
     private let queues: Int
-    private let threadsPerQueue: Int
-    private let workers = Mutex<[Worker]>([])
+    /// The most workers serving requests that may wait.
+    let mostWorkers: Int
+    /// Every ring thread that was started (kept after they stop, for the counts).
+    private let threads = Mutex<[RingThread]>([])
+    /// Ring threads not joined yet.
+    private let running = Mutex<[RingThread]>([])
+    /// Worker threads not joined yet.
+    private let workers = Mutex<[pthread_t]>([])
     private var priorityGuard: RingPriorityGuard?
-    /// Requests served through the rings so far.
+    /// Requests served through the rings so far (handed-off ones included).
     var ringRequests: UInt64 {
-        counted.withLock { $0.reduce(0) { $0 &+ $1.served.load(ordering: .relaxed) } }
+        threads.withLock { $0.reduce(0) { $0 &+ $1.served.load(ordering: .relaxed) } }
     }
-    /// Every worker that was started (kept after they stop, for the count).
-    private let counted = Mutex<[Worker]>([])
+    /// Requests handed from a ring's thread to a worker so far.
+    var handedOff: UInt64 {
+        threads.withLock { $0.reduce(0) { $0 &+ $1.handedOff.load(ordering: .relaxed) } }
+    }
     /// Times a CPU's ring threads went back to normal priority because other work kept them waiting.
     var priorityRaises: UInt64 { priorityGuard?.raises.load(ordering: .relaxed) ?? 0 }
     /// Set by `stop()`: a thread still waiting for INIT gives up.
@@ -54,15 +70,16 @@ final class RequestRings: @unchecked Sendable {
     private let metrics: MountMetrics?
     private(set) var state: State = .unavailable("not started")
 
-    /// One thread and its ring entry.
-    final class Worker: @unchecked Sendable {
+    /// One CPU's thread and its ring.
+    final class RingThread: @unchecked Sendable {
         let queue: Int
         var ring: OpaquePointer?
         var thread = pthread_t()
         /// The thread's ID (for its priority and its scheduler statistics).
         var threadID: pid_t = 0
-        /// Requests this thread served.
+        /// Requests this ring took, and how many of them it handed to workers.
         let served = Atomic<UInt64>(0)
+        let handedOff = Atomic<UInt64>(0)
         /// Posted once the ring exists (or could not be made), then waited on for `go`.
         let created = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
         let go = UnsafeMutablePointer<sem_t>.allocate(capacity: 1)
@@ -82,22 +99,24 @@ final class RequestRings: @unchecked Sendable {
     }
 
     /// Installs the custom I/O on a mounted session whose loop has not started. nil when the
-    /// session refuses it (nothing changed then).
-    init?(session: OpaquePointer, key: UnsafeMutableRawPointer, threadsPerQueue: Int, metrics: MountMetrics? = nil) {
+    /// session refuses it (nothing changed then). `workers`: the most threads serving requests
+    /// that may wait.
+    init?(session: OpaquePointer, key: UnsafeMutableRawPointer, workers: Int, metrics: MountMetrics? = nil) {
         var error: Int32 = 0
-        guard let transport = custody_fuse_transport_install(session, key, &error) else { return nil }
+        let mostWorkers = max(1, workers)
+        guard let transport = custody_fuse_transport_install(session, key, Int32(mostWorkers), &error) else { return nil }
         self.session = session
         self.transport = transport
         self.queues = Int(custody_fuse_possible_cpus())
-        self.threadsPerQueue = max(1, threadsPerQueue)
+        self.mostWorkers = mostWorkers
         self.metrics = metrics
     }
 
-    /// Makes one ring per thread on its own thread, pinned to its queue's CPU. When every queue
-    /// has its rings, the INIT answer offers them to the kernel (which then holds requests until
-    /// each queue has an entry), so this must run before the session loop reads INIT.
+    /// Makes one ring per CPU on its own thread, pinned to that CPU. When every queue has its
+    /// ring, the INIT answer offers them to the kernel (which then holds requests until each
+    /// queue has an entry), so this must run before the session loop reads INIT.
     func start() {
-        guard queues > 0, queues * threadsPerQueue <= 1024 else {
+        guard queues > 0, queues <= 1024 else {
             state = .unavailable("too many CPUs (\(queues))")
             return
         }
@@ -105,42 +124,33 @@ final class RequestRings: @unchecked Sendable {
             state = .unavailable("the kernel does not offer FUSE over io_uring (its fuse.enable_uring parameter is off or missing)")
             return
         }
-        var made: [Worker] = []
+        var made: [RingThread] = []
         for queue in 0..<queues {
-            for _ in 0..<threadsPerQueue {
-                let worker = Worker(queue: queue)
-                let context = Unmanaged.passRetained(WorkerContext(rings: self, worker: worker))
-                guard pthread_create(&worker.thread, nil, { raw in
-                    guard let raw else { return nil }
-                    let context = Unmanaged<WorkerContext>.fromOpaque(raw).takeRetainedValue()
-                    context.rings.serve(context.worker)
-                    return nil
-                }, context.toOpaque()) == 0 else {
-                    context.release()
-                    break
-                }
-                made.append(worker)
-            }
+            let ringThread = RingThread(queue: queue)
+            guard let thread = start({ [self] in serve(ringThread) }) else { break }
+            ringThread.thread = thread
+            made.append(ringThread)
         }
-        for worker in made { while sem_wait(worker.created) != 0 {} }
-        let failed = made.count < queues * threadsPerQueue || made.contains { $0.ring == nil }
+        for ringThread in made { while sem_wait(ringThread.created) != 0 {} }
+        let failed = made.count < queues || made.contains { $0.ring == nil }
         if !failed { custody_fuse_transport_offer_rings(transport) }
-        for worker in made {
-            worker.proceed = !failed
-            sem_post(worker.go)
+        for ringThread in made {
+            ringThread.proceed = !failed
+            sem_post(ringThread.go)
         }
-        workers.withLock { $0 = made }
-        counted.withLock { $0 = made }
+        threads.withLock { $0 = made }
+        running.withLock { $0 = made }
         if failed {
             let code = made.first(where: { $0.creationError != 0 })?.creationError ?? EAGAIN
             state = .unavailable("cannot make io_uring rings: \(String(cString: strerror(code)))")
-            join()
+            stop()
             return
         }
         state = .started
         // Idle priority only where starvation can be seen and undone.
         if RingPriorityGuard.canGuard(made) {
-            priorityGuard = RingPriorityGuard(workers: made, onRaise: { [metrics] in metrics?.ringPriorityRaises.increment() }, isStopping: { [unowned self] in self.stopping.load(ordering: .acquiring) })
+            priorityGuard = RingPriorityGuard(threads: made, onRaise: { [metrics] in metrics?.ringPriorityRaises.increment() },
+                                              isStopping: { [unowned self] in self.stopping.load(ordering: .acquiring) })
             priorityGuard?.start()
         }
     }
@@ -148,15 +158,31 @@ final class RequestRings: @unchecked Sendable {
     /// Whether INIT was answered with the rings (the kernel then serves every request through them).
     var offeredToKernel: Bool { custody_fuse_transport_rings_offered(transport) != 0 }
 
-    /// Stops every ring's thread and waits for them (after the session loop ended and the mount
-    /// is gone, so that no request is still waiting for a ring).
+    /// Stops serving: the ring threads stop and are joined, the workers finish what was handed to
+    /// them and are joined, and then the rings are freed (after the mount is gone or the session
+    /// loop ended; requests still in the kernel then end with the connection).
     func stop() {
         stopping.store(true, ordering: .releasing)
         priorityGuard?.stop()
-        workers.withLock { list in
-            for worker in list { if let ring = worker.ring { custody_fuse_ring_stop(ring) } }
+        let ringThreads = running.withLock { list in
+            let taken = list
+            list = []
+            return taken
         }
-        join()
+        for ringThread in ringThreads { if let ring = ringThread.ring { custody_fuse_ring_stop(ring) } }
+        for ringThread in ringThreads { pthread_join(ringThread.thread, nil) }
+        // No ring thread hands anything off any more: the workers end once the queue is empty.
+        custody_fuse_handoff_stop(transport)
+        let workerThreads = workers.withLock { list in
+            let taken = list
+            list = []
+            return taken
+        }
+        for worker in workerThreads { pthread_join(worker, nil) }
+        for ringThread in ringThreads {
+            custody_fuse_ring_destroy(ringThread.ring)
+            ringThread.ring = nil
+        }
     }
 
     /// Forgets the custom I/O state and frees the rings' buffers (after `fuse_session_destroy`).
@@ -164,25 +190,23 @@ final class RequestRings: @unchecked Sendable {
         custody_fuse_transport_remove(transport)
     }
 
-    private func join() {
-        let list = workers.withLock { list in
-            let taken = list
-            list = []
-            return taken
+    /// Starts a thread running `body`; nil when it could not be started.
+    private func start(_ body: @escaping @Sendable () -> Void) -> pthread_t? {
+        final class Box: @unchecked Sendable {
+            let body: @Sendable () -> Void
+            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
         }
-        for worker in list {
-            pthread_join(worker.thread, nil)
-            custody_fuse_ring_destroy(worker.ring)
+        let box = Unmanaged.passRetained(Box(body))
+        var thread = pthread_t()
+        guard pthread_create(&thread, nil, { raw in
+            guard let raw else { return nil }
+            Unmanaged<Box>.fromOpaque(raw).takeRetainedValue().body()
+            return nil
+        }, box.toOpaque()) == 0 else {
+            box.release()
+            return nil
         }
-    }
-
-    private final class WorkerContext: @unchecked Sendable {
-        let rings: RequestRings
-        let worker: Worker
-        init(rings: RequestRings, worker: Worker) {
-            self.rings = rings
-            self.worker = worker
-        }
+        return thread
     }
 
     /// The kernel offers rings only with its `enable_uring` parameter on (a kernel without the
@@ -207,41 +231,82 @@ final class RequestRings: @unchecked Sendable {
 
     // MARK: A ring's thread
 
-    private func serve(_ worker: Worker) {
+    private func serve(_ ringThread: RingThread) {
         // A CPU this process may not use (a cpuset, an offline CPU) leaves the thread unpinned:
         // callers cannot run there either, so its queue stays empty.
-        _ = custody_pin_thread(Int32(worker.queue))
-        worker.threadID = custody_thread_id()
+        _ = custody_pin_thread(Int32(ringThread.queue))
+        ringThread.threadID = custody_thread_id()
         var error: Int32 = 0
-        worker.ring = custody_fuse_ring_create(transport, UInt32(worker.queue), &error)
-        worker.creationError = worker.ring == nil ? error : 0
-        sem_post(worker.created)
-        while sem_wait(worker.go) != 0 {}
-        // The ring is destroyed by `join`, after this thread ended: the guard may still read it.
-        guard let ring = worker.ring else { return }
-        guard worker.proceed, registerWhenInitialized(ring) else { return }
+        ringThread.ring = custody_fuse_ring_create(transport, UInt32(ringThread.queue), &error)
+        ringThread.creationError = ringThread.ring == nil ? error : 0
+        sem_post(ringThread.created)
+        while sem_wait(ringThread.go) != 0 {}
+        // The ring is freed by `stop`, after this thread ended.
+        guard let ring = ringThread.ring else { return }
+        guard ringThread.proceed, registerWhenInitialized(ring) else { return }
 
         var request: UnsafeMutableRawPointer?
         var length = 0
+        var entry: OpaquePointer?
         while true {
-            let event = custody_fuse_ring_next(ring, &request, &length)
-            if event == Int32(CUSTODY_RING_REQUEST.rawValue), let request {
-                worker.served.wrappingAdd(1, ordering: .relaxed)
+            let event = custody_fuse_ring_next(ring, &request, &length, &entry)
+            switch event {
+            case Int32(CUSTODY_RING_REQUEST.rawValue):
+                ringThread.served.wrappingAdd(1, ordering: .relaxed)
                 metrics?.ringRequests.increment()
-                var buffer = fuse_buf()
-                buffer.mem = request
-                buffer.size = length
-                fuse_session_process_buf(session, &buffer)
-            } else if event == -EAGAIN {
+                if let request, let entry { process(request, length, entry) }
+            case Int32(CUSTODY_RING_HANDED_OFF.rawValue), Int32(CUSTODY_RING_WANTS_WORKER.rawValue):
+                ringThread.served.wrappingAdd(1, ordering: .relaxed)
+                ringThread.handedOff.wrappingAdd(1, ordering: .relaxed)
+                metrics?.ringRequests.increment()
+                metrics?.ringHandoffs.increment()
+                if event == Int32(CUSTODY_RING_WANTS_WORKER.rawValue), !startWorker() {
+                    // No thread to be had: serve what waits here rather than leave it waiting.
+                    custody_fuse_handoff_worker_failed(transport)
+                    while custody_fuse_handoff_take_now(transport, &request, &length, &entry) != 0 {
+                        if let request, let entry { process(request, length, entry) }
+                    }
+                }
+            case -EAGAIN:
                 // A registration that came before INIT was answered: try again.
                 guard registerWhenInitialized(ring) else { return }
-            } else {
+            default:
                 return   // stopped, or the connection is gone (-ENOTCONN)
             }
         }
     }
 
-    /// Registers the ring's entry once INIT has been answered (the kernel sizes requests then).
+    /// Serves one request taken from a ring entry, on the calling thread.
+    private func process(_ request: UnsafeMutableRawPointer, _ length: Int, _ entry: OpaquePointer) {
+        custody_fuse_entry_begin(entry)
+        var buffer = fuse_buf()
+        buffer.mem = request
+        buffer.size = length
+        fuse_session_process_buf(session, &buffer)
+        custody_fuse_entry_end(entry)
+    }
+
+    /// Starts a worker for requests that may wait (asked for by a ring's thread, so before `stop`
+    /// takes the list of workers to join).
+    private func startWorker() -> Bool {
+        guard let thread = start({ [self] in work() }) else { return false }
+        workers.withLock { $0.append(thread) }
+        return true
+    }
+
+    /// A worker: serves handed-off requests until `stop`, on any CPU, at normal priority (it is
+    /// started by a ring's thread, whose CPU and idle priority it would otherwise inherit).
+    private func work() {
+        _ = custody_unpin_thread(transport)
+        var request: UnsafeMutableRawPointer?
+        var length = 0
+        var entry: OpaquePointer?
+        while custody_fuse_handoff_take(transport, &request, &length, &entry) != 0 {
+            if let request, let entry { process(request, length, entry) }
+        }
+    }
+
+    /// Registers the ring's entries once INIT has been answered (the kernel sizes requests then).
     /// It keeps trying until then: once INIT offered the rings, the kernel holds every request
     /// until each queue has an entry, or until a registration fails (then it goes back to
     /// /dev/fuse), so a thread must not give up quietly.

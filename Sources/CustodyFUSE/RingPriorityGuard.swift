@@ -26,18 +26,18 @@ final class RingPriorityGuard: @unchecked Sendable {
     }
 
     /// Whether ring threads can run at idle priority: their rings report waiting work.
-    static func canGuard(_ workers: [RequestRings.Worker]) -> Bool {
-        !workers.isEmpty && workers.allSatisfy { worker in
-            worker.threadID > 0 && worker.ring.map { custody_fuse_ring_reports_pending($0) != 0 } == true
+    static func canGuard(_ threads: [RequestRings.RingThread]) -> Bool {
+        !threads.isEmpty && threads.allSatisfy { thread in
+            thread.threadID > 0 && thread.ring.map { custody_fuse_ring_reports_pending($0) != 0 } == true
         }
     }
 
     /// Times a CPU's ring threads went back to normal priority.
     let raises = Atomic<UInt64>(0)
 
-    /// One CPU's threads and their priority.
+    /// One CPU's ring threads and their priority.
     private struct Queue {
-        var workers: [RequestRings.Worker]
+        var threads: [RequestRings.RingThread]
         var idle = false
         var normalUntil: UInt64 = 0
         var hold: UInt64
@@ -52,15 +52,15 @@ final class RingPriorityGuard: @unchecked Sendable {
 
     private let onRaise: @Sendable () -> Void
 
-    init(workers: [RequestRings.Worker], tuning: Tuning = Tuning(), onRaise: @escaping @Sendable () -> Void = {},
+    init(threads: [RequestRings.RingThread], tuning: Tuning = Tuning(), onRaise: @escaping @Sendable () -> Void = {},
          isStopping: @escaping @Sendable () -> Bool) {
         self.tuning = tuning
         self.onRaise = onRaise
         self.isStopping = isStopping
         sem_init(wake, 0, 0)
-        let byQueue = Dictionary(grouping: workers, by: \.queue)
+        let byQueue = Dictionary(grouping: threads, by: \.queue)
         for key in byQueue.keys.sorted() {
-            queues.append(Queue(workers: byQueue[key] ?? [], hold: tuning.initialHoldNanoseconds))
+            queues.append(Queue(threads: byQueue[key] ?? [], hold: tuning.initialHoldNanoseconds))
         }
     }
 
@@ -99,7 +99,7 @@ final class RingPriorityGuard: @unchecked Sendable {
             if waitForStop(nanoseconds: busy ? tuning.busyTickNanoseconds : tuning.quietTickNanoseconds) { return }
             var served: UInt64 = 0
             for index in queues.indices {
-                served &+= queues[index].workers.reduce(0) { $0 &+ $1.served.load(ordering: .relaxed) }
+                served &+= queues[index].threads.reduce(0) { $0 &+ $1.served.load(ordering: .relaxed) }
                 check(&queues[index])
             }
             busy = served != lastServed
@@ -132,12 +132,12 @@ final class RingPriorityGuard: @unchecked Sendable {
     }
 
     private func waiting(_ queue: Queue) -> Bool {
-        queue.workers.contains { worker in worker.ring.map { custody_fuse_ring_work_pending($0) != 0 } ?? false }
+        queue.threads.contains { thread in thread.ring.map { custody_fuse_ring_work_pending($0) != 0 } ?? false }
     }
 
     private func setIdle(_ queue: inout Queue, _ idle: Bool) {
-        for worker in queue.workers {
-            _ = custody_thread_set_idle_priority(worker.threadID, idle ? 1 : 0)
+        for thread in queue.threads {
+            _ = custody_thread_set_idle_priority(thread.threadID, idle ? 1 : 0)
         }
         queue.idle = idle
     }

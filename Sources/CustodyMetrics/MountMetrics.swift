@@ -39,6 +39,8 @@ public final class MountMetrics: Sendable {
     private let tampering: [TamperKind: Counter]
     /// Requests served through per-CPU request rings (FUSE over io_uring) rather than /dev/fuse.
     public let ringRequests: Counter
+    /// Requests a ring's thread handed to a worker because they may wait (fsync, large reads and writes …).
+    public let ringHandoffs: Counter
     /// Times a CPU's ring threads were raised from idle to normal priority because requests waited.
     public let ringPriorityRaises: Counter
     /// Plaintext bytes encrypted into and decrypted out of the mounts' files.
@@ -70,6 +72,8 @@ public final class MountMetrics: Sendable {
         })
         ringRequests = registry.counter("custody_fuse_ring_requests_total",
                                         help: "FUSE requests served through per-CPU request rings (FUSE over io_uring) rather than /dev/fuse.")
+        ringHandoffs = registry.counter("custody_fuse_ring_handoffs_total",
+                                        help: "FUSE requests from a request ring handed to a worker thread because they may wait (fsync, large reads and writes, truncation).")
         ringPriorityRaises = registry.counter("custody_fuse_ring_priority_raises_total",
                                               help: "Times a CPU's ring threads went from idle to normal priority because a request waited for them.")
         bytesEncrypted = registry.counter("custody_encrypted_bytes_total", help: "Plaintext bytes encrypted into the mounts' files.")

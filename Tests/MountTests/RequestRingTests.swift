@@ -95,10 +95,10 @@ final class RequestRingTests: XCTestCase {
         try requireRings()
         let ringed = try start()
         XCTAssertTrue(ringed.log.contains("requests through per-CPU request rings"), ringed.log)
-        // Two threads per CPU, each pinned to its CPU, at idle priority.
+        // One thread per CPU, pinned to its CPU, at idle priority.
         let cpus = Int(sysconf(Int32(_SC_NPROCESSORS_CONF)))
         let pinned = threads(of: ringed.pid).filter { !$0.cpus.contains("-") && !$0.cpus.contains(",") }
-        XCTAssertEqual(pinned.count, cpus * 2, "\(threads(of: ringed.pid))")
+        XCTAssertEqual(pinned.count, cpus, "\(threads(of: ringed.pid))")
         XCTAssertEqual(Set(pinned.map(\.cpus)), Set((0..<cpus).map(String.init)))
         XCTAssertTrue(pinned.allSatisfy { $0.policy == 5 }, "\(pinned)")
         let before = try metrics(ringed)

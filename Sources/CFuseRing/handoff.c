@@ -1,0 +1,73 @@
+// Requests that may wait (`request_may_wait`), handed off by the rings' threads to workers, so a
+// CPU's ring goes on taking requests while one waits for the disk. The queue is shared by every
+// ring of the mount and served in order; workers are started as needed (the ring's thread is
+// asked to, CUSTODY_RING_WANTS_WORKER) up to the transport's most, and each answer goes back into
+// its entry, which the entry's ring commits (`entry_finished`).
+#include "internal.h"
+
+static custody_fuse_entry *pop(custody_fuse_transport *t) {
+    custody_fuse_entry *entry = t->handoff_head;
+    if (!entry) return NULL;
+    t->handoff_head = entry->next_handoff;
+    if (!t->handoff_head) t->handoff_tail = NULL;
+    entry->next_handoff = NULL;
+    t->queued--;
+    return entry;
+}
+
+int handoff_push(custody_fuse_transport *t, custody_fuse_entry *entry) {
+    int wants_worker = 0;
+    pthread_mutex_lock(&t->handoff_lock);
+    entry->next_handoff = NULL;
+    if (t->handoff_tail) t->handoff_tail->next_handoff = entry; else t->handoff_head = entry;
+    t->handoff_tail = entry;
+    t->queued++;
+    // More requests waiting than idle workers to take them: one more worker, if allowed.
+    if (t->queued > t->idle_workers && t->workers < t->most_workers) {
+        t->workers++;
+        wants_worker = 1;
+    }
+    if (t->idle_workers > 0) pthread_cond_signal(&t->handoff_ready);
+    pthread_mutex_unlock(&t->handoff_lock);
+    return wants_worker;
+}
+
+static int take(custody_fuse_transport *t, void **request, size_t *length, custody_fuse_entry **taken, int wait) {
+    pthread_mutex_lock(&t->handoff_lock);
+    custody_fuse_entry *entry;
+    while (!(entry = pop(t))) {
+        if (t->handoff_stopping || !wait) {
+            pthread_mutex_unlock(&t->handoff_lock);
+            return 0;
+        }
+        t->idle_workers++;
+        pthread_cond_wait(&t->handoff_ready, &t->handoff_lock);
+        t->idle_workers--;
+    }
+    pthread_mutex_unlock(&t->handoff_lock);
+    *request = entry->request;
+    *length = entry->request_length;
+    *taken = entry;
+    return 1;
+}
+
+int custody_fuse_handoff_take(custody_fuse_transport *t, void **request, size_t *length, custody_fuse_entry **entry) {
+    return take(t, request, length, entry, 1);
+}
+
+int custody_fuse_handoff_take_now(custody_fuse_transport *t, void **request, size_t *length, custody_fuse_entry **entry) {
+    return take(t, request, length, entry, 0);
+}
+
+void custody_fuse_handoff_worker_failed(custody_fuse_transport *t) {
+    pthread_mutex_lock(&t->handoff_lock);
+    if (t->workers > 0) t->workers--;
+    pthread_mutex_unlock(&t->handoff_lock);
+}
+
+void custody_fuse_handoff_stop(custody_fuse_transport *t) {
+    pthread_mutex_lock(&t->handoff_lock);
+    t->handoff_stopping = 1;
+    pthread_cond_broadcast(&t->handoff_ready);
+    pthread_mutex_unlock(&t->handoff_lock);
+}

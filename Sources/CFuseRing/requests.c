@@ -1,0 +1,78 @@
+// What a request asks for, read from its bytes: the set-ID flags libfuse 3.14 does not pass on,
+// and whether serving it may take long.
+#include "internal.h"
+
+#include <fcntl.h>
+#include <string.h>
+
+// A 32-bit field of the operation's header (the request's first argument), or 0 when the
+// request is too short to hold that header.
+static uint32_t header_field(const char *arguments, size_t available, size_t header_size, size_t offset) {
+    uint32_t value = 0;
+    if (available >= header_size) memcpy(&value, arguments + offset, sizeof(value));
+    return value;
+}
+
+#define HEADER_FIELD(type, field) header_field(arguments, available, sizeof(struct type), offsetof(struct type, field))
+
+// Whether a request (laid out as /dev/fuse delivers it) asks the file system to clear set-user-ID
+// and set-group-ID (FUSE_WRITE_KILL_SUIDGID, FATTR_KILL_SUIDGID, FUSE_OPEN_KILL_SUIDGID).
+int request_kills_suidgid_flag(const void *request, size_t length) {
+    if (length < sizeof(struct fuse_in_header)) return 0;
+    struct fuse_in_header in;
+    memcpy(&in, request, sizeof(in));
+    const char *arguments = (const char *)request + sizeof(in);
+    size_t available = length - sizeof(in);
+    switch (in.opcode) {
+    case FUSE_WRITE:
+        return (HEADER_FIELD(fuse_write_in, write_flags) & FUSE_WRITE_KILL_SUIDGID) != 0;
+    case FUSE_SETATTR:
+        return (HEADER_FIELD(fuse_setattr_in, valid) & FATTR_KILL_SUIDGID) != 0;
+    case FUSE_OPEN:
+        return (HEADER_FIELD(fuse_open_in, open_flags) & FUSE_OPEN_KILL_SUIDGID) != 0;
+    default:
+        return 0;   // CREATE makes a new file, which keeps the set-ID bits it is made with
+    }
+}
+
+// The prefix of the mount's own attributes: setting or removing `user.custody.owner` re-protects
+// a file (a synced copy) or a whole directory tree.
+static const char custody_attributes[] = "user.custody.";
+
+// Requests served on a ring's thread hold up every request after them from the same CPU, so the
+// ones that may wait go to the workers: those that wait for the disk by their nature (fsync,
+// allocation, copies, truncation, which waits for the truncated pages' write-back), those that
+// move a lot of data (on a slow or throttled store a large write or read takes as long as the
+// store needs), a close where the store reports errors at close (served FLUSH: network file
+// systems), blocking locks, and re-protection. Everything else is answered from memory or with
+// one short call on the backing store, and is served where it arrived.
+int request_may_wait(const struct fuse_in_header *in, const void *operation, size_t operation_size,
+                     const char *payload, size_t payload_size) {
+    const char *arguments = operation;
+    size_t available = operation_size;
+    switch (in->opcode) {
+    case FUSE_FSYNC:
+    case FUSE_FSYNCDIR:
+    case FUSE_FALLOCATE:
+    case FUSE_COPY_FILE_RANGE:
+    case FUSE_FLUSH:
+    case FUSE_SETLKW:
+        return 1;
+    case FUSE_SETATTR:
+        return (HEADER_FIELD(fuse_setattr_in, valid) & FATTR_SIZE) != 0;
+    case FUSE_OPEN:
+        return (HEADER_FIELD(fuse_open_in, flags) & O_TRUNC) != 0;
+    case FUSE_READ:
+        return HEADER_FIELD(fuse_read_in, size) >= LARGE_IO;
+    case FUSE_WRITE:
+        return HEADER_FIELD(fuse_write_in, size) >= LARGE_IO;
+    case FUSE_SETXATTR:
+    case FUSE_REMOVEXATTR:
+        return payload_size >= sizeof(custody_attributes) - 1 &&
+            memcmp(payload, custody_attributes, sizeof(custody_attributes) - 1) == 0;
+    default:
+        return 0;
+    }
+}
+
+#undef HEADER_FIELD
