@@ -19,7 +19,7 @@ PROMTOOL := .build/tools/promtool
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps pip-deps promtool bench-deps build release static run test test-install install uninstall man deb bench bench-format bench-scale bench-wipe fuzz fuzz-http clean
+.PHONY: all deps pip-deps promtool bench-deps build release static run test soak test-install install uninstall man deb bench bench-format bench-scale bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -81,6 +81,11 @@ test: build pip-deps $(PROMTOOL)
 	bash tests/ansible-test.sh $(BIN)
 	$(MAKE) --no-print-directory test-install
 	bash tests/deb-test.sh
+
+# The mount and lifecycle test classes again and again (tests/soak.sh; not part of `make test`):
+# SOAK_ROUNDS rounds (default 20), each failure reported with its log.
+soak: build
+	bash tests/soak.sh
 
 # Man pages from the argument parser's definitions (swift-argument-parser's generate-manual
 # plugin): custodyctl(1) and custodyd(8) into man/ (blank lines become paragraph breaks, which

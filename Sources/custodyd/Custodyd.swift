@@ -70,7 +70,7 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Serve requests through /dev/fuse only, not through per-CPU request rings (FUSE over io_uring).")
     var noRequestRings = false
 
-    @Option(help: ArgumentHelp("Most FUSE request threads.", valueName: "n"))
+    @Option(help: ArgumentHelp("Most FUSE request threads: those reading /dev/fuse, or with request rings the workers serving requests that may wait (fsync, large reads and writes).", valueName: "n"))
     var threads: Int = 8
 
     @Flag(help: "Print every FUSE request.")

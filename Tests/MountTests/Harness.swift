@@ -86,21 +86,29 @@ final class MountedDaemon {
 
     var isMounted: Bool { MountTable.entry(at: mountPoint) != nil }
 
-    /// Unmounts and waits for the daemon; escalates to SIGTERM and SIGKILL if it lingers.
-    func stop() {
+    /// Unmounts and waits for the daemon, which must exit with status 0 (a crash anywhere in its
+    /// teardown fails the test that caused it); escalates to SIGTERM (a daemon serving a
+    /// configuration outlives an unmount) and SIGKILL if it lingers.
+    func stop(file: StaticString = #filePath, line: UInt = #line) {
         if isMounted {
             _ = try? runCommand(["fusermount3", "-u", mountPoint])
             if isMounted { _ = try? runCommand(["fusermount3", "-uz", mountPoint]) }
         }
         guard pid > 0 else { return }
-        if !waitForExit(pid, seconds: 10) {
+        defer { pid = 0 }
+        var status: Int32 = 0
+        var after = "its unmount"
+        if !waitForExit(pid, seconds: 10, status: &status) {
             kill(pid, SIGTERM)
-            if !waitForExit(pid, seconds: 5) {
+            after = "SIGTERM (it outlived its unmount by 10 s)"
+            if !waitForExit(pid, seconds: 5, status: &status) {
                 kill(pid, SIGKILL)
                 _ = waitForExit(pid, seconds: 5)
+                XCTFail("custodyd (\(pid)) did not exit after its unmount and SIGTERM; log: \(log)", file: file, line: line)
+                return
             }
         }
-        pid = 0
+        if status != 0 { XCTFail("custodyd (\(pid)) \(describeExit(status)) after \(after); log: \(log)", file: file, line: line) }
     }
 
     /// Kills the daemon with SIGKILL (no cleanup at all) and clears its dead mount.
@@ -112,9 +120,9 @@ final class MountedDaemon {
         _ = try? runCommand(["fusermount3", "-uz", mountPoint])
     }
 
-    /// Stops the daemon and removes every temporary file.
-    func destroy() {
-        stop()
+    /// Stops the daemon (which must exit with status 0) and removes every temporary file.
+    func destroy(file: StaticString = #filePath, line: UInt = #line) {
+        stop(file: file, line: line)
         _ = try? runCommand(["rm", "-rf", root])
     }
 
@@ -141,6 +149,14 @@ func waitForExit(_ pid: pid_t, seconds: Double, status: UnsafeMutablePointer<Int
         usleep(10_000)
     }
     return false
+}
+
+/// What a wait status says, for messages: "exited with status N" or "was killed by SIGNAME".
+func describeExit(_ status: Int32) -> String {
+    let signal = status & 0x7f
+    if signal == 0 { return "exited with status \((status >> 8) & 0xff)" }
+    let name = strsignal(signal).map { String(cString: $0) } ?? "signal \(signal)"
+    return "was killed by \(name)\(status & 0x80 != 0 ? " (core dumped)" : "")"
 }
 
 func makeTemporaryDirectory(_ prefix: String) throws -> String {

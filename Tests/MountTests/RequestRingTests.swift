@@ -244,7 +244,9 @@ final class RequestRingTests: XCTestCase {
         defer { kill(reader, SIGKILL); _ = waitForExit(reader, seconds: 5) }
         usleep(300_000)
         XCTAssertEqual(try runCommand(["fusermount3", "-u", "-z", daemon.mountPoint]).status, 0)
-        XCTAssertTrue(waitForExit(daemon.pid, seconds: 10), "the daemon ended after the unmount")
+        var status: Int32 = 0
+        XCTAssertTrue(waitForExit(daemon.pid, seconds: 10, status: &status), "the daemon ended after the unmount")
+        XCTAssertEqual(status, 0, "custodyd \(describeExit(status)); log: \(daemon.log)")
         daemon.pid = 0
         XCTAssertTrue(waitForExit(reader, seconds: 10), "the reader saw the mount go")
     }

@@ -22,7 +22,14 @@ final class ServiceTests: XCTestCase {
     override func tearDown() {
         if pid > 0 {
             kill(pid, SIGTERM)
-            if !waitForExit(pid, seconds: 10) { kill(pid, SIGKILL); waitForExit(pid, seconds: 5) }
+            var status: Int32 = 0
+            if waitForExit(pid, seconds: 10, status: &status) {
+                XCTAssertEqual(status, 0, "custodyd \(describeExit(status)) after SIGTERM")
+            } else {
+                kill(pid, SIGKILL)
+                waitForExit(pid, seconds: 5)
+                XCTFail("custodyd did not exit within 10 s of SIGTERM")
+            }
         }
         for mountPoint in mountPoints where MountTable.entry(at: mountPoint) != nil { _ = try? runCommand(["fusermount3", "-uz", mountPoint]) }
         if notify >= 0 { close(notify) }
