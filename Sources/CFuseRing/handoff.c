@@ -5,6 +5,9 @@
 // its entry, which the entry's ring commits (`entry_finished`).
 #include "internal.h"
 
+#include <errno.h>
+#include <time.h>
+
 static custody_fuse_entry *pop(custody_fuse_transport *t) {
     custody_fuse_entry *entry = t->handoff_head;
     if (!entry) return NULL;
@@ -40,9 +43,18 @@ static int take(custody_fuse_transport *t, void **request, size_t *length, custo
             pthread_mutex_unlock(&t->handoff_lock);
             return 0;
         }
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += WORKER_IDLE_SECONDS;
         t->idle_workers++;
-        pthread_cond_wait(&t->handoff_ready, &t->handoff_lock);
+        int waited = pthread_cond_timedwait(&t->handoff_ready, &t->handoff_lock, &deadline);
         t->idle_workers--;
+        // Idle for a while, and not the last worker: it ends (a burst of waiting requests is over).
+        if (waited == ETIMEDOUT && !t->handoff_head && t->workers > 1) {
+            t->workers--;
+            pthread_mutex_unlock(&t->handoff_lock);
+            return -1;
+        }
     }
     pthread_mutex_unlock(&t->handoff_lock);
     *request = entry->request;

@@ -60,6 +60,8 @@ struct ring_command {   // in the SQE's 80-byte command area
 #define ENTRIES_MOST 64
 // READs and WRITEs of at least this many bytes are handed off (`request_may_wait`).
 #define LARGE_IO (128 * 1024)
+// A worker with nothing to do for this long ends, unless it is the last one.
+#define WORKER_IDLE_SECONDS 10
 
 // io_uring user_data: entry i is tagged i + 1; the wake-up poll has a tag no entry has.
 #define TAG_WAKE UINT64_MAX
@@ -89,6 +91,7 @@ struct custody_fuse_entry {
     int kills_suidgid;           // the request asks for set-ID bits to go (see `note_request`)
     int borrowed;                // the handler built its answer in the payload (`borrow_payload`)
     size_t read_answer;          // bytes of file content the last answer left in the payload
+    size_t resident;             // bytes of the payload requests and answers have touched
     // An answer that cannot go into the payload yet (the handler may still read the request
     // there): kept here until the commit, then zeroed.
     char *stash;
@@ -118,6 +121,7 @@ struct custody_fuse_ring {
     int dead;                    // entries the kernel refused
     int zero_pending;            // some committed entry still holds a READ answer
     int failed_growth;           // adding an entry failed once: do not try again
+    _Atomic int release_memory;  // give the added entries' touched payload back (`custody_fuse_ring_release_memory`)
     _Atomic int stopping;
 };
 

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /// The ring the calling thread serves (set by `next`): its answers are committed directly.
@@ -115,6 +116,8 @@ static void commit(custody_fuse_entry *entry) {
     entry->held = 0;
     ring->held--;
     if (entry->read_answer) ring->zero_pending = 1;
+    size_t answer = entry->header->entry.payload_sz;
+    if (answer > entry->resident) entry->resident = answer;
 }
 
 void entry_finished(custody_fuse_entry *entry) {
@@ -132,6 +135,25 @@ static void commit_ready(custody_fuse_ring *ring) {
     for (int i = 0; i < count; i++) {
         custody_fuse_entry *entry = ring->entries[i];
         if (atomic_load_explicit(&entry->ready, memory_order_relaxed) && atomic_exchange(&entry->ready, 0)) commit(entry);
+    }
+}
+
+// Gives back what requests left in the entries added beyond the first (`ENTRIES_AT_START`) after a
+// burst, once their answers are out and as long as no request came into them (as for zeroing,
+// below: only while this thread is out of the kernel does nothing write to them).
+static void release_memory(custody_fuse_ring *ring) {
+    if (!(ring->uring.flags & IORING_SETUP_DEFER_TASKRUN)) return;
+    io_uring_submit(&ring->uring);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    int count = atomic_load(&ring->entry_count);
+    for (int i = ENTRIES_AT_START; i < count; i++) {
+        custody_fuse_entry *entry = ring->entries[i];
+        if (entry->held || entry->state != ENTRY_IN_USE || !entry->resident) continue;
+        if (entry->header->entry.commit_id != entry->commit_id) continue;
+        (void)madvise(entry->payload, (entry->resident + page - 1) / page * page, MADV_DONTNEED);
+        if (entry->stash) (void)madvise(entry->stash, ring->payload_size, MADV_DONTNEED);
+        entry->resident = 0;
+        entry->read_answer = 0;   // the pages are gone, and with them the answer
     }
 }
 
@@ -182,6 +204,7 @@ static int take_request(custody_fuse_entry *entry, int *may_wait) {
     entry->read_answer = 0;
     entry->borrowed = 0;
     entry->request_payload = payload;
+    if (payload > entry->resident) entry->resident = payload;
     entry->opcode = in.opcode;
     entry->kills_suidgid = request_kills_suidgid_flag(start, in.len);
     entry->request = start;
@@ -273,6 +296,9 @@ int custody_fuse_ring_next(custody_fuse_ring *ring, void **request, size_t *leng
     current_entry = NULL;
     for (;;) {
         commit_ready(ring);
+        if (atomic_load_explicit(&ring->release_memory, memory_order_relaxed) && atomic_exchange(&ring->release_memory, 0)) {
+            release_memory(ring);
+        }
         if (atomic_load(&ring->stopping)) {
             io_uring_submit(&ring->uring);   // answers already queued still go out
             return CUSTODY_RING_STOPPED;
@@ -332,6 +358,11 @@ int custody_fuse_ring_next(custody_fuse_ring *ring, void **request, size_t *leng
         keep_entries_free(ring);
         return wants_worker ? CUSTODY_RING_WANTS_WORKER : CUSTODY_RING_HANDED_OFF;
     }
+}
+
+void custody_fuse_ring_release_memory(custody_fuse_ring *ring) {
+    atomic_store(&ring->release_memory, 1);
+    eventfd_write(ring->event_fd, 1);
 }
 
 void custody_fuse_ring_stop(custody_fuse_ring *ring) {

@@ -11,7 +11,8 @@ import Synchronization
 ///
 /// It runs on a thread of its own (a notification from inside a request handler can deadlock).
 /// The same thread gives the heap's free memory back to the kernel when a burst of requests ends
-/// (`Syscall.releaseFreeMemory`), so that buffers freed during a burst do not stay resident.
+/// (`Syscall.releaseFreeMemory`, and the request rings' added entries), so that buffers freed
+/// during a burst do not stay resident.
 final class InodePruner: @unchecked Sendable {
     private let filesystem: PassthroughFilesystem
     private let session: OpaquePointer
@@ -62,6 +63,7 @@ final class InodePruner: @unchecked Sendable {
             let count = filesystem.requestCount.load(ordering: .relaxed)
             if count == lastCount, count != trimmedAt {
                 Syscall.releaseFreeMemory()
+                filesystem.requestRings?.releaseMemory()
                 trimmedAt = count
             }
             lastCount = count

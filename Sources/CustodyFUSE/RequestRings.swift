@@ -185,6 +185,14 @@ final class RequestRings: @unchecked Sendable {
         }
     }
 
+    /// Gives back the memory a burst of waiting requests left in the entries the rings added for
+    /// them (called when a burst of requests is over, `InodePruner`).
+    func releaseMemory() {
+        running.withLock { list in
+            for ringThread in list { if let ring = ringThread.ring { custody_fuse_ring_release_memory(ring) } }
+        }
+    }
+
     /// Forgets the custom I/O state and frees the rings' buffers (after `fuse_session_destroy`).
     func remove() {
         custody_fuse_transport_remove(transport)
@@ -235,6 +243,7 @@ final class RequestRings: @unchecked Sendable {
         // A CPU this process may not use (a cpuset, an offline CPU) leaves the thread unpinned:
         // callers cannot run there either, so its queue stays empty.
         _ = custody_pin_thread(Int32(ringThread.queue))
+        custody_thread_set_name("custody-ring\(ringThread.queue)")
         ringThread.threadID = custody_thread_id()
         var error: Int32 = 0
         ringThread.ring = custody_fuse_ring_create(transport, UInt32(ringThread.queue), &error)
@@ -286,6 +295,9 @@ final class RequestRings: @unchecked Sendable {
         custody_fuse_entry_end(entry)
     }
 
+    /// The name of worker threads (in /proc/PID/task/TID/comm).
+    static let workerName = "custody-worker"
+
     /// Starts a worker for requests that may wait (asked for by a ring's thread, so before `stop`
     /// takes the list of workers to join).
     private func startWorker() -> Bool {
@@ -295,14 +307,30 @@ final class RequestRings: @unchecked Sendable {
     }
 
     /// A worker: serves handed-off requests until `stop`, on any CPU, at normal priority (it is
-    /// started by a ring's thread, whose CPU and idle priority it would otherwise inherit).
+    /// started by a ring's thread, whose CPU and idle priority it would otherwise inherit). One
+    /// left without work for a while ends, unless it is the last.
     private func work() {
         _ = custody_unpin_thread(transport)
+        custody_thread_set_name(Self.workerName)
         var request: UnsafeMutableRawPointer?
         var length = 0
         var entry: OpaquePointer?
-        while custody_fuse_handoff_take(transport, &request, &length, &entry) != 0 {
-            if let request, let entry { process(request, length, entry) }
+        while true {
+            let taken = custody_fuse_handoff_take(transport, &request, &length, &entry)
+            if taken > 0, let request, let entry {
+                process(request, length, entry)
+            } else if taken < 0 {
+                // Nobody will join it: out of the list, and detached (unless `stop` has taken the
+                // list already and joins it).
+                workers.withLock { list in
+                    guard let index = list.firstIndex(where: { pthread_equal($0, pthread_self()) != 0 }) else { return }
+                    list.remove(at: index)
+                    pthread_detach(pthread_self())
+                }
+                return
+            } else if taken == 0 {
+                return
+            }
         }
     }
 

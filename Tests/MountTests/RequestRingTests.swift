@@ -236,6 +236,86 @@ final class RequestRingTests: XCTestCase {
 
     /// Unmounting while a program keeps making requests ends the daemon promptly (ring threads
     /// stop with the connection) and the program sees errors, not a hang.
+    /// Requests that may wait go from the ring's thread to a worker; the others are served where
+    /// they arrive. Each call below makes one kind of request (O_DIRECT: no page cache between).
+    func testRequestsThatMayWaitGoToWorkers() throws {
+        try requireRings()
+        let daemon = try start(["--default-identity", "0=alice@contoso.com"])
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-id", "upn": "alice@contoso.com"}"#).status, 201)
+        // An encrypted file, and a plain one made beside the mount (no owner).
+        try writeFile(daemon.mnt("secret"), [UInt8](repeating: 7, count: 1 << 20))
+        try writeFile(daemon.back("plain"), [UInt8](repeating: 7, count: 1 << 20))
+        XCTAssertEqual(xattr(daemon.mnt("secret"), "user.custody.encrypted"), "1")
+        XCTAssertEqual(xattr(daemon.mnt("plain"), "user.custody.encrypted"), "0")
+        func handedOff() throws -> Double { try metrics(daemon)["custody_fuse_ring_handoffs_total"] ?? -1 }
+        let script = #"""
+        import mmap, os, sys
+        path, what = sys.argv[1], sys.argv[2]
+        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+        buffer = mmap.mmap(-1, 1 << 20)
+        if what == "fsync": os.fsync(fd)
+        elif what == "small-write": os.pwrite(fd, buffer[:4096], 0)
+        elif what == "large-write": os.pwrite(fd, buffer, 0)
+        elif what == "small-read": os.preadv(fd, [memoryview(buffer)[:4096]], 0)
+        elif what == "large-read": os.preadv(fd, [buffer], 0)
+        elif what == "truncate": os.ftruncate(fd, 8192)
+        elif what == "fallocate": os.posix_fallocate(fd, 0, 1 << 16)
+        """#
+        for (what, expected) in [("small-write", 0.0), ("small-read", 0), ("large-write", 1), ("large-read", 1),
+                                 ("fsync", 1), ("truncate", 1), ("fallocate", 1)] {
+            for file in ["secret", "plain"] {
+                let before = try handedOff()
+                let result = try runCommand(["python3", "-c", script, daemon.mnt(file), what])
+                XCTAssertEqual(result.status, 0, "\(what) on \(file): \(result.error)")
+                XCTAssertEqual(try handedOff() - before, expected, "\(what) on \(file)")
+            }
+        }
+        // Attributes: ordinary ones where they arrive, the mount's own (a re-protection) on a worker.
+        var before = try handedOff()
+        XCTAssertNil(xattr(daemon.mnt("secret"), "user.none"))
+        try Syscall.setxattr(daemon.mnt("secret"), "user.note", "n", 1, 0)
+        XCTAssertEqual(try handedOff() - before, 0, "getxattr, setxattr")
+        before = try handedOff()
+        try Syscall.setxattr(daemon.mnt("plain"), "user.custody.owner", "alice@contoso.com", 17, 0)
+        XCTAssertEqual(try handedOff() - before, 1, "setting user.custody.owner")
+        XCTAssertEqual(xattr(daemon.mnt("plain"), "user.custody.encrypted"), "1")
+    }
+
+    /// A burst of large writes makes the rings add entries and start workers; once it is over the
+    /// entries' memory goes back, and workers without work end (down to one).
+    func testABurstOfWaitingRequestsLeavesNothingBehind() throws {
+        try requireRings()
+        let daemon = try start(["--default-identity", "0=alice@contoso.com"])
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-id", "upn": "alice@contoso.com"}"#).status, 201)
+        func resident() -> Int {
+            let status = readTextFile("/proc/\(daemon.pid)/status") ?? ""
+            return status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") }
+                .flatMap { $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first }.flatMap { Int($0) } ?? 0
+        }
+        func workers() -> Int {
+            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(daemon.pid)/task")) ?? []
+            return tasks.filter { readTextFile("/proc/\(daemon.pid)/task/\($0)/comm")?.hasPrefix("custody-worker") == true }.count
+        }
+        try mustRun(["dd", "if=/dev/zero", "of=" + daemon.mnt("warm"), "bs=1M", "count=16", "conv=fsync", "status=none"])
+        usleep(500_000)
+        let before = resident()
+        var peakWorkers = 0
+        for round in 0..<3 {
+            try mustRun(["dd", "if=/dev/zero", "of=" + daemon.mnt("big\(round)"), "bs=1M", "count=256", "conv=fsync", "status=none"])
+            peakWorkers = max(peakWorkers, workers())
+        }
+        XCTAssertGreaterThan(try metrics(daemon)["custody_fuse_ring_handoffs_total"] ?? 0, 256, "the write-back's 1 MiB WRITEs went to workers")
+        XCTAssertGreaterThan(peakWorkers, 1, "workers were started")
+        // The pruner's tick (100 ms) after the last request gives the memory back.
+        usleep(500_000)
+        XCTAssertLessThan(resident() - before, 12 << 10, "resident KiB after the burst: \(resident()), before: \(before)")
+        // Workers idle for 10 s end; one stays.
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline, workers() > 1 { usleep(200_000) }
+        XCTAssertEqual(workers(), 1, "workers left after 10 s without work")
+        for round in 0..<3 { XCTAssertEqual(try readFile(daemon.mnt("big\(round)")).count, 256 << 20) }
+    }
+
     func testUnmountWhileRequestsFlowEndsCleanly() throws {
         try requireRings()
         let daemon = try start()

@@ -104,6 +104,11 @@ void custody_fuse_ring_stop(custody_fuse_ring *ring);
 /// one of its entries). Its entries' buffers stay mapped until the transport is removed.
 void custody_fuse_ring_destroy(custody_fuse_ring *ring);
 
+/// Gives back the memory that requests left in the entries added beyond the first few (a burst
+/// of large requests that waited made them): the ring's thread does it when it next runs, for
+/// each such entry no request is in. Any thread.
+void custody_fuse_ring_release_memory(custody_fuse_ring *ring);
+
 /// Entries the ring has registered (it starts with a few and adds more while requests that may
 /// wait hold them, up to a limit).
 int custody_fuse_ring_entries(const custody_fuse_ring *ring);
@@ -133,7 +138,9 @@ void *custody_fuse_ring_borrow_payload(size_t size, int sensitive);
 // MARK: requests that may wait
 
 /// Waits for a handed-off request. 1 with the request (serve it between `custody_fuse_entry_begin`
-/// and `_end`), 0 once `custody_fuse_handoff_stop` was called and the queue is empty.
+/// and `_end`), 0 once `custody_fuse_handoff_stop` was called and the queue is empty, -1 when the
+/// calling worker should end because it had nothing to do for a while and another worker is left
+/// (it is no longer counted then).
 int custody_fuse_handoff_take(custody_fuse_transport *transport, void **request, size_t *length, custody_fuse_entry **entry);
 
 /// As `take`, without waiting: 0 when the queue is empty.
@@ -157,6 +164,9 @@ int custody_unpin_thread(const custody_fuse_transport *transport);
 
 /// The calling thread's ID.
 pid_t custody_thread_id(void);
+
+/// Names the calling thread (at most 15 bytes are kept: /proc/PID/task/TID/comm, `top -H`).
+void custody_thread_set_name(const char *name);
 
 /// Puts a thread of this process at idle priority (SCHED_IDLE) or back at normal (SCHED_OTHER).
 /// 0, or an errno.
