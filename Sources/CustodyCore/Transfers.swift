@@ -13,29 +13,27 @@ public enum TransferScope: String, Codable, Sendable, CaseIterable {
     case none
 }
 
-/// The process moving data: its uid and, looked up only when an exception might apply, its
-/// executable.
+/// The process moving data: its uid and, looked up only when needed, its executable's path (for
+/// events) and what the kernel says about the program it runs (for exemptions).
 public struct TransferParty: Sendable {
     public var uid: UInt32
     /// The process (or thread) ID, for the event; 0 when not a process (the control API's checks).
     public var pid: Int32
-    private let executableLookup: @Sendable () -> String?
+    private let programLookup: @Sendable () -> RunningProgram?
 
-    public init(uid: UInt32, pid: Int32, executable: @escaping @Sendable () -> String?) {
+    public init(uid: UInt32, pid: Int32, program: @escaping @Sendable () -> RunningProgram?) {
         self.uid = uid
         self.pid = pid
-        self.executableLookup = executable
+        self.programLookup = program
     }
 
-    /// A process of the machine: its executable is `/proc/PID/exe`.
+    /// A process of the machine, inspected through /proc (`RunningProgram.inspect`).
     public static func process(_ pid: Int32, uid: UInt32) -> TransferParty {
-        TransferParty(uid: uid, pid: pid) {
-            guard let target = try? Syscall.readlinkat(AT_FDCWD, "/proc/\(pid)/exe") else { return nil }
-            return String(cString: target)
-        }
+        TransferParty(uid: uid, pid: pid) { RunningProgram.inspect(pid) }
     }
 
-    public var executable: String? { executableLookup() }
+    /// The program the process runs, as the kernel tells the daemon.
+    public var program: RunningProgram? { programLookup() }
 
     /// An owner given to a file through the control API: no process reads it, so no exemption.
     public static let ownerChange = TransferParty(uid: UInt32.max, pid: 0) { nil }
@@ -102,9 +100,19 @@ extension Engine {
         if senderPolicy == nil, receiverPolicy == nil {
             return .allow("neither \(sourceName) nor \(targetName) is managed", crossing: true)
         }
-        if let exemption = exemption(of: party, policies: [senderPolicy, receiverPolicy].compactMap { $0 }) {
-            return .allow(exemption, crossing: true, exempt: true)
-        }
+        let (exemption, impostor) = exemption(of: party, policies: [senderPolicy, receiverPolicy].compactMap { $0 })
+        if let exemption { return .allow(exemption, crossing: true, exempt: true) }
+        let decision = scopeDecision(sender, senderPolicy, sourceName, receiver, receiverPolicy, targetName)
+        // A process that looks like an exempt program but is not trusted as one: say why.
+        guard let impostor, !decision.allowed else { return decision }
+        var refused = decision
+        refused.reason += "; not exempt: \(impostor)"
+        return refused
+    }
+
+    /// The sender's scope, then the receiver's.
+    private func scopeDecision(_ sender: Account?, _ senderPolicy: Policy?, _ sourceName: String,
+                               _ receiver: Account?, _ receiverPolicy: Policy?, _ targetName: String) -> TransferDecision {
         if let sender, let policy = senderPolicy {
             switch policy.sendToOtherIdentities {
             case .all:
@@ -143,15 +151,19 @@ extension Engine {
         }
     }
 
-    /// Why `party` is let through whatever the scopes say, or nil.
-    private func exemption(of party: TransferParty, policies: [Policy]) -> String? {
+    /// Why `party` is let through whatever the scopes say; else, when it looks like an exempt
+    /// program but is not trusted as one, why not (`ExemptPrograms`).
+    private func exemption(of party: TransferParty, policies: [Policy]) -> (exempt: String?, impostor: String?) {
         let settings = self.settings
-        if settings.transferExemptUids.contains(party.uid) { return "uid \(party.uid) is exempt (settings)" }
-        if policies.contains(where: { $0.transferExemptUids.contains(party.uid) }) { return "uid \(party.uid) is exempt (policy)" }
+        if settings.transferExemptUids.contains(party.uid) { return ("uid \(party.uid) is exempt (settings)", nil) }
+        if policies.contains(where: { $0.transferExemptUids.contains(party.uid) }) { return ("uid \(party.uid) is exempt (policy)", nil) }
         let executables = settings.transferExemptExecutables + policies.flatMap(\.transferExemptExecutables)
-        guard !executables.isEmpty, let executable = party.executable else { return nil }
-        if executables.contains(executable) { return "\(executable) is exempt" }
-        return nil
+        guard !executables.isEmpty, let program = party.program else { return (nil, nil) }
+        switch ExemptPrograms.match(program, among: executables) {
+        case .exempt(let path): return ("\(path) is exempt", nil)
+        case .impostor(let why): return (nil, why)
+        case .none: return (nil, nil)
+        }
     }
 
     /// Reports a refused transfer: an event (at most `TransferEvents.perSecond` a second; the
@@ -161,7 +173,7 @@ extension Engine {
         guard let suppressed = transferEvents.admit(now: clock.now()) else { return }
         var details = ["pid": "\(party.pid)", "uid": "\(party.uid)", "operation": operation,
                        "path": scrubbedPath(path), "code": "\(decision.code ?? 0)", "reason": decision.reason]
-        details["executable"] = party.executable ?? "unknown"
+        details["executable"] = party.program?.path ?? "unknown"
         details["from"] = source ?? ""
         details["to"] = target ?? ""
         if suppressed > 0 { details["suppressed"] = "\(suppressed)" }

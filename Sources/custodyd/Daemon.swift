@@ -130,6 +130,7 @@ final class Daemon: @unchecked Sendable {
         let machineKey = engine.machineKeyStatus(counter: false)
         logger.info("machine key \(machineKey.id ?? "none") in \(machineKey.store?.rawValue ?? "no store")\(machineKey.pcrs.isEmpty ? "" : " bound to PCR \(machineKey.pcrs.map(String.init).joined(separator: ","))")")
         if let warning = machineKey.warning { logger.warning("\(warning)") }
+        Self.warnAboutExemptPrograms(configuration.settings, logger)
         if let problem = machineKey.problem { logger.error("machine key unavailable: \(problem)") }
         for key in machineKey.keys where !key.current && !key.available {
             logger.error("machine key \(key.id) unavailable: \(key.problem ?? "")")
@@ -323,6 +324,11 @@ final class Daemon: @unchecked Sendable {
     }
 
     /// Re-reads the configuration file: settings, log level, scrubbing, mounts added and removed.
+    /// Exempt programs configured in a way that never exempts anyone (`ExemptPrograms.problems`).
+    private static func warnAboutExemptPrograms(_ settings: Settings, _ logger: Logger) {
+        for problem in ExemptPrograms.problems(settings.transferExemptExecutables) { logger.warning("\(problem)") }
+    }
+
     func reload() {
         guard let path = configurationPath else {
             logger.notice("SIGHUP: no configuration file to reload (started without --config)")
@@ -345,6 +351,7 @@ final class Daemon: @unchecked Sendable {
         configuration = fresh
         scrubsIdentities.store(fresh.scrubAccountIdentities, ordering: .releasing)
         engine.updateSettings(fresh.settings)
+        Self.warnAboutExemptPrograms(fresh.settings, logger)
         DaemonLog.level.withLock { $0 = Logger.Level(rawValue: fresh.logLevel) ?? .info }
         updateScrubbing()
         let wanted = Set(fresh.mounts.map(\.mountPoint))

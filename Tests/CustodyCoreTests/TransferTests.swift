@@ -5,7 +5,7 @@ import XCTest
 
 /// The transfer rules (docs/identity.md, "Transfers"), decision by decision.
 final class TransferTests: EngineTestCase {
-    let process = TransferParty(uid: 1000, pid: 42) { "/usr/bin/cat" }
+    let process = TransferParty(uid: 1000, pid: 42) { program("/usr/bin/cat") }
 
     func engineWithTwoManagedIdentities(_ settings: Settings = testSettings(multiIdentity: true)) throws -> Engine {
         let engine = try makeEngine(settings)
@@ -63,12 +63,12 @@ final class TransferTests: EngineTestCase {
     func testExemptionsFromSettingsAndPolicy() throws {
         var settings = testSettings(multiIdentity: true)
         settings.transferExemptUids = [34]
-        settings.transferExemptExecutables = ["/usr/sbin/backup-agent"]
+        settings.transferExemptExecutables = ["/usr/bin/md5sum"]
         let engine = try engineWithTwoManagedIdentities(settings)
-        let backup = TransferParty(uid: 1000, pid: 1) { "/usr/sbin/backup-agent" }
+        let checksum = TransferParty(uid: 1000, pid: 1) { program("/usr/bin/md5sum") }
         let byUid = TransferParty(uid: 34, pid: 1) { nil }
-        let root = TransferParty(uid: 0, pid: 1) { "/usr/bin/cat" }
-        XCTAssertTrue(engine.transferDecision(from: "alice-id", to: nil, by: backup).exempt)
+        let root = TransferParty(uid: 0, pid: 1) { program("/usr/bin/cat") }
+        XCTAssertTrue(engine.transferDecision(from: "alice-id", to: nil, by: checksum).exempt)
         XCTAssertTrue(engine.transferDecision(from: "alice-id", to: nil, by: byUid).allowed)
         XCTAssertFalse(engine.transferDecision(from: "alice-id", to: nil, by: root).allowed, "root is not exempt by default")
         var exempting = policy()
@@ -77,6 +77,23 @@ final class TransferTests: EngineTestCase {
         XCTAssertTrue(engine.transferDecision(from: "alice-id", to: nil, by: root).allowed, "the owner's policy exempts root")
         XCTAssertFalse(engine.transferDecision(from: "carol-id", to: nil, by: root).allowed, "Carol's does not")
         XCTAssertFalse(engine.transferDecision(from: "alice-id", to: nil, by: .ownerChange).allowed, "an owner change has no exemption")
+    }
+
+    /// A process is the exempt program only by what the kernel says in the daemon's view (see
+    /// `ExemptProgramTests` for each way of faking it); a refusal says why it is not exempt.
+    func testAFakedExemptProgramIsRefusedAndTold() throws {
+        var settings = testSettings(multiIdentity: true)
+        settings.transferExemptExecutables = ["/usr/bin/md5sum"]
+        let engine = try engineWithTwoManagedIdentities(settings)
+        var faked = program("/usr/bin/cat")
+        faked.path = "/usr/bin/md5sum"
+        faked.sharesNamespaces = false
+        let impostor = faked
+        let decision = engine.transferDecision(from: "alice-id", to: nil, by: TransferParty(uid: 1000, pid: 7) { impostor })
+        XCTAssertFalse(decision.allowed)
+        XCTAssertFalse(decision.exempt)
+        XCTAssertTrue(decision.reason.contains("not exempt: process runs /usr/bin/md5sum in a mount or user namespace of its own"), decision.reason)
+        XCTAssertEqual(decision.code, 312)
     }
 
     func testPoliciesDecodeTheOlderBooleansAndCheckLocations() throws {
@@ -141,4 +158,13 @@ final class TransferTests: EngineTestCase {
         XCTAssertEqual(blocked.first?.details["executable"], "/usr/bin/cat")
         XCTAssertEqual(blocked.first?.identity, "alice@contoso.com")
     }
+}
+
+/// The program at `path` as `RunningProgram.inspect` would find a process running it unaltered:
+/// the file the path leads to, in the daemon's namespaces, untraced, with only root's files mapped.
+func program(_ path: String) -> RunningProgram {
+    var attributes = stat()
+    _ = stat(path, &attributes)
+    return RunningProgram(path: path, file: FileIdentity(attributes), sharesNamespaces: true, tracer: 0,
+                          executableMappings: [MappedFile(file: FileIdentity(attributes), owner: 0, mode: 0o100755)])
 }

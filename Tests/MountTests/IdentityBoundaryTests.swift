@@ -218,6 +218,78 @@ final class IdentityBoundaryTests: XCTestCase {
         XCTAssertTrue(try read("corp.txt", as: nil).ok, "the owner's policy exempts cat")
     }
 
+    /// A user whose reads of alice's file are refused tries every way of passing for the exempt
+    /// program (docs/identity.md, "What an exemption trusts"): none reads a byte of it. The
+    /// genuine program, run the ordinary way, is exempt.
+    func testAFakedExemptProgramReadsNothing() throws {
+        let uid = try testUser()
+        // A program only root controls: a copy of md5sum in a directory of root's, and a script.
+        let programs = try makeTemporaryDirectory("custody-exempt")
+        defer { _ = try? runCommand(["rm", "-rf", programs]) }
+        XCTAssertEqual(chmod(programs, 0o755), 0)
+        let agent = programs + "/agent", script = programs + "/indexer"
+        try mustRun(["cp", "/usr/bin/md5sum", agent])
+        try "#!/bin/sh\nexec cat \"$@\"\n".write(toFile: script, atomically: true, encoding: .utf8)
+        XCTAssertEqual(chmod(script, 0o755), 0)
+        try start(["--transfer-exempt-executable", agent, "--transfer-exempt-executable", script])
+        XCTAssertTrue(daemon.log.contains("\(script) is a script"), daemon.log)
+        try write("corp.txt", "CORP-SECRET", as: Self.alice)
+        XCTAssertEqual(chmod(daemon.mnt("corp.txt"), 0o644), 0)
+        // The user's own directory, with the tools of the attempts.
+        let home = work + "/home"
+        try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true)
+        XCTAssertEqual(chown(home, uid, uid), 0)
+        try """
+            #include <fcntl.h>
+            #include <stdio.h>
+            #include <unistd.h>
+            /* Runs before main in whatever program it is preloaded into: prints the file. */
+            __attribute__((constructor)) static void leak(void) {
+                char buffer[256];
+                int fd = open("\(daemon.mnt("corp.txt"))", O_RDONLY);
+                ssize_t n = fd < 0 ? -1 : read(fd, buffer, sizeof buffer);
+                if (n > 0) write(1, buffer, (size_t)n);
+            }
+            """.write(toFile: home + "/leak.c", atomically: true, encoding: .utf8)
+        try mustRun(["cc", "-shared", "-fPIC", "-o", home + "/leak.so", home + "/leak.c"])
+        // A hard link to the agent (a user cannot make one: fs.protected_hardlinks; root makes it).
+        XCTAssertEqual(link(agent, home + "/agent-link"), 0)
+        for file in ["leak.so", "leak.c"] { XCTAssertEqual(chown(home + "/" + file, uid, uid), 0) }
+        let file = daemon.mnt("corp.txt")
+        func asUser(_ script: String) throws -> CommandResult {
+            try runCommand(["setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "sh", "-c", "cd '\(home)' && \(script)"])
+        }
+
+        let genuine = try asUser("'\(agent)' '\(file)'")
+        XCTAssertEqual(genuine.status, 0, "the genuine program is exempt: \(genuine.error)")
+        XCTAssertTrue(genuine.output.hasPrefix(try mustRun(["sh", "-c", "printf CORP-SECRET | md5sum | cut -c1-32"]).trimmingCharacters(in: .whitespacesAndNewlines)))
+        XCTAssertFalse(try asUser("cat '\(file)'").status == 0, "the user reads nothing otherwise")
+
+        let attempts: [(String, String)] = [
+            ("cat bind-mounted over the agent in a namespace of the user's own",
+             "unshare -rm sh -c \"mount --bind /bin/cat '\(agent)' && '\(agent)' '\(file)'\""),
+            ("the agent run in a namespace of the user's own", "unshare -rm '\(agent)' '\(file)'"),
+            ("a copy of the agent", "cp '\(agent)' ./copy && ./copy '\(file)'"),
+            ("a hard link to the agent", "./agent-link '\(file)'"),
+            ("the agent run by the dynamic loader", "/lib64/ld-linux-x86-64.so.2 '\(agent)' '\(file)'"),
+            ("an exempt script (its interpreter runs)", "'\(script)' '\(file)'"),
+            ("an interpreter running the script", "sh '\(script)' '\(file)'"),
+            ("a library preloaded into the agent", "LD_PRELOAD=./leak.so '\(agent)' '\(file)'"),
+            ("a library found first on LD_LIBRARY_PATH", "mkdir -p lib && cp leak.so lib/libleak.so && LD_PRELOAD=libleak.so LD_LIBRARY_PATH=./lib '\(agent)' '\(file)'"),
+        ]
+        for (what, command) in attempts {
+            let result = try asUser(command)
+            XCTAssertFalse(result.output.contains("CORP-SECRET") || result.error.contains("CORP-SECRET"), "\(what): the plaintext leaked")
+            XCTAssertTrue(result.error.contains("Permission denied"), "\(what): refused (\(result.status)): \(result.output) \(result.error)")
+            XCTAssertFalse(result.output.hasPrefix(String(genuine.output.prefix(32))), "\(what): read as the agent")
+        }
+        // The refusals say why the process was not taken for the agent.
+        let events = try daemon.api("GET", "/v1/events?follow=false").body
+        XCTAssertTrue(events.contains("namespace of its own"), events)
+        XCTAssertTrue(events.contains("under another name"), events)
+        XCTAssertTrue(events.contains("preloaded library"), events)
+    }
+
     // MARK: Writes and new owners: the receiver's receiveFromOtherIdentities
 
     func testWritesIntoAManagedFileFollowTheReceiversScope() throws {
