@@ -198,8 +198,7 @@ extension PassthroughFilesystem {
 
     /// The backing directory and name of a file (from its /proc/self/fd link).
     private func backingLocation(of inode: Inode) throws(Errno) -> (String, String) {
-        let link = try Syscall.readlinkat(AT_FDCWD, inode.procPath)
-        let target = String(decoding: link.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let target = try Syscall.readlink(inode.procPath)
         guard target.hasPrefix("/"), !target.hasSuffix(" (deleted)"), let slash = target.lastIndex(of: "/") else { throw Errno.noSuchFile }
         let directory = slash == target.startIndex ? "/" : String(target[..<slash])
         return (directory, String(target[target.index(after: slash)...]))

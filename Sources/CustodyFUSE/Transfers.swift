@@ -110,8 +110,7 @@ extension PassthroughFilesystem {
     /// Where `inode` is, relative to the mount's root ("" when unknown).
     func mountRelativePath(of inode: Inode) -> String {
         guard let root = try? inodes.inode(UInt64(FUSE_ROOT_ID)),
-              let rootPath = try? Syscall.readlinkat(AT_FDCWD, root.procPath), let path = try? Syscall.readlinkat(AT_FDCWD, inode.procPath) else { return "" }
-        let base = String(cString: rootPath), full = String(cString: path)
+              let base = try? Syscall.readlink(root.procPath), let full = try? Syscall.readlink(inode.procPath) else { return "" }
         guard full.hasPrefix(base) else { return "" }
         return String(full.dropFirst(base.count).drop { $0 == "/" })
     }

@@ -58,14 +58,13 @@ public struct RunningProgram: Sendable, Equatable {
     /// Inspects process `pid`; nil when it is gone or cannot be inspected (the daemon needs root
     /// for another user's processes).
     public static func inspect(_ pid: Int32) -> RunningProgram? {
-        guard pid > 0, let target = try? Syscall.readlinkat(AT_FDCWD, "/proc/\(pid)/exe") else { return nil }
+        guard pid > 0, let target = try? Syscall.readlink("/proc/\(pid)/exe") else { return nil }
         let fd = Glibc.open("/proc/\(pid)/exe", Linux.O_PATH | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { Glibc.close(fd) }
         guard let attributes = try? Syscall.stat(of: fd),
               let tracer = ProcStatus.values("TracerPid:", of: pid)?.first.flatMap({ Int32($0) }) else { return nil }
-        return RunningProgram(path: String(decoding: target.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self),
-                              file: FileIdentity(attributes),
+        return RunningProgram(path: target, file: FileIdentity(attributes),
                               sharesNamespaces: sharesNamespace("mnt", pid) && sharesNamespace("user", pid),
                               tracer: tracer, executableMappings: executableMappings(of: pid))
     }

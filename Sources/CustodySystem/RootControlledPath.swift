@@ -32,8 +32,7 @@ public enum RootControlledPath {
             case S_IFLNK:
                 guard attributes.st_uid == 0 else { return .failure(.changeable(current, "a symlink owned by uid \(attributes.st_uid)")) }
                 links += 1
-                guard links <= mostLinks, let target = try? Syscall.readlinkat(AT_FDCWD, current) else { return .failure(.missing(current)) }
-                let text = String(decoding: target.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                guard links <= mostLinks, let text = try? Syscall.readlink(current) else { return .failure(.missing(current)) }
                 if text.hasPrefix("/") { resolved = [] }
                 remaining = text.split(separator: "/", omittingEmptySubsequences: true).map(String.init) + remaining
             case S_IFDIR:

@@ -160,6 +160,12 @@ public enum Syscall {
         _ = try valueOrErrno(Glibc.symlinkat(target, dir, name))
     }
 
+    /// The target of a symlink (a path: bytes that are not UTF-8 are replaced).
+    public static func readlink(_ path: String) throws(Errno) -> String {
+        let target = try readlinkat(AT_FDCWD, path)
+        return String(decoding: target.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
     /// The target of a symlink, as raw bytes followed by a NUL.
     public static func readlinkat(_ dir: Int32, _ path: UnsafePointer<CChar>) throws(Errno) -> [CChar] {
         var capacity = 256
