@@ -26,7 +26,7 @@ answering the UNLINK) can.
 
 Prints a markdown table of medians (seconds, or IOPS for fio) with the ratio to gocryptfs, writes
 JSON under bench/runs/ (ignored by git: results are not committed), and records custodyd's peak
-RSS during untar.
+RSS during the large write, the large read and untar, each measured from a quiet daemon.
 
 Environment: ROUNDS (3), FIO_SECONDS (10), WORKLOADS (comma list, default all), SYSTEMS (comma
 list), BENCH_DIR (/var/tmp/custody-bench), CUSTODYD (.build/release/custodyd), CUSTODYCTL (next to
@@ -163,7 +163,11 @@ class System:
         return counts
 
     def reset_peak_rss(self):
+        """Starts a new peak once the daemon is quiet: it gives back what a burst of requests left
+        (the request rings' added entries, freed buffers) a tick (100 ms) after the burst, and a
+        peak taken before that would be the previous workload's."""
         if self.process and self.name.startswith("custody"):
+            time.sleep(0.3)
             with open(f"/proc/{self.process.pid}/clear_refs", "w") as f:
                 f.write("5\n")
 
@@ -213,6 +217,12 @@ def run_round(system, round_index, tarball, results, peaks, requests):
     db = os.path.join(work, "bench.db")
     record = lambda name, value: results.setdefault(system.name, {}).setdefault(name, []).append(value)
 
+    def note_peak(workload):
+        """The daemon's peak RSS since `reset_peak_rss`, for a Custody system."""
+        peak = system.peak_rss_kib()
+        if peak is not None:
+            peaks.setdefault(system.name, {}).setdefault(workload, []).append(peak)
+
     def counted(name, fn):
         """fn() timed, and for Custody the requests it made, by operation."""
         before = system.requests()
@@ -235,19 +245,21 @@ def run_round(system, round_index, tarball, results, peaks, requests):
         # Like every other workload, the write starts from clean caches: without this it also paid
         # for the write-back of whatever the previous system's fio run left dirty.
         cold()
+        system.reset_peak_rss()
         record("dd_write", timed(lambda: run("dd", "if=/dev/zero", f"of={big}", "bs=1M", "count=512",
                                               "conv=fsync", "status=none")))
+        note_peak("dd_write")
         cold()
+        system.reset_peak_rss()
         record("dd_read_cold", timed(lambda: run("dd", f"if={big}", "of=/dev/null", "bs=1M", "status=none")))
+        note_peak("dd_read_cold")
         os.unlink(big)
     if {"untar", "ls_lR_cold", "read_all_cold", "rm_rf"} & set(WORKLOADS):
         os.makedirs(tree)
         cold()
         system.reset_peak_rss()
         counted("untar", lambda: (run("tar", "-xf", tarball, "-C", tree), sh("sync")))
-        peak = system.peak_rss_kib()
-        if peak is not None:
-            peaks.setdefault(system.name, []).append(peak)
+        note_peak("untar")
         cold()
         counted("ls_lR_cold", lambda: run("ls", "-lR", tree, stdout=subprocess.DEVNULL))
         cold()
@@ -367,8 +379,8 @@ def main():
                 text += f" ({ratio:.2f}×)"
             cells.append(text)
         print(f"| {w} | " + " | ".join(cells) + " |")
-    for s, values in peaks.items():
-        print(f"\n{s}: peak RSS during untar {max(values) / 1024:.1f} MiB")
+    for s, by_workload in peaks.items():
+        print(f"\n{s}: peak RSS " + ", ".join(f"{w} {max(v) / 1024:.1f} MiB" for w, v in by_workload.items()))
     if "passthrough-ll" in SYSTEMS:
         print("\npassthrough-ll: libfuse's example: no identities, no encryption, no read-ahead or write-behind of its"
               " own; it passes fio's O_DIRECT through to the disk, as the raw disk does, where Custody serves"
@@ -403,7 +415,7 @@ def main():
     with open(out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": ROUNDS, "fio_seconds": FIO_SECONDS,
                    "untar_entries": files, "elapsed_seconds": elapsed, "samples": results,
-                   "medians": medians, "peak_rss_kib_untar": peaks, "requests": requests,
+                   "medians": medians, "peak_rss_kib": peaks, "requests": requests,
                    "requests_per_entry": per_file, "round_trip_floors": floors}, f, indent=2)
     print(f"\nwrote {os.path.relpath(out, ROOT)}")
 
