@@ -40,14 +40,20 @@ int request_kills_suidgid_flag(const void *request, size_t length) {
 static const char custody_attributes[] = "user.custody.";
 
 // Requests served on a ring's thread hold up every request after them from the same CPU, so the
-// ones that may wait go to the workers: those that wait for the disk by their nature (fsync,
-// allocation, copies, truncation, which waits for the truncated pages' write-back), those that
-// move a lot of data (on a slow or throttled store a large write or read takes as long as the
-// store needs), a close where the store reports errors at close (served FLUSH: network file
-// systems), blocking locks, and re-protection. Everything else is answered from memory or with
-// one short call on the backing store, and is served where it arrived.
-int request_may_wait(const struct fuse_in_header *in, const void *operation, size_t operation_size,
-                     const char *payload, size_t payload_size) {
+// ones that may wait go to the workers (REQUEST_WAITS): those that wait for the disk by their
+// nature (fsync, allocation, copies, truncation, which waits for the truncated pages'
+// write-back), those that move a lot of data (on a slow or throttled store a large write or read
+// takes as long as the store needs), a close where the store reports errors at close (served
+// FLUSH: network file systems), blocking locks, and re-protection.
+//
+// Requests that change the store (REQUEST_CHANGES: a create, a rename, a small write, a
+// timestamp …) take microseconds on a store that keeps up, but on one that does not they wait
+// for it too: a journalling file system makes each change wait for room in its journal, which
+// only the slow write-back frees. They are served where they arrive until the store shows itself
+// slow, and then by workers (`store_is_slow`). What only reads (lookups, attributes, directory
+// listings, small reads) is served where it arrived.
+int request_kind(const struct fuse_in_header *in, const void *operation, size_t operation_size,
+                 const char *payload, size_t payload_size) {
     const char *arguments = operation;
     size_t available = operation_size;
     switch (in->opcode) {
@@ -57,22 +63,41 @@ int request_may_wait(const struct fuse_in_header *in, const void *operation, siz
     case FUSE_COPY_FILE_RANGE:
     case FUSE_FLUSH:
     case FUSE_SETLKW:
-        return 1;
+        return REQUEST_WAITS;
     case FUSE_SETATTR:
-        return (HEADER_FIELD(fuse_setattr_in, valid) & FATTR_SIZE) != 0;
+        return (HEADER_FIELD(fuse_setattr_in, valid) & FATTR_SIZE) ? REQUEST_WAITS : REQUEST_CHANGES;
     case FUSE_OPEN:
-        return (HEADER_FIELD(fuse_open_in, flags) & O_TRUNC) != 0;
+        return (HEADER_FIELD(fuse_open_in, flags) & O_TRUNC) ? REQUEST_WAITS : REQUEST_QUICK;
     case FUSE_READ:
-        return HEADER_FIELD(fuse_read_in, size) >= LARGE_IO;
+        return HEADER_FIELD(fuse_read_in, size) >= LARGE_IO ? REQUEST_WAITS : REQUEST_QUICK;
     case FUSE_WRITE:
-        return HEADER_FIELD(fuse_write_in, size) >= LARGE_IO;
+        return HEADER_FIELD(fuse_write_in, size) >= LARGE_IO ? REQUEST_WAITS : REQUEST_CHANGES;
     case FUSE_SETXATTR:
     case FUSE_REMOVEXATTR:
-        return payload_size >= sizeof(custody_attributes) - 1 &&
-            memcmp(payload, custody_attributes, sizeof(custody_attributes) - 1) == 0;
+        if (payload_size >= sizeof(custody_attributes) - 1 &&
+            memcmp(payload, custody_attributes, sizeof(custody_attributes) - 1) == 0) return REQUEST_WAITS;
+        return REQUEST_CHANGES;
+    case FUSE_CREATE:
+    case FUSE_MKNOD:
+    case FUSE_MKDIR:
+    case FUSE_SYMLINK:
+    case FUSE_LINK:
+    case FUSE_UNLINK:
+    case FUSE_RMDIR:
+    case FUSE_RENAME:
+    case FUSE_RENAME2:
+    case FUSE_RELEASE:   // the last close of a file written lets the store allocate its blocks
+        return REQUEST_CHANGES;
     default:
-        return 0;
+        return REQUEST_QUICK;
     }
+}
+
+// How long the store took: a change, or a large read or write, that took SLOW_NANOSECONDS or
+// more (wherever it was served) marks the store slow for SLOW_STORE_SECONDS.
+int request_is_timed(const custody_fuse_entry *entry) {
+    if (entry->kind == REQUEST_CHANGES) return 1;
+    return entry->kind == REQUEST_WAITS && (entry->opcode == FUSE_READ || entry->opcode == FUSE_WRITE);
 }
 
 #undef HEADER_FIELD

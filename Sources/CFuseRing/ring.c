@@ -1,17 +1,18 @@
 // One CPU's ring: an io_uring of its own, served by one thread pinned to that CPU, with several
 // entries. The kernel puts each request into a free entry of the caller's CPU; the thread takes
-// it, serves it or hands it off (requests that may wait, `request_may_wait`), and commits each
+// it, serves it or hands it off (requests that may wait, `request_kind`), and commits each
 // entry's answer when it is ready, which hands the entry back for the next request.
 //
-// Entries. A ring starts with ENTRIES_AT_START and registers another whenever handed-off
+// Entries. A ring starts with `entries_at_start` and registers another whenever handed-off
 // requests hold so many that fewer than ENTRIES_KEPT_FREE remain (up to ENTRIES_MOST), so that
 // a request that waits never holds up the requests after it. Entries are added only by the
 // ring's thread and live as long as the ring.
 //
 // Order. One thread takes a CPU's requests in the order the kernel delivered them, as readers of
-// /dev/fuse do: a close's RELEASE, which nobody waits for, is not overtaken by the caller's next
-// request. Handed-off requests are ones their caller waits for, so nothing of the same caller
-// comes after them meanwhile.
+// /dev/fuse do, and serves most where they arrive. What it hands off (`request_kind`, and
+// requests about a node a handed-off request is about, `node_is_busy`) is served by whichever
+// worker is free, as any request is by whichever thread is free with /dev/fuse: a request nobody
+// waits for (a write-back's WRITE, a close's RELEASE on a slow store) may then be overtaken.
 #include "internal.h"
 
 #include <errno.h>
@@ -87,6 +88,13 @@ static custody_fuse_entry *add_entry(custody_fuse_ring *ring) {
     return entry;
 }
 
+// How many entries a ring registers at first (see ENTRIES_AT_START_LEAST).
+static int entries_at_start(const custody_fuse_ring *ring) {
+    int wanted = (int)atomic_load(&ring->transport->max_background) + 1 + ENTRIES_KEPT_FREE;
+    if (wanted < ENTRIES_AT_START_LEAST) wanted = ENTRIES_AT_START_LEAST;
+    return wanted > ENTRIES_MOST ? ENTRIES_MOST : wanted;
+}
+
 // Handed-off requests hold entries: register another while fewer than ENTRIES_KEPT_FREE are left
 // for new requests.
 static void keep_entries_free(custody_fuse_ring *ring) {
@@ -138,7 +146,7 @@ static void commit_ready(custody_fuse_ring *ring) {
     }
 }
 
-// Gives back what requests left in the entries added beyond the first (`ENTRIES_AT_START`) after a
+// Gives back what requests left in the entries beyond the first ENTRIES_AT_START_LEAST after a
 // burst, once their answers are out and as long as no request came into them (as for zeroing,
 // below: only while this thread is out of the kernel does nothing write to them).
 static void release_memory(custody_fuse_ring *ring) {
@@ -146,7 +154,7 @@ static void release_memory(custody_fuse_ring *ring) {
     io_uring_submit(&ring->uring);
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     int count = atomic_load(&ring->entry_count);
-    for (int i = ENTRIES_AT_START; i < count; i++) {
+    for (int i = ENTRIES_AT_START_LEAST; i < count; i++) {
         custody_fuse_entry *entry = ring->entries[i];
         if (entry->held || entry->state != ENTRY_IN_USE || !entry->resident) continue;
         if (entry->header->entry.commit_id != entry->commit_id) continue;
@@ -178,7 +186,7 @@ static void zero_read_answers(custody_fuse_ring *ring) {
 
 // Lays the request out as /dev/fuse would have delivered it: in header, the operation's header,
 // then the payload, which is already in place after the headroom.
-static int take_request(custody_fuse_entry *entry, int *may_wait) {
+static int take_request(custody_fuse_entry *entry) {
     custody_fuse_ring *ring = entry->ring;
     struct fuse_in_header in;
     memcpy(&in, entry->header->in_out, sizeof(in));
@@ -209,7 +217,9 @@ static int take_request(custody_fuse_entry *entry, int *may_wait) {
     entry->kills_suidgid = request_kills_suidgid_flag(start, in.len);
     entry->request = start;
     entry->request_length = in.len;
-    *may_wait = request_may_wait(&in, start + header, operation, entry->payload, payload);
+    entry->kind = request_kind(&in, start + header, operation, entry->payload, payload);
+    entry->nodeid = in.nodeid;
+    entry->marks_busy = 0;
     atomic_store_explicit(&entry->inflight, in.unique, memory_order_release);
     return 0;
 }
@@ -278,7 +288,7 @@ int custody_fuse_ring_register(custody_fuse_ring *ring, size_t payload_size) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         if (payload_size < 8192) payload_size = 8192;
         ring->payload_size = (payload_size + page - 1) / page * page;
-        for (int i = 0; i < ENTRIES_AT_START; i++) {
+        for (int i = 0, wanted = entries_at_start(ring); i < wanted; i++) {
             if (!add_entry(ring)) return -ENOMEM;
         }
     }
@@ -345,15 +355,17 @@ int custody_fuse_ring_next(custody_fuse_ring *ring, void **request, size_t *leng
             continue;
         }
         entry->state = ENTRY_IN_USE;
-        int may_wait = 0;
-        if (take_request(entry, &may_wait) != 0) {
+        if (take_request(entry) != 0) {
             refuse(entry);
             continue;
         }
         *request = entry->request;
         *length = entry->request_length;
         *taken = entry;
-        if (!may_wait) return CUSTODY_RING_REQUEST;
+        int hand_off = entry->kind == REQUEST_WAITS || (entry->kind == REQUEST_CHANGES && store_is_slow(ring->transport)) ||
+            node_is_busy(ring->transport, entry->nodeid);
+        if (!hand_off) return CUSTODY_RING_REQUEST;
+        mark_busy(ring->transport, entry);
         int wants_worker = handoff_push(ring->transport, entry);
         keep_entries_free(ring);
         return wants_worker ? CUSTODY_RING_WANTS_WORKER : CUSTODY_RING_HANDED_OFF;
@@ -405,11 +417,15 @@ int custody_fuse_ring_work_pending(const custody_fuse_ring *ring) {
 void custody_fuse_entry_begin(custody_fuse_entry *entry) {
     current_entry = entry;
     set_request_kills_suidgid(entry->kills_suidgid);
+    if (request_is_timed(entry)) entry->started = monotonic_ns();
 }
 
-void custody_fuse_entry_end(custody_fuse_entry *entry) {
+int custody_fuse_entry_end(custody_fuse_entry *entry) {
     current_entry = NULL;
     set_request_kills_suidgid(0);
+    int slow = request_is_timed(entry) && note_store_time(entry->ring->transport, monotonic_ns() - entry->started);
+    unmark_busy(entry->ring->transport, entry);
     // Not answered yet (the answer comes from another thread later): that thread finishes it.
     if (atomic_fetch_or(&entry->progress, ENTRY_RETURNED) & ENTRY_ANSWERED) entry_finished(entry);
+    return slow;
 }

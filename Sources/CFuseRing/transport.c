@@ -123,6 +123,7 @@ static ssize_t write_init_answer(int fd, custody_fuse_transport *t, const struct
     memcpy(&init, iov[1].iov_base, size);
     atomic_store(&t->max_write, init.max_write);
     atomic_store(&t->max_pages, init.max_pages);
+    atomic_store(&t->max_background, init.max_background);
     if (atomic_load(&t->offer_rings) && atomic_load(&t->kernel_offers_rings) && (init.flags & FUSE_INIT_EXT)) {
         init.flags2 |= RING_FLAG2_OVER_IO_URING;
         atomic_store(&t->rings_offered, 1);

@@ -35,6 +35,17 @@ public struct MountOptions: Sendable, Equatable {
     /// The most request threads: those of the /dev/fuse session loop, and with request rings the
     /// workers that serve requests that may wait (fsync, large reads and writes, truncation).
     public var maxThreads: Int = 8
+    /// Threads kept for requests somebody waits for (`mostBackgroundRequests`).
+    static let threadsForCallers = 2
+
+    /// The most requests nobody waits for (write-back's WRITEs, read-ahead's READs) the kernel
+    /// has the daemon serve at once: fewer than its threads, so that requests a caller waits for
+    /// always find a thread. On a slow store each of those requests waits for the store; had the
+    /// kernel as many of them out as the daemon has threads (or ring entries), another user's
+    /// `stat` would wait for the write-back.
+    static func mostBackgroundRequests(threads: Int) -> Int {
+        max(1, threads - threadsForCallers)
+    }
     /// Print every FUSE request (libfuse's debug output).
     public var debug: Bool = false
     /// Install libfuse's SIGTERM/SIGINT/SIGHUP handlers (a single-mount program); a daemon with

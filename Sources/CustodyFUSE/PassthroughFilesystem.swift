@@ -133,8 +133,9 @@ final class PassthroughFilesystem: @unchecked Sendable {
         // a directory's default ACL overrides it, as on a local file system (`withCallerMask`).
         want(FUSE_CAP_POSIX_ACL, options.kernelChecksPermissions)
         want(FUSE_CAP_DONT_MASK, options.kernelChecksPermissions)
-        conn.pointee.max_background = 64
-        conn.pointee.congestion_threshold = 48
+        let background = MountOptions.mostBackgroundRequests(threads: options.maxThreads)
+        conn.pointee.max_background = UInt32(background)
+        conn.pointee.congestion_threshold = UInt32(max(1, background * 3 / 4))
     }
 
     // MARK: Entries and attributes
@@ -746,10 +747,21 @@ final class PassthroughFilesystem: @unchecked Sendable {
     }
 
     /// Large writes come from the kernel's write-back of a file being streamed: start the backing
-    /// file's own write-back at once (after the reply), so that the disk works while more data
-    /// arrives instead of all at the final fsync. Small writes (databases rewriting pages) wait
-    /// for the kernel's usual write-back.
+    /// file's own write-back at once, so that the disk works while more data arrives instead of
+    /// all at the final fsync. Small writes (databases rewriting pages) wait for the kernel's
+    /// usual write-back.
     static let writeBehindThreshold = 256 * 1024
+
+    /// Starts the write-back before the WRITE is answered. Starting it is not always quick: a
+    /// journalling store takes room in its journal first, which on a slow store waits for the
+    /// store. Before the answer, that wait counts against the kernel's limit of requests nobody
+    /// waits for (`MountOptions.mostBackgroundRequests`), so the write-back of one streamed file
+    /// can keep at most that many threads (or ring entries) and never all of them; after the
+    /// answer it counted against nothing, and with /dev/fuse the kernel sent WRITE after WRITE
+    /// until every thread waited in write-back and another user's `stat` waited seconds for one.
+    private func writeBehind(_ fd: Int32, written: Int) {
+        if written >= Self.writeBehindThreshold { Syscall.startWriteback(fd) }
+    }
 
     /// Plaintext of one encrypted read or write (up to 1 MiB), kept for reuse and zeroed after
     /// each use (see `BufferPool`).
@@ -813,10 +825,6 @@ final class PassthroughFilesystem: @unchecked Sendable {
         fuse_req_ctx(req)?.pointee.uid ?? AllocationCredentials.daemonFSUID
     }
 
-    private func writeBehind(_ fd: Int32, written: Int) {
-        if written >= Self.writeBehindThreshold { Syscall.startWriteback(fd) }
-    }
-
     func writeBuffers(_ req: fuse_req_t, _ buffers: UnsafeMutablePointer<fuse_bufvec>, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         guard let file = HandleBox.borrow(fi.pointee.fh, as: OpenFile.self) else {
             replyError(req, EBADF)
@@ -839,8 +847,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
                     replyError(req, Int32(-written))
                     writeFailed(file.inode)
                 } else {
-                    fuse_reply_write(req, Int(written))
                     writeBehind(file.fd, written: Int(written))
+                    fuse_reply_write(req, Int(written))
                 }
                 return
             }
@@ -880,8 +888,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 try content.file.write(data, at: UInt64(offset))
             }
             metrics?.bytesEncrypted.increment(by: Int64(data.count))
-            fuse_reply_write(req, data.count)
             writeBehind(content.fd, written: data.count)
+            fuse_reply_write(req, data.count)
         } catch {
             log("write to an encrypted file failed: \(error)")
             noteTampering(error, of: inode, owner: content.lease.identity, content: content)

@@ -292,7 +292,7 @@ final class RequestRings: @unchecked Sendable {
         buffer.mem = request
         buffer.size = length
         fuse_session_process_buf(session, &buffer)
-        custody_fuse_entry_end(entry)
+        if custody_fuse_entry_end(entry) != 0 { metrics?.slowStoreRequests.increment() }
     }
 
     /// The name of worker threads (in /proc/PID/task/TID/comm).

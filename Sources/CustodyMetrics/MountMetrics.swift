@@ -41,6 +41,9 @@ public final class MountMetrics: Sendable {
     public let ringRequests: Counter
     /// Requests a ring's thread handed to a worker because they may wait (fsync, large reads and writes …).
     public let ringHandoffs: Counter
+    /// Changes and large reads or writes that took 10 ms or more: the store is slow, and the rings
+    /// hand changes to workers for the next 10 s.
+    public let slowStoreRequests: Counter
     /// Times a CPU's ring threads were raised from idle to normal priority because requests waited.
     public let ringPriorityRaises: Counter
     /// Plaintext bytes encrypted into and decrypted out of the mounts' files.
@@ -74,6 +77,8 @@ public final class MountMetrics: Sendable {
                                         help: "FUSE requests served through per-CPU request rings (FUSE over io_uring) rather than /dev/fuse.")
         ringHandoffs = registry.counter("custody_fuse_ring_handoffs_total",
                                         help: "FUSE requests from a request ring handed to a worker thread because they may wait (fsync, large reads and writes, truncation).")
+        slowStoreRequests = registry.counter("custody_fuse_slow_store_requests_total",
+                                             help: "Changes to a backing store and large reads or writes that took 10 ms or more through the request rings; for 10 s after each, changes go to worker threads.")
         ringPriorityRaises = registry.counter("custody_fuse_ring_priority_raises_total",
                                               help: "Times a CPU's ring threads went from idle to normal priority because a request waited for them.")
         bytesEncrypted = registry.counter("custody_encrypted_bytes_total", help: "Plaintext bytes encrypted into the mounts' files.")

@@ -181,6 +181,7 @@ final class FairnessTests: XCTestCase {
                 logs.append(log)
                 programs.append(try asUser(writer, Self.fsyncs, [daemon.mnt("writer/file\(index)"), log], output: log + ".out"))
             }
+
             func fsyncTimes() -> [Double] {
                 logs.flatMap { ((try? String(contentsOfFile: $0, encoding: .utf8)) ?? "").split(separator: "\n").compactMap { Double($0) } }
             }
@@ -190,6 +191,7 @@ final class FairnessTests: XCTestCase {
             while Date() < deadline, fsyncTimes().count < 4 { usleep(50_000) }
             usleep(1_100_000)
             let before = fsyncTimes().count
+            let metricsBefore = MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)
 
             let result = try measure(daemon, as: reader, count: count, name: name)
             let during = fsyncTimes().dropFirst(before)
@@ -204,8 +206,81 @@ final class FairnessTests: XCTestCase {
                               "\(name): the reader's requests answer within 5 ms at the 99th percentile")
             if transport.isEmpty {
                 let metrics = MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)
-                XCTAssertGreaterThan(metrics["custody_fuse_ring_handoffs_total"] ?? 0, 0, "fsyncs went to workers")
+                let fsyncs = (metrics[#"custody_fuse_requests_total{op="fsync"}"#] ?? 0) - (metricsBefore[#"custody_fuse_requests_total{op="fsync"}"#] ?? 0)
+                let handedOff = (metrics["custody_fuse_ring_handoffs_total"] ?? 0) - (metricsBefore["custody_fuse_ring_handoffs_total"] ?? 0)
+                XCTAssertGreaterThanOrEqual(handedOff, fsyncs, "fsyncs went to workers")
             }
+
+            unthrottle()
+            daemon.stop()
+            if let cgroup { removeCgroup(cgroup.directory) }
+            cgroup = nil
+            if let backingMounted { XCTAssertEqual(try runCommand(["umount", backingMounted]).status, 0) }
+            backingMounted = nil
+            daemon.destroy()
+            self.daemon = nil
+        }
+    }
+
+    /// The same for one user streaming a large file onto the slow disk, through the rings and
+    /// through /dev/fuse. Its write-back's 1 MiB WRITEs wait for the disk (each starts the backing
+    /// file's write-back, which waits for room in the ext4 journal), and so do changes to its file
+    /// (the kernel's time updates wait for the file's lock). With the rings they go to workers and
+    /// the other user's requests on that CPU are answered where they arrive; with /dev/fuse the
+    /// kernel never has more WRITEs out than leaves threads for the other user's requests.
+    func testOneUsersLargeWritesToASlowDiskDoNotHoldUpAnotherUsersRequests() throws {
+        _ = try throttleControl()
+        let writer = try testUser("custody-writer"), reader = try testUser("custody-reader")
+        let count = 3000
+        for transport in [[], ["--no-request-rings"]] {
+            let name = transport.isEmpty ? "large writes, request rings" : "large writes, /dev/fuse"
+            let daemon = try start(transport)
+            for (user, directory) in [(writer, "writer"), (reader, "reader")] {
+                XCTAssertEqual(mkdir(daemon.mnt(directory), 0o755), 0)
+                XCTAssertEqual(chown(daemon.mnt(directory), user, user), 0)
+            }
+            _ = try mustRun(["setpriv", "--reuid=\(reader)", "--regid=\(reader)", "--clear-groups", "/usr/bin/python3", "-c",
+                             "import sys\nfor i in range(\(count)): open(f'{sys.argv[1]}/f{i}', 'w').close()", daemon.mnt("reader")])
+            usleep(1_100_000)
+            let alone = try measure(daemon, as: reader, count: count, name: "\(name), alone")
+            try throttle(daemon, bytesPerSecond: 4 << 20)
+            programs.append(try spawn("setpriv", ["--reuid=\(writer)", "--regid=\(writer)", "--clear-groups", "taskset", "-c", "0",
+                                                  "dd", "if=/dev/zero", "of=" + daemon.mnt("writer/stream"), "bs=1M", "count=4096", "status=none"]))
+            func writes() throws -> Double {
+                MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)[#"custody_fuse_requests_total{op="write"}"#] ?? 0
+            }
+            // The write-back is under way, and the reader's cached attributes have expired.
+            let deadline = Date().addingTimeInterval(30)
+            while Date() < deadline, try writes() < 8 { usleep(100_000) }
+            usleep(1_100_000)
+            let before = MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)
+            let result = try measure(daemon, as: reader, count: count, name: name)
+            let after = MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)
+            func delta(_ metric: String) -> Double { (after[metric] ?? 0) - (before[metric] ?? 0) }
+            if transport.isEmpty {
+                // The rings found the store slow, and while it is, changes (here the reader's
+                // creates and closes) go to workers too, wherever they are about.
+                XCTAssertGreaterThanOrEqual(delta("custody_fuse_slow_store_requests_total"), 3, "\(name): the store was found slow")
+                let handedOff = try XCTUnwrap(MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)["custody_fuse_ring_handoffs_total"])
+                _ = try mustRun(["setpriv", "--reuid=\(reader)", "--regid=\(reader)", "--clear-groups", "/usr/bin/python3", "-c",
+                                 "import sys\nfor i in range(20): open(f'{sys.argv[1]}/new{i}', 'w').close()", daemon.mnt("reader")])
+                let handedOffNow = try XCTUnwrap(MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)["custody_fuse_ring_handoffs_total"])
+                XCTAssertGreaterThanOrEqual(handedOffNow - handedOff, 40, "\(name): creates and closes on the slow store went to workers")
+            }
+            for program in programs { kill(program, SIGKILL); _ = waitForExit(program, seconds: 10) }
+            programs = []
+            let written = delta(#"custody_fuse_requests_total{op="write"}"#)
+            let writeSeconds = delta(#"custody_fuse_request_duration_seconds_sum{op="write"}"#)
+            print("fairness, \(name): \(Int(written)) WRITEs meanwhile, \(Int(writeSeconds * 1000 / max(1, written))) ms each, " +
+                  "\(Int(delta("custody_fuse_ring_handoffs_total"))) requests handed to workers")
+            XCTAssertGreaterThan(written, 4, "\(name): the write-back went on")
+            XCTAssertGreaterThan(writeSeconds / max(1, written), 0.05, "\(name): the WRITEs waited for the slow disk")
+            if transport.isEmpty {
+                XCTAssertGreaterThanOrEqual(delta("custody_fuse_ring_handoffs_total"), written, "\(name): the large WRITEs went to workers")
+            }
+            XCTAssertLessThan(result["p99"] ?? .max, 5_000 + (alone["p99"] ?? 0), "\(name): the reader's requests answer within 5 ms at the 99th percentile")
+            // Not one of them waited for the disk: a 1 MiB write takes 250 ms at 4 MB/s.
+            XCTAssertLessThan(result["max"] ?? .max, 250_000 + (alone["max"] ?? 0), "\(name): no request of the reader waited for a write")
 
             unthrottle()
             daemon.stop()

@@ -126,8 +126,9 @@ int custody_fuse_ring_work_pending(const custody_fuse_ring *ring);
 void custody_fuse_entry_begin(custody_fuse_entry *entry);
 
 /// The handler returned. Once the request is answered too (now, or later from any thread), the
-/// answer is committed by the ring's thread.
-void custody_fuse_entry_end(custody_fuse_entry *entry);
+/// answer is committed by the ring's thread. 1 when the request showed the store slow: a change
+/// or a large READ or WRITE that took 10 ms or more, after which changes go to workers for 10 s.
+int custody_fuse_entry_end(custody_fuse_entry *entry);
 
 /// For the thread serving a request whose arguments are all in its headers (READ): the entry's
 /// payload buffer, where an answer of up to `size` bytes can be built and then sent without a
