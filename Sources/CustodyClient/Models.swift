@@ -51,6 +51,8 @@ public struct CustodyAccount: Codable, Equatable, Sendable {
     /// Wrong passphrases in a row, and the wait before the next attempt (in status answers).
     public var failedUnlockAttempts: Int?
     public var retryAfterSeconds: Double?
+    /// Why an enrolled identity cannot be opened (its machine key or its keybag), in status answers.
+    public var unavailable: String?
 }
 
 public struct CustodyMount: Codable, Equatable, Sendable {
@@ -63,6 +65,18 @@ public struct CustodyStatus: Codable, Equatable, Sendable {
     public var mounts: [CustodyMount]
     public var accounts: [CustodyAccount]
     public var machineKey: CustodyMachineKey?
+    /// What the daemon could not use in its state directory, or found not matching it.
+    public var stateProblems: [CustodyStateProblem]?
+}
+
+/// Something wrong with the daemon's state directory (in the status).
+public struct CustodyStateProblem: Codable, Equatable, Sendable {
+    /// setAside, keybagUnusable, orphanedKeybag or unknownOwner.
+    public var kind: String
+    public var file: String
+    public var message: String
+    public var identity: String?
+    public var setAsideAs: String?
 }
 
 /// Where the daemon keeps its machine key (`GET /v1/machine-key`, and in the status).

@@ -51,7 +51,7 @@ struct ControlAPI: Sendable {
         case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode: status = 409
         case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed, .transferNotAllowed: status = 403
         case .invalidIdentity, .invalidPolicy, .passphraseRequired, .invalidRecoveryKey: status = 400
-        case .noRecoveryKey, .machineKeyUnavailable, .machineKeyInUse: status = 409
+        case .noRecoveryKey, .machineKeyUnavailable, .machineKeyInUse, .keysUnavailable: status = 409
         case .rateLimited: status = 429
         case .locked: status = 423
         case .io(_, let errno): status = Self.status(for: errno)
@@ -467,14 +467,18 @@ struct ControlAPI: Sendable {
                    accounts: accounts.map { account in
                        var view = AccountView(account)
                        if account.isEnrolled {
-                           view.lock = (try? engine.lockStatus(account.id))?.name ?? (machineKey.stranded.contains(account.upn) ? "unavailable" : nil)
+                           view.unavailable = engine.unavailability(of: account)
+                           view.lock = (try? engine.lockStatus(account.id))?.name ?? (view.unavailable != nil ? "unavailable" : nil)
                            let attempts = engine.unlockAttempts(account.id)
                            view.failedUnlockAttempts = attempts.failures
                            view.retryAfterSeconds = attempts.retryAfter
                        }
                        return view
                    },
-                   machineKey: machineKey)
+                   machineKey: machineKey,
+                   stateProblems: engine.stateProblems.filter { problem in
+                       caller.map { $0.isAdmin } ?? true || accounts.contains { account in problem.identity.map(account.matches) ?? false }
+                   })
     }
 
     /// The store and PCRs a migration asks for.
@@ -593,6 +597,8 @@ struct AccountView: Encodable {
     var hasRecoveryKey: Bool
     var reprotectPending: Bool
     var lock: String?
+    /// Why an enrolled identity cannot be opened (its machine key or its keybag).
+    var unavailable: String?
     /// Wrong passphrases (or login passwords) in a row, and the wait before the next attempt.
     var failedUnlockAttempts: Int?
     var retryAfterSeconds: Double?
@@ -628,6 +634,8 @@ struct StatusView: Encodable {
     /// Where the machine key is kept, a warning when it is a file, and the caller's identities
     /// that cannot be opened.
     var machineKey: MachineKeyStatus
+    /// What the daemon could not use in its state directory (`StateProblem`).
+    var stateProblems: [StateProblem]
 }
 
 struct MigrateRequest: Decodable {

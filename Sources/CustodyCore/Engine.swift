@@ -112,11 +112,17 @@ public final class Engine: @unchecked Sendable {
         var openKeys = OpenFileKeys()
         /// Enrolled identities whose keybag needs a machine key that cannot be had, and why.
         var stranded: [String: String] = [:]
+        /// Enrolled identities whose keybag is missing or cannot be read, and why.
+        var unusable: [String: String] = [:]
+        /// What is wrong with the state directory (`StateProblem`).
+        var problems: [StateProblem] = []
     }
 
     // MARK: Starting
 
-    /// Loads (or creates) the state in `stateDirectory`. Invalid files are errors that name them.
+    /// Loads (or creates) the state in `stateDirectory`. Accounts, wipe journals and machine keys
+    /// that cannot be read are errors that name them; other state that cannot be used is reported
+    /// and the rest served (`StateProblem`).
     /// `machineKeySealer` seals machine keys to the machine's TPM (the daemon passes one when a
     /// TPM answers or `machine-key = "tpm2"`); without one, machine keys are files.
     public init(stateDirectory: String, settings: Settings = Settings(), clock: EngineClock = SystemClock(),
@@ -151,28 +157,40 @@ public final class Engine: @unchecked Sendable {
         }
         for account in loaded.accounts where account.isEnrolled {
             let name = Self.keybagName(account.id)
-            guard let stored = try files.read(StoredKeybag.self, from: name) else {
-                throw .corruptState(file: files.path(name), reason: "enrolled account \(account.id) has no keybag")
+            do throws(EngineError) {
+                guard let stored = try files.read(StoredKeybag.self, from: name) else {
+                    throw .corruptState(file: files.path(name), reason: "it is missing")
+                }
+                let secret: SecretBytes
+                do {
+                    secret = try Self.machineSecret(stored, keys: machineKeys, file: files.path(name))
+                } catch .machineKeyUnavailable(let reason) {
+                    // Served as unavailable (with the reason) until recovered or wiped.
+                    loaded.stranded[Account.canonical(account.id)] = reason
+                    continue
+                }
+                var keys = try Self.loadKeys(stored, machineSecret: secret, file: files.path(name))
+                if stored.passphrase == nil {
+                    // Nothing to prove: an identity without a passphrase starts unlocked.
+                    let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: nil, file: files.path(name))
+                    keys.install(unlocked)
+                }
+                loaded.keys[Account.canonical(account.id)] = keys
+            } catch {
+                // One identity's keys, not the others': it is unavailable, and its keybag stays as found.
+                let reason = "its keybag \(files.path(name)) cannot be used: \(error.description)"
+                loaded.unusable[Account.canonical(account.id)] = reason
+                loaded.problems.append(StateProblem(kind: .keybagUnusable, file: name,
+                                                    message: "\(account.upn) is unavailable: \(reason); restore the keybag, or recover or wipe the identity",
+                                                    identity: account.id))
             }
-            let secret: SecretBytes
-            do {
-                secret = try Self.machineSecret(stored, keys: machineKeys, file: files.path(name))
-            } catch .machineKeyUnavailable(let reason) {
-                // Served as unavailable (with the reason) until recovered or wiped.
-                loaded.stranded[Account.canonical(account.id)] = reason
-                continue
-            }
-            var keys = try Self.loadKeys(stored, machineSecret: secret, file: files.path(name))
-            if stored.passphrase == nil {
-                // Nothing to prove: an identity without a passphrase starts unlocked.
-                let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: nil, file: files.path(name))
-                keys.install(unlocked)
-            }
-            loaded.keys[Account.canonical(account.id)] = keys
         }
-        try Self.loadAttempts(files, into: &loaded.keys, clock: clock)
+        loaded.problems += Self.orphanedKeybags(files, accounts: loaded.accounts, pendingWipes: loaded.pendingWipes)
+        Self.loadAttempts(files, into: &loaded.keys, clock: clock, limit: settings.maxUnlockAttempts, problems: &loaded.problems)
         var dropped = false
-        if let bindings = try files.read(Bindings.self, from: "bindings.json") {
+        if let bindings = Self.readOrSetAside(Bindings.self, from: "bindings.json", files: files,
+                                              what: "processes bound to identities run as their user's default identity until bound again",
+                                              problems: &loaded.problems) {
             // Bindings of processes that are gone (or whose PID was reused) are dropped, and of
             // identities whose wipe was interrupted.
             for binding in bindings.processes {
@@ -191,8 +209,11 @@ public final class Engine: @unchecked Sendable {
             }
         }
         state = Mutex(loaded)
+        for problem in loaded.problems { Self.emit(problem, on: events) }
         // The file says only what holds: identities of exited processes do not linger in it.
         if dropped { try saveBindings(loaded) }
+        // Counters that could not be read start again at the back-off limit, kept from now on.
+        if loaded.problems.contains(where: { $0.kind == .setAside && $0.file == Self.attemptsFile }) { saveAttempts(loaded) }
         // A migration that was stopped midway is finished; a store other than the configured one
         // is left for it.
         try finishMachineKeyMigration()

@@ -42,6 +42,9 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     case machineKeyUnavailable(String)
     /// A machine key that is there cannot be replaced as lost (it is moved with migrate).
     case machineKeyInUse(String)
+    /// The identity's keybag is missing or cannot be read (`StateProblem.Kind.keybagUnusable`);
+    /// the text says why.
+    case keysUnavailable(String)
     // Data protection (the SDK's data protection domain, 100–105).
     case failedToProtectData(String)
     case failedToUnprotectData(String)
@@ -87,6 +90,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .noRecoveryKey: return 315
         case .machineKeyUnavailable: return 316
         case .machineKeyInUse: return 317
+        case .keysUnavailable: return 318
         case .failedToProtectData: return 102
         case .failedToUnprotectData: return 103
         }
@@ -123,6 +127,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .noRecoveryKey: return "NoRecoveryKey"
         case .machineKeyUnavailable: return "MachineKeyUnavailable"
         case .machineKeyInUse: return "MachineKeyInUse"
+        case .keysUnavailable: return "KeysUnavailable"
         case .failedToProtectData: return "FailedToProtectData"
         case .failedToUnprotectData: return "FailedToUnprotectData"
         }
@@ -132,7 +137,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     public var errno: Int32 {
         switch self {
         case .sharingNotAllowed, .transferNotAllowed: return 1  // EPERM
-        case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed, .machineKeyUnavailable: return 13  // EACCES
+        case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed, .machineKeyUnavailable, .keysUnavailable: return 13  // EACCES
         case .io(_, let error): return error.rawValue
         case .noSuchProcess: return 3  // ESRCH
         case .invalidPath: return 2  // ENOENT
@@ -172,6 +177,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .invalidRecoveryKey(let reason): return "not a recovery key: \(reason)"
         case .noRecoveryKey(let upn): return "\(upn) has no recovery key"
         case .machineKeyUnavailable(let reason): return "machine key unavailable: \(reason)"
+        case .keysUnavailable(let reason): return reason
         case .machineKeyInUse(let id): return "machine key \(id) is available: move it with `custodyctl machine-key migrate` instead of replacing it"
         case .failedToProtectData(let reason): return "cannot protect the data: \(reason)"
         case .failedToUnprotectData(let reason): return "cannot unprotect the data: \(reason)"

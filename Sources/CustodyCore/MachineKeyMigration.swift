@@ -35,6 +35,7 @@ extension Engine {
         if let reason = state.stranded[Account.canonical(account.id)] {
             return .machineKeyUnavailable("\(account.upn): \(reason); recover it with its recovery key (custodyctl recover)")
         }
+        if let reason = state.unusable[Account.canonical(account.id)] { return .keysUnavailable("\(account.upn) is unavailable: \(reason)") }
         return .notEnrolled(account.upn)
     }
 

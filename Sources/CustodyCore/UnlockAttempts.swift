@@ -1,5 +1,6 @@
 import CustodySystem
 import Dispatch
+import Glibc
 
 /// Wrong passphrases and login passwords, counted per identity and kept in the state directory
 /// (`attempts.json`), so that stopping the daemon does not reset the count or the wait. After
@@ -21,10 +22,27 @@ extension Engine {
 
     static let attemptsFile = "attempts.json"
 
+    /// Wrong attempts in a row after which each attempt waits the longest (`backoff`).
+    static let backoffLimit = 3 + 9
+
     /// Applies the kept counters to freshly loaded keys (the engine's clock is monotonic: the
-    /// wait left is carried over from the wall clock).
-    static func loadAttempts(_ files: StateFiles, into keys: inout [String: IdentityKeys], clock: EngineClock) throws(EngineError) {
-        guard let kept = try files.read(AttemptsFile.self, from: attemptsFile) else { return }
+    /// wait left is carried over from the wall clock). A file that cannot be read is set aside,
+    /// and every identity then counts as at the back-off limit (below `MaxUnlockAttempts` when
+    /// that is set, `limit`): damaging the file cannot reset a guessing counter, and the next
+    /// right credential clears it as usual.
+    static func loadAttempts(_ files: StateFiles, into keys: inout [String: IdentityKeys], clock: EngineClock, limit: Int,
+                             problems: inout [StateProblem]) {
+        guard access(files.path(attemptsFile), F_OK) == 0 else { return }
+        guard let kept = readOrSetAside(AttemptsFile.self, from: attemptsFile, files: files,
+                                        what: "every identity counts as at the back-off limit until its next right credential",
+                                        problems: &problems) else {
+            let failures = limit > 0 ? min(backoffLimit, max(1, limit - 1)) : backoffLimit
+            for key in Array(keys.keys) {
+                let kept = keys[key]?.failures ?? 0
+                keys[key]?.failures = max(kept, failures)
+            }
+            return
+        }
         let wall = wallClockSeconds(), now = clock.now()
         for (key, attempts) in kept.identities where keys[key] != nil {
             keys[key]?.failures = attempts.failures

@@ -241,9 +241,14 @@ extension PassthroughFilesystem {
                 let lease: FileKeyLease
                 do throws(EngineError) { lease = try engine.openFileKey(header) } catch {
                     log("open refused for a file of \(header.owner.display): \(error)")
-                    // A wiped or unknown owner's files are as inaccessible as locked ones.
+                    // A wiped or unknown owner's files are as inaccessible as locked ones. An owner
+                    // no account names may mean a state directory that does not match the store.
                     switch error {
-                    case .unknownAccount, .notEnrolled: throw Errno.accessDenied
+                    case .unknownAccount:
+                        engine.reportUnknownOwner(header.owner.canonical, in: (try? Syscall.readlink(root.procPath)) ?? "a mount",
+                                                  seen: "found opening one of them")
+                        throw Errno.accessDenied
+                    case .notEnrolled: throw Errno.accessDenied
                     default: throw error.errnoValue
                     }
                 }

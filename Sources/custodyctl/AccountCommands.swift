@@ -17,6 +17,10 @@ struct Status: ParsableCommand {
             lines.append(status.accounts.isEmpty ? "accounts: none" : "accounts:")
             lines += status.accounts.map(describe)
             if let key = status.machineKey { lines += describe(key) }
+            if let problems = status.stateProblems, !problems.isEmpty {
+                lines.append("state problems:")
+                lines += problems.map { "  \($0.message)" }
+            }
             return lines.joined(separator: "\n")
         }
     }
@@ -30,6 +34,7 @@ func describe(_ account: CustodyAccount) -> String {
         parts.append("registered (unmanaged)")
     }
     if let lock = account.lock { parts.append(lock) }
+    if let reason = account.unavailable { parts.append("(\(reason))") }
     if let failures = account.failedUnlockAttempts, failures > 0 {
         let wait = account.retryAfterSeconds ?? 0
         parts.append("\(failures) wrong passphrase\(failures == 1 ? "" : "s")" + (wait > 0 ? ", next attempt in \(Int(wait.rounded(.up))) s" : ""))

@@ -135,6 +135,7 @@ final class Daemon: @unchecked Sendable {
         for key in machineKey.keys where !key.current && !key.available {
             logger.error("machine key \(key.id) unavailable: \(key.problem ?? "")")
         }
+        for problem in engine.stateProblems { logger.error("state: \(problem.message)") }
         if !machineKey.stranded.isEmpty {
             logger.error("\(machineKey.stranded.count) identit\(machineKey.stranded.count == 1 ? "y" : "ies") cannot be opened without their machine key; recover with custodyctl recover: \(machineKey.stranded.joined(separator: ", "))")
         }
@@ -173,6 +174,7 @@ final class Daemon: @unchecked Sendable {
             switch event.kind {
             case .wipeProgress, .reprotectProgress: level = .debug
             case .wipeFailed, .unlockFailed, .enrollmentFailed: level = .warning
+            case .stateProblem: level = .error
             default: level = .info
             }
             logger.log(level: level, "\(event.kind.rawValue)\(event.code.map { " [\($0)]" } ?? ""): \(event.message)")
@@ -230,6 +232,9 @@ final class Daemon: @unchecked Sendable {
             return false
         }
         logger.info("serving \(running.mount.backing) at \(running.mount.mountPoint); requests through \(running.mount.requestTransport)")
+        // Does the state know the owners of the files this mount protects? (Reported as events.)
+        let (engine, backing) = (self.engine, running.mount.backing)
+        DispatchQueue.global(qos: .utility).async { engine.checkOwners(in: backing) }
         return true
     }
 

@@ -273,12 +273,13 @@ final class PersistenceTests: EngineTestCase {
         stored.classes["A"]?.wrapped = c.wrapped
         stored.classes["C"]?.wrapped = a.wrapped
         try JSONEncoder().encode(stored).write(to: URL(fileURLWithPath: keybag))
-        XCTAssertThrowsError(try makeEngine()) {
-            guard case .corruptState(let file, _) = $0 as? EngineError else { return XCTFail("\($0)") }
-            XCTAssertEqual(file, keybag)
+        // One identity's keybag: that identity is unavailable, with the file named (StateFileTests).
+        XCTAssertThrowsError(try makeEngine().classKey(for: "alice", .none, purpose: .open)) {
+            guard case .keysUnavailable(let reason) = $0 as? EngineError else { return XCTFail("\($0)") }
+            XCTAssertTrue(reason.contains(keybag), reason)
         }
         try FileManager.default.removeItem(atPath: keybag)
-        XCTAssertThrowsError(try makeEngine()) { XCTAssertTrue("\($0)".contains("has no keybag"), "\($0)") }
+        XCTAssertThrowsError(try makeEngine().classKey(for: "alice", .none, purpose: .open)) { XCTAssertTrue("\($0)".contains("is missing"), "\($0)") }
     }
 
     func testMachineKeyIsPrivateAndChecked() throws {
