@@ -10,6 +10,9 @@ import Synchronization
 public final class FUSEMount: @unchecked Sendable {
     public let backing: String
     public let mountPoint: String
+    /// The backing store is mounted read-only (a backup, a snapshot, install media): the mount is
+    /// read-only too, and its encrypted files are read with read-only descriptors.
+    public let readOnly: Bool
     public let options: MountOptions
     /// Decides owners and holds keys; nil mounts a plain passthrough.
     public let engine: Engine?
@@ -82,6 +85,8 @@ public final class FUSEMount: @unchecked Sendable {
 
         self.backing = backingPath
         self.mountPoint = mountPath
+        var filesystem = statvfs()
+        self.readOnly = statvfs(backingPath, &filesystem) == 0 && filesystem.f_flag & UInt(ST_RDONLY) != 0
         self.options = options
         self.engine = engine
         self.metrics = metrics
@@ -217,6 +222,8 @@ public final class FUSEMount: @unchecked Sendable {
         var parts = ["fsname=\(Self.escapeOption(backing))", "subtype=custody"]
         if options.kernelChecksPermissions { parts.append("default_permissions") }
         if options.allowOther { parts.append("allow_other") }
+        // The kernel refuses every change with EROFS, as on the store itself.
+        if readOnly { parts.append("ro") }
         return parts.joined(separator: ",")
     }
 

@@ -277,6 +277,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 let size = UInt64(max(0, new.pointee.st_size))
                 // Extending an encrypted file writes its last block.
                 func truncate(_ content: ProtectedContent) throws(Errno) {
+                    try content.requireWritable()
                     try asOwner(of: inode) { () throws(Errno) in
                         do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
                     }
@@ -580,6 +581,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 fi.pointee.fh = HandleBox.store(OpenFile(content: fresh, inode: inode))
             } else if current.isEncrypted {
                 let content = try acquireContent(inode)
+                if content.readOnly, fi.pointee.flags & O_ACCMODE != O_RDONLY || fi.pointee.flags & O_TRUNC != 0 {
+                    releaseContent(content, of: inode)
+                    throw Errno.readOnlyFileSystem
+                }
                 if fi.pointee.flags & O_TRUNC != 0 {
                     do throws(FormatError) { try content.file.truncate(to: 0) } catch {
                         releaseContent(content, of: inode)
@@ -883,6 +888,10 @@ final class PassthroughFilesystem: @unchecked Sendable {
     }
 
     private func writeEncrypted(_ content: ProtectedContent, _ data: UnsafeRawBufferPointer, _ offset: off_t, _ req: fuse_req_t, _ inode: Inode?) {
+        guard !content.readOnly else {
+            replyError(req, EROFS)
+            return
+        }
         do throws(FormatError) {
             try writingAsOwner(of: inode) { () throws(FormatError) in
                 try content.file.write(data, at: UInt64(offset))
@@ -974,6 +983,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 // Encrypted: allocation means the size; holes cannot be punched into ciphertext.
                 guard mode & ~Linux.FALLOC_FL_KEEP_SIZE == 0 else { throw Errno.notSupported }
                 let end = UInt64(offset) + UInt64(length)
+                try content.requireWritable()
                 if mode & Linux.FALLOC_FL_KEEP_SIZE == 0, end > content.file.size {
                     try asOwner(of: file.inode) { () throws(Errno) in
                         do throws(FormatError) { try content.file.truncate(to: end) } catch { throw error.errnoValue }

@@ -51,23 +51,33 @@ enum Protection: Equatable {
 
 /// The decrypted view of one encrypted backing file, shared by all its open handles (the format
 /// wants one `ProtectedFile` per stored file). Its descriptor is read-write: the kernel reads pages
-/// to complete partial writes, and partial blocks are read-modify-written.
+/// to complete partial writes, and partial blocks are read-modify-written. On a store that is
+/// read-only (mounted so, or remounted so after an error) it is read-only, and writes through it
+/// fail with EROFS.
 final class ProtectedContent: @unchecked Sendable {
     let fd: Int32
     let file: ProtectedFile
     let lease: FileKeyLease
+    /// The store refused to open the file for writing (EROFS).
+    let readOnly: Bool
     /// Open handles; guarded by the inode's protection lock.
     var opens = 1
     /// A tampering event was sent for this content (one per open content).
     let tamperReported = Atomic<Bool>(false)
 
-    init(fd: Int32, file: ProtectedFile, lease: FileKeyLease) {
+    init(fd: Int32, file: ProtectedFile, lease: FileKeyLease, readOnly: Bool = false) {
         self.fd = fd
         self.file = file
         self.lease = lease
+        self.readOnly = readOnly
     }
 
     deinit { Syscall.close(fd) }
+
+    /// Refuses a change where the store is read-only.
+    func requireWritable() throws(Errno) {
+        if readOnly { throw Errno.readOnlyFileSystem }
+    }
 }
 
 /// Per-inode protection state: probed once, then kept.
@@ -229,7 +239,16 @@ extension PassthroughFilesystem {
                 content.opens += 1
                 return content
             }
-            let fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
+            // Read-write, or read-only where the store is (a mounted backup, a snapshot, install
+            // media, a store remounted read-only after an error): its files still read.
+            var readOnly = false
+            let fd: Int32
+            do throws(Errno) {
+                fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
+            } catch where error == .readOnlyFileSystem {
+                fd = try Syscall.open(inode.procPath, O_RDONLY | O_CLOEXEC)
+                readOnly = true
+            }
             // The header is a few hundred bytes and the first read follows: fetch both (the
             // whole of most files) with one disk request instead of two.
             Syscall.willNeed(fd, offset: 0, length: Self.openReadAhead)
@@ -258,7 +277,7 @@ extension PassthroughFilesystem {
                     noteTampering(error, of: inode, owner: header.owner.display)
                     throw error.errnoValue
                 }
-                let content = ProtectedContent(fd: fd, file: file, lease: lease)
+                let content = ProtectedContent(fd: fd, file: file, lease: lease, readOnly: readOnly)
                 state.content = content
                 return content
             } catch {

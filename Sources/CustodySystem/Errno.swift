@@ -40,6 +40,8 @@ public struct Errno: Error, Equatable, Hashable, Sendable, CustomStringConvertib
     public static let crossDevice = Errno(EXDEV)
     public static let notConnected = Errno(ENOTCONN)
     public static let notImplemented = Errno(ENOSYS)
+    /// The corresponding C error is `EROFS`.
+    public static let readOnlyFileSystem = Errno(EROFS)
 }
 
 /// Returns `result`, or throws the current errno when it is -1.

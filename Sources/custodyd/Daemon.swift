@@ -232,6 +232,9 @@ final class Daemon: @unchecked Sendable {
             return false
         }
         logger.info("serving \(running.mount.backing) at \(running.mount.mountPoint); requests through \(running.mount.requestTransport)")
+        if running.mount.readOnly {
+            logger.warning("\(running.mount.mountPoint) is read-only: \(running.mount.backing) is on a read-only file system; files read (encrypted ones with their keys), and every change fails with EROFS")
+        }
         // Does the state know the owners of the files this mount protects? (Reported as events.)
         let (engine, backing) = (self.engine, running.mount.backing)
         DispatchQueue.global(qos: .utility).async { engine.checkOwners(in: backing) }
