@@ -167,6 +167,7 @@ struct ControlAPI: Sendable {
         RouteSpec("POST", "/v1/files/encrypt"),
         RouteSpec("POST", "/v1/files/decrypt"),
         RouteSpec("POST", "/v1/files/can-receive"),
+        RouteSpec("POST", "/v1/files/repair"),
         RouteSpec("GET", "/v1/locations"),
         RouteSpec("POST", "/v1/locations/classify"),
         RouteSpec("POST", "/v1/locations/save-to-allowed"),
@@ -253,6 +254,7 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/files/encrypt"), ("POST", "/v1/files/can-receive"):
             guard !(try decode(EncryptRequest.self, request)).identity.isEmpty else { throw badRequest("identity must not be empty") }
         case ("POST", "/v1/files/decrypt"): _ = try decode(DecryptRequest.self, request)
+        case ("POST", "/v1/files/repair"): _ = try decode(PathRequest.self, request)
         case ("POST", "/v1/locations/classify"): _ = try decode(PathRequest.self, request)
         case ("POST", "/v1/locations/save-to-allowed"), ("POST", "/v1/locations/open-from-allowed"):
             _ = try checkLocation(try decode(LocationQuery.self, request))
@@ -386,6 +388,9 @@ struct ControlAPI: Sendable {
             return try decryptFile(try decode(DecryptRequest.self, request), caller)
         case ("POST", "/v1/files/can-receive"):
             return try canReceive(try decode(EncryptRequest.self, request), caller)
+        case ("POST", "/v1/files/repair"):
+            guard caller.isAdmin else { throw Self.notAuthorized("repair files") }
+            return try repairFile(try decode(PathRequest.self, request), caller)
         case ("GET", "/v1/locations"):
             return locations(request, caller)
         case ("POST", "/v1/locations/classify"):

@@ -1,5 +1,6 @@
 import CLinux
 import CustodyCore
+import CustodyFormat
 import CustodySystem
 import FoundationEssentials
 import Glibc
@@ -14,6 +15,15 @@ import Synchronization
 // a file for them that they could not themselves.
 
 struct PathRequest: Decodable { var path: String }
+/// What a repair did (`POST /v1/files/repair`).
+struct RepairView: Encodable {
+    var path: String
+    var repaired: Bool
+    /// nil: the stored length was one no file can have.
+    var sizeBefore: UInt64?
+    var sizeAfter: UInt64
+    var firstDamagedBlock: UInt64?
+}
 struct ProtectRequest: Decodable {
     var path: String
     /// nil (or null): remove the owner.
@@ -203,6 +213,17 @@ extension ControlAPI {
             try engineCall { () throws(EngineError) in try engine.decryptFile(storedPath: located.stored, toCopyPath: copy.volume?.mountPath ?? copy.path) }
         }
         return json(try info(of: copy, caller))
+    }
+
+    /// Cuts an encrypted file back to its last authentic block (administrators).
+    func repairFile(_ body: PathRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        let located = try locate(body.path, caller)
+        let outcome = try engineCall { () throws(EngineError) -> RepairOutcome in
+            if let volumePath = located.volume { return try volumePath.volume.repair(volumePath.relativePath) }
+            return try engine.repairFile(storedPath: located.path)
+        }
+        return json(RepairView(path: located.path, repaired: outcome.repaired, sizeBefore: outcome.sizeBefore, sizeAfter: outcome.sizeAfter,
+                               firstDamagedBlock: outcome.firstDamagedBlock))
     }
 
     func canReceive(_ body: EncryptRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {

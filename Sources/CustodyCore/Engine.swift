@@ -116,6 +116,8 @@ public final class Engine: @unchecked Sendable {
         var unusable: [String: String] = [:]
         /// What is wrong with the state directory (`StateProblem`).
         var problems: [StateProblem] = []
+        /// Runs of the daemon that did not stop cleanly (`UncleanStop`).
+        var uncleanStops: [UncleanStop] = []
     }
 
     // MARK: Starting
@@ -143,6 +145,7 @@ public final class Engine: @unchecked Sendable {
         }
         var loaded = State()
         loaded.accounts = try files.read(AccountsFile.self, from: "accounts.json")?.accounts ?? []
+        loaded.uncleanStops = Self.noteRunStart(files, problems: &loaded.problems)
         // A wipe that was journaled is finished before anything of that account is served: its
         // keys are destroyed (again: it is idempotent) and the account dropped now; its files go
         // when the mount calls completePendingWipes.

@@ -8,7 +8,7 @@ public struct EngineEvent: Codable, Equatable, Sendable {
         case passphraseChanged, lockRequested, locked, unlocked, unlockFailed, unlockAttemptsExceeded
         case identityBound, identityUnbound, transferBlocked, machineKeyChanged, tamperDetected
         case wipeStarted, wipeProgress, wipeFinished, wipeFailed, reprotectRequired, reprotectProgress, reprotectFinished
-        case stateProblem
+        case stateProblem, tornWrite, fileRepaired
     }
 
     public var sequence: UInt64

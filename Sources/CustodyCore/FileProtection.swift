@@ -147,6 +147,56 @@ extension Engine {
         }
     }
 
+    /// Cuts the encrypted file at `path` (outside a mount, or a mount's stored file) back to its
+    /// last authentic block (`ProtectedFile.repair`): for a file a write cut short when the daemon
+    /// stopped uncleanly, or damage, left unreadable past some point. Needs the owner's keys.
+    /// A repair that changed the file is an event (`fileRepaired`) and a log line; `shownAs` is the
+    /// path as the caller named it.
+    @discardableResult
+    public func repairFile(storedPath path: String, shownAs shown: String? = nil) throws(EngineError) -> RepairOutcome {
+        let shown = shown ?? path
+        let fd: Int32
+        do { fd = try Syscall.open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC) } catch {
+            switch error {
+            case .noSuchFile: throw .invalidPath(shown, reason: "no such file")
+            case Errno(ELOOP): throw .invalidPath(shown, reason: "a symbolic link, not a file")
+            default: throw .io(file: shown, error)
+            }
+        }
+        defer { Syscall.close(fd) }
+        let attributes: stat
+        do { attributes = try Syscall.fstat(fd) } catch { throw .io(file: shown, error) }
+        guard attributes.st_mode & S_IFMT == S_IFREG else { throw .invalidPath(shown, reason: "not a regular file") }
+        guard let header = try Self.header(of: fd, path: shown), header.kind == .encrypted else { throw .fileNotEncrypted(shown) }
+        let lease: FileKeyLease
+        do { lease = try openFileKey(header) } catch {
+            switch error {
+            case .unknownAccount, .notEnrolled:
+                throw .failedToDecryptFile(shown, reason: "no keys for its owner \(header.owner.display) (wiped, or never enrolled here)")
+            case .format(let damage):
+                throw .failedToDecryptFile(shown, reason: "its header cannot be used (\(damage)); a header is not repaired")
+            default: throw error
+            }
+        }
+        defer { closeFileKey(lease) }
+        let outcome: RepairOutcome
+        do { outcome = try ProtectedFile.repair(DescriptorStorage(fd: fd), header: header, fileKey: lease.fileKey) } catch {
+            if case .io(let errno) = error { throw .io(file: shown, errno) }
+            throw .failedToDecryptFile(shown, reason: "\(error)")
+        }
+        guard outcome.repaired else { return outcome }
+        let owner = (try? account(header.owner.canonical))?.upn ?? header.owner.display
+        var details = ["path": scrubbedPath(shown), "sizeAfter": "\(outcome.sizeAfter)"]
+        if let size = outcome.sizeBefore { details["sizeBefore"] = "\(size)" }
+        if let block = outcome.firstDamagedBlock { details["firstDamagedBlock"] = "\(block)" }
+        let before = outcome.sizeBefore.map { "\($0) bytes" } ?? "a length no file can have"
+        events.emit(.fileRepaired, identity: owner,
+                    "repaired \(owner)'s encrypted file \(details["path"] ?? ""): cut back to its last authentic block, \(before) → \(outcome.sizeAfter) bytes"
+                        + (outcome.firstDamagedBlock.map { " (block \($0) was the first damaged)" } ?? ""),
+                    details: details)
+        return outcome
+    }
+
     /// May `identity` receive the file at `path` (`canReceiveSharedFile`)? The transfer rules
     /// decide, as in the mount: the owner's `sendToOtherIdentities`, then the receiver's
     /// `receiveFromOtherIdentities` (see docs/identity.md).

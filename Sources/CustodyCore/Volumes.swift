@@ -1,3 +1,4 @@
+import CustodyFormat
 import Synchronization
 
 /// A mounted protected directory, as the engine sees it: where it is, and how to change the owner
@@ -18,6 +19,9 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
     /// Returns once the mount has acted on every lock so far (cached plaintext of locked files
     /// dropped from the kernel).
     func settleCaches()
+    /// Cuts the encrypted file at `relativePath` back to its last authentic block
+    /// (`Engine.repairFile`), keeping the kernel's view of it coherent; refused while it is open.
+    func repair(_ relativePath: String) throws(EngineError) -> RepairOutcome
 }
 
 extension ProtectedVolume {

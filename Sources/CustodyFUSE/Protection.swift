@@ -62,8 +62,8 @@ final class ProtectedContent: @unchecked Sendable {
     let readOnly: Bool
     /// Open handles; guarded by the inode's protection lock.
     var opens = 1
-    /// A tampering event was sent for this content (one per open content).
-    let tamperReported = Atomic<Bool>(false)
+    /// What the first authentication failure of this content was taken for (one event per open content).
+    let damageReported = Mutex<DamageCause?>(nil)
 
     init(fd: Int32, file: ProtectedFile, lease: FileKeyLease, readOnly: Bool = false) {
         self.fd = fd
@@ -255,11 +255,22 @@ extension PassthroughFilesystem {
             do throws(Errno) {
                 let storage = DescriptorStorage(fd: fd)
                 let header: FileHeader
-                do throws(FormatError) { header = try ProtectedFile.readHeader(from: storage) } catch { throw error.errnoValue }
+                do throws(FormatError) { header = try ProtectedFile.readHeader(from: storage) } catch {
+                    // The owner record says encrypted: a header that is not one is damage.
+                    noteTampering(error, of: inode, owner: state.protection?.owner?.canonical)
+                    throw error.errnoValue
+                }
+                // The owner record names the owner too: a header that names another was changed.
+                if let recorded = state.protection?.owner, recorded.canonical != header.owner.canonical {
+                    noteTampering(.headerAuthenticationFailed, of: inode, owner: recorded.canonical)
+                    log("open refused: the header of a file of \(recorded.display) names another owner")
+                    throw Errno.ioError
+                }
                 guard let engine else { throw Errno.notSupported }
                 let lease: FileKeyLease
                 do throws(EngineError) { lease = try engine.openFileKey(header) } catch {
                     log("open refused for a file of \(header.owner.display): \(error)")
+                    if case .format(let damage) = error { noteTampering(damage, of: inode, owner: header.owner.canonical) }
                     // A wiped or unknown owner's files are as inaccessible as locked ones. An owner
                     // no account names may mean a state directory that does not match the store.
                     switch error {

@@ -32,17 +32,34 @@ extension PassthroughFilesystem {
     }
 
     /// Counts an encrypted file that failed authentication and reports it to the engine (an event
-    /// naming its owner), once per open content, so a program that retries does not flood the stream.
+    /// naming its owner), once per open content, so a program that retries does not flood the
+    /// stream. Every kind counts: a changed header (any field: the magic, the version, a length,
+    /// the key ID, the wrap), a changed or moved block, a file cut short. A file last changed
+    /// while a run of the daemon that did not stop cleanly was writing it is counted and reported
+    /// as a torn write instead (`Engine.reportTampering`).
     func noteTampering(_ error: FormatError, of inode: Inode?, owner: String?, content: ProtectedContent? = nil) {
-        let kind: TamperKind
-        switch error {
-        case .blockAuthenticationFailed: kind = .block
-        case .headerAuthenticationFailed: kind = .header
-        case .truncated: kind = .truncated
-        default: return
+        guard let kind = Self.tamperKind(error) else { return }
+        let cause: DamageCause
+        if let content, let reported = content.damageReported.withLock({ $0 }) {
+            cause = reported
+        } else {
+            let changed = inode.flatMap { try? Syscall.stat(of: $0.fd) }.map { Double($0.st_ctim.tv_sec) + Double($0.st_ctim.tv_nsec) / 1e9 }
+            cause = engine?.reportTampering(kind, owner: owner, path: inode.map { mountRelativePath(of: $0) } ?? "", changed: changed) ?? .tampering
+            content?.damageReported.withLock { $0 = cause }
         }
-        metrics?.tampered(kind)
-        if let content, content.tamperReported.exchange(true, ordering: .relaxed) { return }
-        engine?.reportTampering(kind, owner: owner, path: inode.map { mountRelativePath(of: $0) } ?? "")
+        switch cause {
+        case .tampering: metrics?.tampered(kind)
+        case .tornWrite: metrics?.tornWrite(kind)
+        }
+    }
+
+    /// What kind of damage an error of the format is, or nil when it is not damage (I/O, crypto).
+    static func tamperKind(_ error: FormatError) -> TamperKind? {
+        switch error {
+        case .blockAuthenticationFailed: return .block
+        case .headerAuthenticationFailed, .corruptHeader, .wrongKey, .notProtected, .unsupportedVersion, .invalidOwner: return .header
+        case .truncated, .corruptLength: return .truncated
+        case .unsupported, .io, .crypto: return nil
+        }
     }
 }

@@ -35,6 +35,7 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
         let shown = relativePath.isEmpty ? mountPoint : mountPoint + "/" + relativePath
         do throws(Errno) {
             let (inode, id) = try locate(relativePath)
+            waitForLastClose(inode)
             var done = 0
             try filesystem.changeOwner(id: id, inode, to: owner) {
                 done += 1
@@ -56,6 +57,45 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
             case .invalidArgument: throw .invalidIdentity("not a valid identity: \(owner ?? "")")
             default: throw .io(file: shown, error)
             }
+        }
+    }
+
+    func repair(_ relativePath: String) throws(EngineError) -> RepairOutcome {
+        let shown = relativePath.isEmpty ? mountPoint : mountPoint + "/" + relativePath
+        let (inode, id): (Inode, UInt64?)
+        do throws(Errno) { (inode, id) = try locate(relativePath) } catch {
+            throw error == .noSuchFile ? .invalidPath(shown, reason: "no such file") : .io(file: shown, error)
+        }
+        guard inode.isRegularFile else { throw .invalidPath(shown, reason: "not a regular file") }
+        // An open file's content is held decrypted with its size: it must be closed first.
+        waitForLastClose(inode)
+        let busy = inode.protectionState.withLock { $0.openHandles > 0 || $0.content != nil }
+        guard !busy else { throw .fileBusy(shown, reason: "it is open; close it and try again") }
+        guard let engine = filesystem.engine else { throw .fileNotEncrypted(shown) }
+        let outcome = try engine.repairFile(storedPath: backingDirectory + "/" + relativePath, shownAs: shown)
+        // The kernel keeps the size it knows while it caches the inode (the writeback cache trusts
+        // its own): it learns the new one from a truncation through the mount, which finds the
+        // stored file already at that size and changes nothing more. Its cached pages go too.
+        if outcome.repaired {
+            if Glibc.truncate(shown, off_t(outcome.sizeAfter)) != 0 {
+                filesystem.log("after repairing \(shown), the kernel could not be given its new size: \(Errno.current)")
+            }
+            if let id {
+                filesystem.storageEdges.invalidate(id)
+                filesystem.storageEdges.drain()
+            }
+        }
+        return outcome
+    }
+
+    /// A file closed just before a control request is released a moment later (the kernel sends
+    /// RELEASE after `close` returns, and nobody waits for it): waits up to `seconds` for a regular
+    /// file's handles to go, so that `cat f; custodyctl decrypt-file f` does not find it busy.
+    private func waitForLastClose(_ inode: Inode, seconds: Double = 2) {
+        guard inode.isRegularFile else { return }
+        let deadline = monotonicSeconds() + seconds
+        while inode.protectionState.withLock({ $0.openHandles > 0 || $0.content != nil }), monotonicSeconds() < deadline {
+            usleep(5_000)
         }
     }
 

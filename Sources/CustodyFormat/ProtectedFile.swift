@@ -26,7 +26,7 @@ public final class ProtectedFile: @unchecked Sendable {
     public let parallelism: Int
     private static let stripeCount = 64
 
-    private var plaintextSize: UInt64
+    var plaintextSize: UInt64
     /// Where the file stops being whole after a write failed (the disk filled up), until
     /// `settleAfterFailedWrite` cuts it there.
     private let failedAt = Mutex<UInt64?>(nil)
@@ -37,7 +37,7 @@ public final class ProtectedFile: @unchecked Sendable {
     private let holes = Mutex<(loaded: Bool, set: HoleSet)>((false, HoleSet()))
     private var tracksHoles: Bool { header.version >= 2 }
     // Allocated in init only after every step that can throw: a throwing init skips deinit.
-    private let sizeLock: UnsafeMutablePointer<pthread_rwlock_t>
+    let sizeLock: UnsafeMutablePointer<pthread_rwlock_t>
     private let stripes: UnsafeMutablePointer<pthread_mutex_t>
 
     // MARK: Opening and creating
@@ -93,7 +93,7 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// `plaintextSize`: known to the caller (a file just created), or nil to derive from the
     /// stored size.
-    private init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int, plaintextSize: UInt64?) throws(FormatError) {
+    init(storage: BlockStorage, header: FileHeader, fileKey: SecretBytes, parallelism: Int, plaintextSize: UInt64?) throws(FormatError) {
         guard header.kind == .encrypted else { throw .unsupported("content of a plain-kind file is not encrypted") }
         let layout = BlockLayout(blockSize: header.blockSize)
         if let plaintextSize {
@@ -316,14 +316,14 @@ public final class ProtectedFile: @unchecked Sendable {
     }
 
     /// After blocks `written` were stored: they are no holes any more.
-    private func filledHoles(_ written: ClosedRange<UInt64>) {
+    func filledHoles(_ written: ClosedRange<UInt64>) {
         guard tracksHoles else { return }
         let range = written.lowerBound..<(written.upperBound + 1)
         if holeSet().intersects(range) { updateHoles { $0.remove(range) } }
     }
 
     /// After the file was cut to `size` bytes: holes past its blocks go.
-    private func cutHoles(toSize size: UInt64) {
+    func cutHoles(toSize size: UInt64) {
         guard tracksHoles else { return }
         let blocks = (size + layout.blockSize - 1) / layout.blockSize
         if holeSet().ranges.last.map({ $0.upperBound > blocks }) ?? false { updateHoles { $0.trim(toBlocks: blocks) } }
@@ -543,7 +543,7 @@ public final class ProtectedFile: @unchecked Sendable {
     /// cores when the range is large), and stores them with one write. A block's plaintext is its old content (zero-extended to its new length)
     /// overlaid with the part of `data` (at `dataOffset`) that falls in it; blocks that `data`
     /// covers entirely are encrypted straight from it.
-    private func storeBlocks(_ range: ClosedRange<UInt64>, oldSize: UInt64, newSize: UInt64,
+    func storeBlocks(_ range: ClosedRange<UInt64>, oldSize: UInt64, newSize: UInt64,
                              data: UnsafeRawBufferPointer?, dataOffset: UInt64) throws(FormatError) {
         let blockSize = layout.blockSize
         let newFinal = (newSize - 1) / blockSize

@@ -37,6 +37,7 @@ public final class MountMetrics: Sendable {
     private let errors = Mutex<[Int64: Counter]>([:])
     private let created: [OwnerKind: Counter]
     private let tampering: [TamperKind: Counter]
+    private let tornWrites: [TamperKind: Counter]
     /// Requests served through per-CPU request rings (FUSE over io_uring) rather than /dev/fuse.
     public let ringRequests: Counter
     /// Requests a ring's thread handed to a worker because they may wait (fsync, large reads and writes …).
@@ -73,6 +74,10 @@ public final class MountMetrics: Sendable {
             ($0, registry.counter("custody_tamper_detections_total", [("kind", $0.rawValue)],
                                   help: "Requests refused because an encrypted file failed authentication (block, header, truncated)."))
         })
+        tornWrites = Dictionary(uniqueKeysWithValues: TamperKind.allCases.map {
+            ($0, registry.counter("custody_torn_writes_total", [("kind", $0.rawValue)],
+                                  help: "Requests refused because an encrypted file ends in a block torn by a write the daemon had not finished when it stopped uncleanly (block, header, truncated)."))
+        })
         ringRequests = registry.counter("custody_fuse_ring_requests_total",
                                         help: "FUSE requests served through per-CPU request rings (FUSE over io_uring) rather than /dev/fuse.")
         ringHandoffs = registry.counter("custody_fuse_ring_handoffs_total",
@@ -98,6 +103,8 @@ public final class MountMetrics: Sendable {
     public func created(_ owner: OwnerKind) { created[owner]?.increment() }
 
     public func tampered(_ kind: TamperKind) { tampering[kind]?.increment() }
+
+    public func tornWrite(_ kind: TamperKind) { tornWrites[kind]?.increment() }
 
     /// The error counter of an operation and errno, made the first time it is needed.
     private func errorCounter(_ operation: FileOperation, _ errno: Int32) -> Counter {

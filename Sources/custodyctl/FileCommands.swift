@@ -120,6 +120,32 @@ struct IsEncrypted: ParsableCommand {
     }
 }
 
+struct Repair: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Cut an encrypted file back to its last authentic block (administrators).",
+        discussion: """
+            For a file that reads as damaged because custodyd stopped without a clean shutdown while writing it \
+            (a torn write: the event stream says so), or that is damaged: the file keeps the blocks before the first \
+            that fails authentication, and its new last block is sealed again, so it reads cleanly to its new end. \
+            Nothing that did not verify is kept. A whole file is left as it is. The file must not be open in the mount; \
+            its owner's keys must be unlocked. The repair is logged and sent as a fileRepaired event.
+            """)
+    @OptionGroup var global: Global
+    @Argument(help: "The file (in a mount, or a stored file outside one).") var path: String
+
+    func run() throws {
+        let response = try request(global, "POST", "/v1/files/repair", ["path": .string(absolute(path))])
+        struct Answer: Decodable { var path: String; var repaired: Bool; var sizeBefore: UInt64?; var sizeAfter: UInt64; var firstDamagedBlock: UInt64? }
+        let answer = try decode(Answer.self, response)
+        show(response, global) {
+            guard answer.repaired else { return "\(answer.path): whole, nothing to repair (\(answer.sizeAfter) bytes)" }
+            let before = answer.sizeBefore.map { "\($0) bytes" } ?? "a torn length"
+            return "\(answer.path): cut back to its last authentic block, \(before) → \(answer.sizeAfter) bytes"
+                + (answer.firstDamagedBlock.map { " (block \($0) was the first damaged)" } ?? "")
+        }
+    }
+}
+
 struct CanReceive: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "May an identity receive this file (canReceiveSharedFile)? Exit 0 yes, 2 no.")
     @OptionGroup var global: Global

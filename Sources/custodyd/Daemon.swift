@@ -136,6 +136,9 @@ final class Daemon: @unchecked Sendable {
             logger.error("machine key \(key.id) unavailable: \(key.problem ?? "")")
         }
         for problem in engine.stateProblems { logger.error("state: \(problem.message)") }
+        if let stop = engine.uncleanStops.last, wallClockSeconds() - stop.foundAt < 5 {
+            logger.warning("the previous run (started \(Int(stop.started))) did not stop cleanly: a file it was writing may end in a torn block, reported as a torn write (not tampering); custodyctl repair cuts such a file back to its last authentic block")
+        }
         if !machineKey.stranded.isEmpty {
             logger.error("\(machineKey.stranded.count) identit\(machineKey.stranded.count == 1 ? "y" : "ies") cannot be opened without their machine key; recover with custodyctl recover: \(machineKey.stranded.joined(separator: ", "))")
         }
@@ -392,6 +395,7 @@ final class Daemon: @unchecked Sendable {
         metricsListener = nil
         server.stop()
         engine.stopDeadlineTimer()
+        engine.markCleanStop()
     }
 
     /// Pings the service manager while the daemon serves: every mount answers a `stat` through

@@ -9,6 +9,8 @@ import XCTest
 final class AuthorizationTableTests: XCTestCase {
     var daemon: MountedDaemon!
     var children: [pid_t] = []
+    /// The owner's uid (set by the test).
+    var ownerUID: UInt32 = 0
     static let account = "x@contoso.com"
 
     override func tearDown() {
@@ -49,6 +51,7 @@ final class AuthorizationTableTests: XCTestCase {
 
     func testEveryCellOfTheTable() throws {
         let owner = try testUser("custody-test")
+        ownerUID = owner
         let other = try testUser("custody-test2")
         daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--allow-other", "--socket-mode", "0666"])
         try daemon.openToOtherUsers()
@@ -112,6 +115,11 @@ final class AuthorizationTableTests: XCTestCase {
             if let uid { command = ["setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups"] + command }
             try mustRun(command)
             return #"{"path": "\#(name)", "identity": "\#(Self.account)"}"#
+        case ("POST", "/v1/files/repair"):
+            // A file of X (written by its owner), whoever asks.
+            let name = daemon.mnt("x-file-\(serial).txt")
+            try mustRun(["setpriv", "--reuid=\(ownerUID)", "--regid=\(ownerUID)", "--clear-groups", "sh", "-c", "echo \(serial) > '\(name)'"])
+            return #"{"path": "\#(name)"}"#
         case ("POST", "/v1/machine-key/migrate"):
             return #"{"to": "file"}"#
         case ("POST", "/v1/data/protect"):
