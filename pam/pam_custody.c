@@ -5,7 +5,9 @@
  *                                      setcred with PAM_REINITIALIZE_CRED or PAM_REFRESH_CRED (a
  *                                      screen locker's unlock) unlocks with it at once
  *   session  optional pam_custody.so   open: unlocks the user's identities (their login protectors);
- *                                      close: locks them, with the lock_on_close option
+ *                                      close: with the lock_on_close option, locks them when it
+ *                                      was the user's last session (open counts it, by this
+ *                                      process and its logind session ID)
  *   password optional pam_custody.so   chauthtok: rewraps the login protectors under the new password
  *
  * Options: socket=PATH (default /run/custody/control.sock), add_protector (an unlocked identity
@@ -106,8 +108,8 @@ static long long milliseconds_now(void) {
 }
 
 /* POSTs `body` (JSON) to `path` on the control socket; the HTTP status, or -1 (errno set). The
-   answer's body goes to `answer` (at most `size` bytes) when given. */
-static int post(const char *socket_path, const char *path, const struct buffer *body, char *answer, size_t size) {
+   status says what happened (the routes answer partial success with 207): no body is read. */
+static int post(const char *socket_path, const char *path, const struct buffer *body) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return -1;
     struct sockaddr_un address = { .sun_family = AF_UNIX };
@@ -154,10 +156,6 @@ static int post(const char *socket_path, const char *path, const struct buffer *
     }
     buffer_free(&request);
     close(fd);
-    if (status >= 0 && answer && size > 0) {
-        const char *start = strstr(reply, "\r\n\r\n");
-        snprintf(answer, size, "%s", start ? start + 4 : "");
-    }
     return status;
 }
 
@@ -199,14 +197,14 @@ static void unlock_with_stash(pam_handle_t *pamh, const struct options *options)
     buffer_text(&body, options->add_protector ? ", \"addProtectors\": true}" : "}");
     /* The password is not needed any more: the stash is zeroed and dropped now. */
     pam_set_data(pamh, STASH, NULL, NULL);
-    char answer[2048];
-    int status = body.failed ? -1 : post(options->socket, "/v1/login/unlock", &body, answer, sizeof answer);
+    int status = body.failed ? -1 : post(options->socket, "/v1/login/unlock", &body);
     int saved = errno;
     buffer_free(&body);
+    /* 200: every identity of the user unlocked; 207: some stay locked. */
     if (status == 200) {
-        if (strstr(answer, "\"stillLocked\":[\"") != NULL)
-            pam_syslog(pamh, LOG_NOTICE, "custody: some identities of %s stay locked (the login password did not unlock them)", user);
-        else if (options->debug) pam_syslog(pamh, LOG_DEBUG, "custody: identities of %s unlocked", user);
+        if (options->debug) pam_syslog(pamh, LOG_DEBUG, "custody: identities of %s unlocked", user);
+    } else if (status == 207) {
+        pam_syslog(pamh, LOG_NOTICE, "custody: some identities of %s stay locked (the login password did not unlock them)", user);
     } else if (status < 0) {
         pam_syslog(pamh, LOG_NOTICE, "custody: cannot reach custodyd at %s (%s); identities of %s stay locked", options->socket, strerror(saved), user);
     } else {
@@ -225,11 +223,37 @@ PAM_EXTERN int pam_sm_setcred(pam_handle_t *pamh, int flags, int argc, const cha
     return PAM_IGNORE;
 }
 
+/* The body naming this login session: the user, this process (PAM closes the session from the
+   process that opened it) and, where pam_systemd gave it one, its logind session ID. */
+static void session_body(pam_handle_t *pamh, struct buffer *body, const char *user) {
+    char pid[32];
+    snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    buffer_text(body, "{\"user\": ");
+    buffer_json_string(body, user);
+    buffer_text(body, ", \"session\": ");
+    buffer_text(body, pid);
+    const char *login_session = pam_getenv(pamh, "XDG_SESSION_ID");
+    if (login_session && *login_session) {
+        buffer_text(body, ", \"loginSession\": ");
+        buffer_json_string(body, login_session);
+    }
+    buffer_text(body, "}");
+}
+
 PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, const char **argv) {
     (void)flags;
     struct options options;
     parse_options(argc, argv, &options);
     unlock_with_stash(pamh, &options);
+    /* Counted, so that closing one of the user's sessions locks only when it was the last. */
+    const char *user = NULL;
+    if (!options.lock_on_close || pam_get_user(pamh, &user, NULL) != PAM_SUCCESS || !user) return PAM_SUCCESS;
+    struct buffer body = { 0 };
+    session_body(pamh, &body, user);
+    int status = body.failed ? -1 : post(options.socket, "/v1/login/open", &body);
+    int saved = errno;
+    buffer_free(&body);
+    if (status != 204) pam_syslog(pamh, LOG_NOTICE, "custody: session of %s not counted (%s); its close locks the identities", user, status < 0 ? strerror(saved) : "refused");
     return PAM_SUCCESS;
 }
 
@@ -240,10 +264,9 @@ PAM_EXTERN int pam_sm_close_session(pam_handle_t *pamh, int flags, int argc, con
     const char *user = NULL;
     if (!options.lock_on_close || pam_get_user(pamh, &user, NULL) != PAM_SUCCESS || !user) return PAM_SUCCESS;
     struct buffer body = { 0 };
-    buffer_text(&body, "{\"user\": ");
-    buffer_json_string(&body, user);
-    buffer_text(&body, "}");
-    int status = body.failed ? -1 : post(options.socket, "/v1/login/lock", &body, NULL, 0);
+    session_body(pamh, &body, user);
+    /* The identities lock when this was the user's last session. */
+    int status = body.failed ? -1 : post(options.socket, "/v1/login/lock", &body);
     int saved = errno;
     buffer_free(&body);
     if (status != 200) pam_syslog(pamh, LOG_NOTICE, "custody: cannot lock identities of %s at logout (%s)", user, status < 0 ? strerror(saved) : "refused");
@@ -266,14 +289,13 @@ PAM_EXTERN int pam_sm_chauthtok(pam_handle_t *pamh, int flags, int argc, const c
     buffer_text(&body, ", \"new\": ");
     buffer_json_string(&body, new);
     buffer_text(&body, "}");
-    char answer[2048];
-    int status = body.failed ? -1 : post(options.socket, "/v1/login/password", &body, answer, sizeof answer);
+    int status = body.failed ? -1 : post(options.socket, "/v1/login/password", &body);
     int saved = errno;
     buffer_free(&body);
-    if (status == 200) {
-        if (strstr(answer, "\"stale\":[\"") != NULL)
-            pam_syslog(pamh, LOG_NOTICE, "custody: some login protectors of %s could not be rewrapped; unlock them with their passphrase", user);
-    } else {
+    /* 200: every login protector follows the new password; 207: some could not. */
+    if (status == 207) {
+        pam_syslog(pamh, LOG_NOTICE, "custody: some login protectors of %s could not be rewrapped; unlock them with their passphrase", user);
+    } else if (status != 200) {
         pam_syslog(pamh, LOG_NOTICE, "custody: login protectors of %s not rewrapped (%s)", user, status < 0 ? strerror(saved) : "refused");
     }
     return PAM_IGNORE;

@@ -152,6 +152,7 @@ struct ControlAPI: Sendable {
         RouteSpec("POST", "/v1/login/unlock"),
         RouteSpec("POST", "/v1/login/password"),
         RouteSpec("POST", "/v1/login/lock"),
+        RouteSpec("POST", "/v1/login/open"),
         RouteSpec("POST", "/v1/accounts/{identity}/wipe"),
         RouteSpec("GET", "/v1/machine-key"),
         RouteSpec("POST", "/v1/machine-key/migrate"),
@@ -245,7 +246,10 @@ struct ControlAPI: Sendable {
             let body = try decode(PasswordChangeRequest.self, request)
             try checkPassphrase(body.new)
             if let old = body.old { try checkPassphrase(old) }
-        case ("POST", "/v1/login/lock"): _ = try decode(LogoutRequest.self, request)
+        case ("POST", "/v1/login/lock"), ("POST", "/v1/login/open"):
+            let body = try decode(LogoutRequest.self, request)
+            if spec.pattern == "/v1/login/open", body.session == nil { throw badRequest("give the session: the PID of the process that opened it") }
+            if let session = body.session, session <= 0 { throw badRequest("session must be a process ID (1 or more)") }
         case ("POST", "/v1/machine-key/migrate"): _ = try migration(try decode(MigrateRequest.self, request))
         case ("PUT", "/v1/accounts/{identity}/policy"): _ = try decode(Policy.self, request)
         case ("POST", "/v1/bindings"): _ = try decode(BindRequest.self, request)
@@ -320,6 +324,8 @@ struct ControlAPI: Sendable {
             return try loginPasswordChanged(try decode(PasswordChangeRequest.self, request), caller)
         case ("POST", "/v1/login/lock"):
             return try logout(try decode(LogoutRequest.self, request), caller)
+        case ("POST", "/v1/login/open"):
+            return try sessionOpened(try decode(LogoutRequest.self, request), caller)
         case ("POST", "/v1/accounts/{identity}/wipe"):
             guard caller.isAdmin else { throw Self.notAuthorized("wipe \(identity)") }
             return try wipe(identity, wait: request.query["wait"] != "false", by: caller)
@@ -376,7 +382,9 @@ struct ControlAPI: Sendable {
             let resolved = engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
             return json(IdentityView(pid: pid, identity: resolved.identity, source: resolved.source.description))
         case ("POST", "/v1/files/info"):
-            return json(try readableInfo(try decode(PathRequest.self, request), caller))
+            var info = try readableInfo(try decode(PathRequest.self, request), caller)
+            info.owner = visibleOwner(info.owner, to: caller)
+            return json(info)
         case ("POST", "/v1/files/is-encrypted"):
             let info = try readableInfo(try decode(PathRequest.self, request), caller)
             return json(["path": JSONValue.string(info.path), "encrypted": .bool(info.encrypted)])
@@ -405,7 +413,11 @@ struct ControlAPI: Sendable {
             return try unprotectData(try decode(DataRequest.self, request), caller)
         case ("POST", "/v1/data/info"):
             let bytes = try Self.decodeData(try decode(DataRequest.self, request))
-            return try run { () throws(EngineError) in json(try engine.dataProtectionInfo(bytes)) }
+            return try run { () throws(EngineError) in
+                var info = try engine.dataProtectionInfo(bytes)
+                info.owner = visibleOwner(info.owner, to: caller)
+                return json(info)
+            }
         case ("GET", "/v1/jobs"):
             return json(jobs.visible(to: caller).map(\.snapshot))
         case ("GET", "/v1/jobs/{id}"):

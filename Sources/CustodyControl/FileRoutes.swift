@@ -107,13 +107,25 @@ extension ControlAPI {
         guard allowed else { throw Self.notAuthorized("\(what) \(path)") }
     }
 
-    func engineCall<T>(_ body: () throws(EngineError) -> T) throws(Failure) -> T {
-        do { return try body() } catch { throw Self.failure(error) }
+    /// Runs an engine call; its error answers with the paths the caller used: a file in a mount
+    /// is stored in the backing directory, which the engine's messages would name.
+    func engineCall<T>(naming paths: [LocatedPath] = [], _ body: () throws(EngineError) -> T) throws(Failure) -> T {
+        do { return try body() } catch {
+            var failure = Self.failure(error)
+            for located in paths { if let volume = located.volume?.volume { failure.message = Self.inMount(failure.message, volume) } }
+            throw failure
+        }
+    }
+
+    /// `text` with the backing directory of `volume` named as its mount point.
+    static func inMount(_ text: String, _ volume: ProtectedVolume) -> String {
+        let backing = volume.backingDirectory, mount = volume.mountPoint
+        return text.replacingAll(of: backing + "/", with: mount + "/").replacingAll(of: backing, with: mount)
     }
 
     func info(of located: LocatedPath, _ caller: Caller) throws(Failure) -> FileProtectionInfo {
         try asCaller(caller) { () throws(Failure) in
-            try engineCall { () throws(EngineError) in
+            try engineCall(naming: [located]) { () throws(EngineError) in
                 try engine.protectionInfo(ofStoredPath: located.stored, shownAs: located.path, mountPoint: located.volume?.volume.mountPoint)
             }
         }
@@ -124,6 +136,21 @@ extension ControlAPI {
         let located = try locate(body.path, caller)
         try checkAccess(located.path, R_OK, caller, "read")
         return try info(of: located, caller)
+    }
+
+    /// An owner as `caller` may see it: an account of another local user is not named to anyone
+    /// but administrators (the account routes answer 404 for it, and the answers about files and
+    /// data must not tell more); identities that are no account, and the caller's own accounts,
+    /// are shown.
+    func visibleOwner(_ owner: String?, to caller: Caller) -> String? {
+        guard let owner, !caller.isAdmin, let account = try? engine.account(owner), account.uid != caller.uid else { return owner }
+        return nil
+    }
+
+    /// `text` without the names of `owner` when `caller` may not see them (`visibleOwner`).
+    func hidingOwner(_ owner: String?, in text: String, from caller: Caller) -> String {
+        guard let owner, visibleOwner(owner, to: caller) == nil, let account = try? engine.account(owner) else { return text }
+        return [account.upn, account.id, owner].reduce(text) { $0.replacingAll(of: $1, with: "its owner") }
     }
 
     /// Non-admins act only for accounts mapped to their uid; other identity strings (unmanaged)
@@ -175,7 +202,7 @@ extension ControlAPI {
                 throw Self.failure(.failedToEncryptFile(located.path, reason: "\(account.upn)'s policy does not encrypt files in mounts"))
             }
             if let owner = current.owner { try authorizeIdentity(caller, owner, "change files") }
-            try engineCall { () throws(EngineError) in try volumePath.volume.changeOwner(volumePath.relativePath, to: account.upn) { _ in } }
+            try engineCall(naming: [located]) { () throws(EngineError) in try volumePath.volume.changeOwner(volumePath.relativePath, to: account.upn) { _ in } }
         } else {
             try asCaller(caller) { () throws(Failure) in
                 try engineCall { () throws(EngineError) in try engine.encryptFile(storedPath: located.path, for: account.upn) }
@@ -194,7 +221,7 @@ extension ControlAPI {
         guard let copyPath = body.copyPath else {
             if let volumePath = located.volume {
                 // In a mount, decrypting in place is removing the owner (the file becomes plain).
-                try engineCall { () throws(EngineError) in try volumePath.volume.changeOwner(volumePath.relativePath, to: nil) { _ in } }
+                try engineCall(naming: [located]) { () throws(EngineError) in try volumePath.volume.changeOwner(volumePath.relativePath, to: nil) { _ in } }
             } else {
                 try asCaller(caller) { () throws(Failure) in
                     try engineCall { () throws(EngineError) in try engine.decryptFile(storedPath: located.path) }
@@ -210,7 +237,7 @@ extension ControlAPI {
             if fd >= 0 { _ = fsync(fd); close(fd) }
         }
         try asCaller(caller) { () throws(Failure) in
-            try engineCall { () throws(EngineError) in try engine.decryptFile(storedPath: located.stored, toCopyPath: copy.volume?.mountPath ?? copy.path) }
+            try engineCall(naming: [located, copy]) { () throws(EngineError) in try engine.decryptFile(storedPath: located.stored, toCopyPath: copy.volume?.mountPath ?? copy.path) }
         }
         return json(try info(of: copy, caller))
     }
@@ -218,7 +245,7 @@ extension ControlAPI {
     /// Cuts an encrypted file back to its last authentic block (administrators).
     func repairFile(_ body: PathRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let located = try locate(body.path, caller)
-        let outcome = try engineCall { () throws(EngineError) -> RepairOutcome in
+        let outcome = try engineCall(naming: [located]) { () throws(EngineError) -> RepairOutcome in
             if let volumePath = located.volume { return try volumePath.volume.repair(volumePath.relativePath) }
             return try engine.repairFile(storedPath: located.path)
         }
@@ -229,9 +256,12 @@ extension ControlAPI {
     func canReceive(_ body: EncryptRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let located = try locate(body.path, caller)
         try checkAccess(located.path, R_OK, caller, "read")
-        let decision = try asCaller(caller) { () throws(Failure) in
-            try engineCall { () throws(EngineError) in try engine.canReceiveSharedFile(storedPath: located.stored, identity: body.identity) }
+        var decision = try asCaller(caller) { () throws(Failure) in
+            try engineCall(naming: [located]) { () throws(EngineError) in try engine.canReceiveSharedFile(storedPath: located.stored, identity: body.identity) }
         }
+        // The owner's account is not named to other users.
+        let owner = try asCaller(caller) { () throws(Failure) in try info(of: located, caller) }.owner
+        decision.reason = hidingOwner(owner, in: decision.reason, from: caller)
         return json(decision)
     }
 

@@ -32,6 +32,7 @@ public struct HTTPResponse: Sendable {
         case 201: return "Created"
         case 202: return "Accepted"
         case 204: return "No Content"
+        case 207: return "Multi-Status"
         case 400: return "Bad Request"
         case 403: return "Forbidden"
         case 404: return "Not Found"

@@ -15,7 +15,10 @@ struct LoginRequest: Decodable {
     var addProtectors: Bool?
 }
 struct PasswordChangeRequest: Decodable { var user: String?; var old: String?; var new: String }
-struct LogoutRequest: Decodable { var user: String? }
+/// A login session opened or closed (PAM): `session` is the PID of the process that opened it
+/// (PAM closes it from the same one), `loginSession` its logind ID (`XDG_SESSION_ID`) where it has
+/// one. A close without `session` locks at once.
+struct LogoutRequest: Decodable { var user: String?; var session: Int32?; var loginSession: String? }
 
 extension ControlAPI {
     /// The uid a login route acts for: the caller's own, or (administrators) the named user's.
@@ -45,8 +48,10 @@ extension ControlAPI {
 
     func login(_ body: LoginRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let uid = try loginUser(body.user, caller)
+        // 200: every identity of the user is unlocked; 207: some stay locked (the body says which).
         return try run { () throws(EngineError) in
-            json(engine.login(uid: uid, password: try Self.secret(body.password), addProtectors: body.addProtectors ?? false))
+            let outcome = engine.login(uid: uid, password: try Self.secret(body.password), addProtectors: body.addProtectors ?? false)
+            return json(outcome, status: outcome.stillLocked.isEmpty ? 200 : 207)
         }
     }
 
@@ -58,14 +63,34 @@ extension ControlAPI {
         return try run { () throws(EngineError) in
             let old = try body.old.map { (text) throws(EngineError) in try Self.secret(text) }
             let (rewrapped, stale) = engine.loginPasswordChanged(uid: uid, old: old, new: try Self.secret(body.new))
-            return json(["rewrapped": rewrapped, "stale": stale])
+            // 200: every login protector follows the new password; 207: some could not (stale).
+            return json(["rewrapped": rewrapped, "stale": stale], status: stale.isEmpty ? 200 : 207)
         }
     }
 
+    /// A login session closed: the user's identities lock when it was the user's last session.
     func logout(_ body: LogoutRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let uid = try loginUser(body.user, caller)
         let accounts = engine.accounts(ofUser: uid)
-        engine.userLeft(uid, cause: .logout)
-        return json(["locking": accounts.map(\.upn)])
+        let remaining = engine.loginSessionClosed(uid: uid, pid: body.session, loginSession: body.loginSession)
+        return json(SessionView(locking: remaining == 0 ? accounts.map(\.upn) : [], otherSessions: remaining))
     }
+
+    /// A login session opened (PAM's open_session), counted until it closes.
+    func sessionOpened(_ body: LogoutRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        let uid = try loginUser(body.user, caller)
+        guard let pid = body.session else { throw Self.badRequest("give the session: the PID of the process that opened it") }
+        return try run { () throws(EngineError) in
+            try engine.loginSessionOpened(uid: uid, pid: pid)
+            return HTTPResponse(status: 204, body: [])
+        }
+    }
+}
+
+/// What closing a login session did.
+struct SessionView: Encodable {
+    /// The identities that lock (after their grace period): none while other sessions are open.
+    var locking: [String]
+    /// The user's other login sessions still open (PAM's, and logind's where it is followed).
+    var otherSessions: Int
 }

@@ -69,6 +69,8 @@ public final class Engine: @unchecked Sendable {
     let earliestLockDeadline = Atomic<UInt64>(Double.infinity.bitPattern)
     let transferRulesBox = Mutex<TransferRules?>(nil)
     let transferEvents = EventRateLimiter()
+    /// Login sessions PAM opened (`LoginSessions`).
+    let loginSessions = LoginSessions()
     let tamperEvents = EventRateLimiter()
 
     enum Lock: Equatable { case locked, unlocked, locking(until: Double) }

@@ -22,7 +22,11 @@ public final class LoginMonitor: @unchecked Sendable {
     private let engine: Engine
     private let log: @Sendable (String) -> Void
     private var bus: OpaquePointer?
-    private var tracker = SessionTracker()
+    private var tracker = SessionTracker() {
+        didSet { let ids = tracker.sessions.values.map { ($0.uid, $0.id) }; sessionIDs.withLock { $0 = ids } }
+    }
+    /// The sessions logind knows (uid, session ID), for other threads (`Engine.followLoginSessions`).
+    private let sessionIDs = Mutex<[(UInt32, String)]>([])
     private var inhibitor: Int32 = -1
     private var slots: [OpaquePointer?] = []
     private let running = Atomic<Bool>(false)
@@ -56,6 +60,10 @@ public final class LoginMonitor: @unchecked Sendable {
             return false
         }
         takeInhibitor()
+        // A PAM session's close locks only when logind knows no other session of the user.
+        engine.followLoginSessions { [weak self] uid, excluding in
+            self?.sessionIDs.withLock { $0.filter { $0.0 == uid && $0.1 != excluding }.count } ?? 0
+        }
         running.store(true, ordering: .releasing)
         let box = Unmanaged.passRetained(self)
         var handle = pthread_t()
@@ -78,6 +86,7 @@ public final class LoginMonitor: @unchecked Sendable {
     /// Stops the thread and closes the bus (the inhibitor, if held, is released).
     public func stop() {
         guard running.exchange(false, ordering: .acquiringAndReleasing), let thread else { return }
+        engine.followLoginSessions(nil)
         pthread_join(thread, nil)
         self.thread = nil
         close()

@@ -420,6 +420,38 @@ final class ControlAPITests: XCTestCase {
         XCTAssertTrue(try daemon.api("GET", "/v1/status").body.contains(#""failedUnlockAttempts":0"#))
     }
 
+    /// The answers about files and data do not name another user's account (the account routes
+    /// answer 404 for it), and errors about a file in a mount name it as the caller did.
+    func testAnswersDoNotNameOtherUsersAccountsOrTheBackingStore() throws {
+        let user = try testUser()
+        try daemon.openToOtherUsers()
+        try enroll("erin-oid", "erin@contoso.com", level: "none")
+        try writeFile(daemon.mnt("report.txt"), bytes("erin's"))
+        XCTAssertEqual(try daemon.api("POST", "/v1/files/encrypt", #"{"path": "\#(daemon.mnt("report.txt"))", "identity": "erin@contoso.com"}"#).status, 200)
+        XCTAssertEqual(chmod(daemon.mnt("report.txt"), 0o644), 0)
+        let blob = try XCTUnwrap(field(try daemon.apiJSON("POST", "/v1/data/protect", #"{"identity": "erin@contoso.com", "string": "x"}"#).json, "data"))
+
+        // The administrator sees the owner; another user does not.
+        let asAdmin = try daemon.api("POST", "/v1/files/info", #"{"path": "\#(daemon.mnt("report.txt"))"}"#)
+        XCTAssertTrue(asAdmin.body.contains("erin@contoso.com"), asAdmin.body)
+        for (path, body) in [("/v1/files/info", #"{"path": "\#(daemon.mnt("report.txt"))"}"#), ("/v1/data/info", #"{"data": "\#(blob)"}"#),
+                             ("/v1/files/can-receive", #"{"path": "\#(daemon.mnt("report.txt"))", "identity": "someone@example.org"}"#)] {
+            let answer = try daemon.api("POST", path, body, asUser: user)
+            XCTAssertEqual(answer.status, 200, "\(path): \(answer.body)")
+            XCTAssertFalse(answer.body.contains("erin"), "\(path) names the account: \(answer.body)")
+        }
+        XCTAssertTrue(try daemon.api("POST", "/v1/files/info", #"{"path": "\#(daemon.mnt("report.txt"))"}"#, asUser: user).body.contains(#""encrypted":true"#))
+
+        // A missing file in the mount is named by its path in the mount.
+        for path in ["/v1/files/info", "/v1/files/is-encrypted", "/v1/files/decrypt", "/v1/files/repair"] {
+            let answer = try daemon.api("POST", path, #"{"path": "\#(daemon.mnt("no/such.txt"))"}"#)
+            XCTAssertGreaterThanOrEqual(answer.status, 400, "\(path): \(answer.body)")
+            XCTAssertFalse(answer.body.contains(daemon.backing), "\(path) names the backing store: \(answer.body)")
+            let missing = try daemon.api("POST", path, #"{"path": "\#(daemon.mnt("missing.txt"))"}"#)
+            XCTAssertFalse(missing.body.contains(daemon.backing), "\(path) names the backing store: \(missing.body)")
+        }
+    }
+
     func testNonAdminUserIsLimitedToItsOwnAccountsFilesAndProcesses() throws {
         let user = try testUser()
         try daemon.openToOtherUsers()

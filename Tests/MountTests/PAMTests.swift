@@ -97,6 +97,7 @@ final class PAMTests: XCTestCase {
         XCTAssertEqual(changed.status, 0, changed.output + changed.error)
         try lock()
         let old = try daemon.api("POST", "/v1/login/unlock", #"{"user": "\#(Self.user)", "password": "Login-pass-1"}"#)
+        XCTAssertEqual(old.status, 207, "some identities stay locked: \(old.body)")
         XCTAssertTrue(old.body.contains(#""stillLocked":["\#(Self.identity)"]"#), old.body)
         XCTAssertEqual(try lockState(), "locked", "the old password no longer unlocks")
         let relogin = try pamtester(["authenticate", "open_session"], input: "New-pass-2\n")
@@ -133,6 +134,68 @@ final class PAMTests: XCTestCase {
         XCTAssertEqual(try lockState(), "unlocked")
     }
 
+    /// A session held open by pamtester: it opens the session, then waits for a password on its
+    /// standard input (its authenticate step) before it closes the session.
+    func openSession(output: String) throws -> (process: Process, input: Pipe) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/pamtester")
+        process.arguments = [try XCTUnwrap(service), Self.user, "open_session", "authenticate", "close_session"]
+        let input = Pipe()
+        process.standardInput = input
+        FileManager.default.createFile(atPath: output, contents: nil)
+        process.standardOutput = FileHandle(forWritingAtPath: output)
+        process.standardError = process.standardOutput
+        try process.run()
+        // Open once it asks for the password.
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline, !((try? String(contentsOfFile: output, encoding: .utf8)) ?? "").contains("assword") { usleep(20_000) }
+        XCTAssertTrue(((try? String(contentsOfFile: output, encoding: .utf8)) ?? "").contains("assword"), "the session opened")
+        return (process, input)
+    }
+
+    /// Closing one of a user's sessions locks its identities only when it was the last: an ssh
+    /// logout must not lock what the user's open desktop session uses.
+    func testLogoutLocksOnlyWhenTheLastSessionCloses() throws {
+        try start(password: "Login-pass-4", auth: "", session: " lock_on_close", password: nil)
+        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "pat-oid", "upn": "\#(Self.identity)", "user": "\#(Self.user)"}"#)
+        XCTAssertEqual(enrolled.status, 201, enrolled.body)
+        XCTAssertEqual(try lockState(), "unlocked", "no passphrase: unlocked")
+
+        // The desktop session stays open while an ssh session opens and closes.
+        let desktop = try openSession(output: work + "/desktop.out")
+        let ssh = try pamtester(["open_session", "close_session"], input: "")
+        XCTAssertEqual(ssh.status, 0, ssh.output + ssh.error)
+        XCTAssertEqual(try lockState(), "unlocked", "another session is open: nothing locks")
+        // The desktop logs out: its last session, the identity locks.
+        desktop.input.fileHandleForWriting.write(Data("Login-pass-4\n".utf8))
+        try desktop.input.fileHandleForWriting.close()
+        desktop.process.waitUntilExit()
+        XCTAssertEqual(desktop.process.terminationStatus, 0, (try? String(contentsOfFile: work + "/desktop.out", encoding: .utf8)) ?? "")
+        XCTAssertEqual(try lockState(), "locked", "the last session closed")
+
+        // A session whose process died without closing does not count.
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/\(Self.identity)/unlock", "{}").status, 200)
+        let killed = try openSession(output: work + "/killed.out")
+        killed.process.terminate()
+        kill(killed.process.processIdentifier, SIGKILL)
+        killed.process.waitUntilExit()
+        XCTAssertEqual(try pamtester(["open_session", "close_session"], input: "").status, 0)
+        XCTAssertEqual(try lockState(), "locked", "the killed session was not still open")
+
+        // The routes say what closing did; a close naming no session locks at once.
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/\(Self.identity)/unlock", "{}").status, 200)
+        let open = try daemon.api("POST", "/v1/login/open", #"{"user": "\#(Self.user)", "session": \#(getpid())}"#)
+        XCTAssertEqual(open.status, 204, open.body)
+        let other = try daemon.apiJSON("POST", "/v1/login/lock", #"{"user": "\#(Self.user)", "session": 999999}"#)
+        XCTAssertEqual(other.json["otherSessions"] as? Int, 1, "\(other.json)")
+        XCTAssertEqual(other.json["locking"] as? [String], [])
+        XCTAssertEqual(try lockState(), "unlocked")
+        let last = try daemon.apiJSON("POST", "/v1/login/lock", #"{"user": "\#(Self.user)", "session": \#(getpid())}"#)
+        XCTAssertEqual(last.json["locking"] as? [String], [Self.identity], "\(last.json)")
+        XCTAssertEqual(try lockState(), "locked")
+        XCTAssertEqual(try daemon.api("POST", "/v1/login/open", #"{"user": "\#(Self.user)"}"#).status, 400, "an open names its session")
+    }
+
     func testTheLoginRoutesAuthorizeByUser() throws {
         work = try makeTemporaryDirectory("custody-pam")
         let pat = try testUser(Self.user)
@@ -146,6 +209,7 @@ final class PAMTests: XCTestCase {
         XCTAssertEqual(try daemon.api("POST", "/v1/login/unlock", #"{"user": "\#(Self.user)", "password": "pw-1"}"#, asUser: other).status, 403,
                        "another user may not log in for Pat")
         let own = try daemon.api("POST", "/v1/login/unlock", #"{"password": "pw-1"}"#, asUser: pat)
+        XCTAssertEqual(own.status, 200, own.body)
         XCTAssertTrue(own.body.contains(#""unlocked":["\#(Self.identity)"]"#), own.body)
         XCTAssertEqual(try daemon.api("POST", "/v1/login/password", #"{"new": "pw-2"}"#, asUser: pat).status, 400, "a user gives its old password")
         XCTAssertEqual(try daemon.api("POST", "/v1/login/password", #"{"old": "pw-1", "new": "pw-2"}"#, asUser: pat).status, 200)
