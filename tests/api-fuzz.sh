@@ -4,10 +4,14 @@
 # that breaks the schema, 405 with Allow for methods a route does not serve, and leave the daemon,
 # its control front and its mount alive and serving.
 #
-# The HTTP client is a non-root member of the daemon's admin group (so admin routes are reached,
-# while file routes act with that user's harmless credentials). schemathesis speaks TCP, so socat,
-# running as that user, bridges a loopback port to the Unix socket; the daemon sees the user's
-# credentials on every connection. Every process started here is stopped by PID on exit.
+# It runs twice: as a non-root member of the daemon's admin group (so admin routes are reached,
+# while file routes act with that user's harmless credentials), then as an ordinary user (every
+# refusal such a user meets must be in the schema too). schemathesis speaks TCP, so socat, running
+# as that user, bridges a loopback port to the Unix socket; the daemon sees the user's credentials
+# on every connection. Every process started here is stopped by PID on exit.
+#
+# The schema states what the daemon enforces: a request the schema allows must not be refused
+# for its content (positive_data_acceptance), and one it forbids must be (negative_data_rejection).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.build/debug}
@@ -20,9 +24,10 @@ fail() { echo "api-fuzz: FAIL: $*" >&2; exit 1; }
 SCHEMATHESIS=$(python3 -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "schemathesis"))')
 [ -x "$SCHEMATHESIS" ] || SCHEMATHESIS=$(command -v schemathesis) || fail "schemathesis is not installed (make pip-deps)"
 
-GROUP=custody-fuzzers USER_NAME=custody-fuzz
+GROUP=custody-fuzzers ADMIN_NAME=custody-fuzz USER_NAME=custody-fuzz-user
 getent group "$GROUP" >/dev/null || groupadd --system "$GROUP"
-id "$USER_NAME" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin -G "$GROUP" "$USER_NAME"
+id "$ADMIN_NAME" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin -G "$GROUP" "$ADMIN_NAME"
+id "$USER_NAME" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$USER_NAME"
 
 WORK=$(mktemp -d /tmp/custody-api-fuzz.XXXXXX)
 chmod 0755 "$WORK"
@@ -45,28 +50,38 @@ DAEMON=$!
 for _ in $(seq 150); do mountpoint -q "$WORK/mnt" && [ -S "$WORK/control.sock" ] && break; sleep 0.1; done
 mountpoint -q "$WORK/mnt" || fail "custodyd did not mount: $(cat "$WORK/custodyd.log")"
 
-# A free loopback port for the bridge.
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
-setpriv --reuid="$USER_NAME" --regid="$USER_NAME" --init-groups \
-    socat "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$WORK/control.sock" &
-BRIDGE=$!
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/v1/status" >/dev/null && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$PORT/v1/status" >/dev/null || fail "the bridge does not answer"
-
 # A plain file in the mount, read back at the end.
 echo "before the fuzzer" > "$WORK/mnt/canary"
 
-echo "api-fuzz: schemathesis, $EXAMPLES examples per operation, seed $SEED"
-status=0
-timeout 300 "$SCHEMATHESIS" --config-file tests/schemathesis.toml run docs/openapi.yaml \
-    --url "http://127.0.0.1:$PORT" --checks all --exclude-checks positive_data_acceptance \
-    --phases examples,coverage,fuzzing,stateful --max-examples "$EXAMPLES" --seed "$SEED" \
-    --continue-on-failure --no-color >"$WORK/schemathesis.log" 2>&1 || status=$?
-if [ "$status" != 0 ]; then
-    cat "$WORK/schemathesis.log"
-    fail "schemathesis found failures (exit $status; replay with API_FUZZ_SEED=$SEED)"
-fi
-grep -E "passed|failed|error" "$WORK/schemathesis.log" | tail -1
+# Runs schemathesis as user $1 through a bridge of its own.
+fuzz_as() {
+    local who=$1
+    # A free loopback port for the bridge.
+    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    setpriv --reuid="$who" --regid="$who" --init-groups \
+        socat "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$WORK/control.sock" &
+    BRIDGE=$!
+    for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/v1/status" >/dev/null && break; sleep 0.1; done
+    curl -sf "http://127.0.0.1:$PORT/v1/status" >/dev/null || fail "the bridge does not answer"
+    echo "api-fuzz: schemathesis as $who, $EXAMPLES examples per operation, seed $SEED"
+    local status=0
+    timeout 300 "$SCHEMATHESIS" --config-file tests/schemathesis.toml run docs/openapi.yaml \
+        --url "http://127.0.0.1:$PORT" --checks all \
+        --phases examples,coverage,fuzzing,stateful --max-examples "$EXAMPLES" --seed "$SEED" \
+        --continue-on-failure --no-color >"$WORK/schemathesis-$who.log" 2>&1 || status=$?
+    kill "$BRIDGE" 2>/dev/null && wait "$BRIDGE" 2>/dev/null || true
+    BRIDGE=
+    if [ "$status" != 0 ]; then
+        cat "$WORK/schemathesis-$who.log"
+        echo "api-fuzz: schemathesis as $who found failures (exit $status; replay with API_FUZZ_SEED=$SEED)" >&2
+        FAILED="$FAILED $who"
+    fi
+    grep -E "passed|failed|error" "$WORK/schemathesis-$who.log" | tail -1
+}
+FAILED=
+fuzz_as "$USER_NAME"
+fuzz_as "$ADMIN_NAME"
+[ -z "$FAILED" ] || fail "schemathesis found failures as:$FAILED"
 
 # Everything is still there: the daemon, the front it started (never restarted), the mount.
 kill -0 "$DAEMON" 2>/dev/null || fail "the daemon died: $(cat "$WORK/custodyd.log")"

@@ -47,16 +47,17 @@ struct ControlAPI: Sendable {
     static func failure(_ error: EngineError) -> Failure {
         let status: Int
         switch error {
-        case .unknownAccount, .noSuchProcess: status = 404
-        case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode: status = 409
-        case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed, .transferNotAllowed: status = 403
-        case .invalidIdentity, .invalidPolicy, .passphraseRequired, .invalidRecoveryKey: status = 400
+        case .unknownAccount, .noSuchProcess, .pathNotFound: status = 404
+        case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode, .passphraseRequired, .noLocalUser: status = 409
+        case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed, .transferNotAllowed, .invalidRecoveryKey: status = 403
+        case .invalidIdentity, .invalidPolicy: status = 400
         case .noRecoveryKey, .machineKeyUnavailable, .machineKeyInUse, .keysUnavailable: status = 409
         case .rateLimited: status = 429
         case .locked: status = 423
         case .io(_, let errno): status = Self.status(for: errno)
         case .corruptState, .crypto, .format: status = 500
-        case .invalidPath, .identityNotManaged: status = 400
+        case .identityNotManaged: status = 400
+        case .invalidPath: status = 409
         case .fileNotEncrypted, .fileAlreadyEncrypted, .fileBusy: status = 409
         case .failedToEncryptFile, .failedToDecryptFile, .failedToProtectData, .failedToUnprotectData: status = 422
         }
@@ -68,11 +69,17 @@ struct ControlAPI: Sendable {
     static func status(for errno: Errno) -> Int {
         switch errno.rawValue {
         case EACCES, EPERM, EROFS: return 403
-        case ENOENT, ENOTDIR, ELOOP, ENAMETOOLONG, EISDIR, EINVAL, EXDEV, ENXIO, ENODEV, EFBIG, EOPNOTSUPP, ENOTEMPTY: return 400
-        case EEXIST, EBUSY, ETXTBSY, EMLINK: return 409
+        case ENOENT: return 404
+        case ENAMETOOLONG, EINVAL, ENXIO, ENODEV, EFBIG, EOPNOTSUPP: return 400
+        case EEXIST, EBUSY, ETXTBSY, EMLINK, ENOTDIR, ELOOP, EISDIR, EXDEV, ENOTEMPTY: return 409
         case ENOSPC, EDQUOT: return 507
         default: return 500
         }
+    }
+
+    /// A local user name that names no user: not found, as an unknown account is.
+    static func unknownUser(_ name: String) -> Failure {
+        Failure(status: 404, code: 319, name: "UnknownUser", message: "no local user named \(name)")
     }
 
     static func notAuthorized(_ what: String) -> Failure {
@@ -212,7 +219,7 @@ struct ControlAPI: Sendable {
                 throw badRequest("query parameter \(name) must be true or false, not \(value)")
             }
         }
-        if let after = request.query["after"], !after.isEmpty, after != "latest", UInt64(after) == nil {
+        if let after = request.query["after"], !after.isEmpty, after != "latest", after.count > 19 || UInt64(after) == nil {
             throw badRequest("query parameter after must be a sequence number or latest, not \(after)")
         }
     }
@@ -252,7 +259,9 @@ struct ControlAPI: Sendable {
             if let session = body.session, session <= 0 { throw badRequest("session must be a process ID (1 or more)") }
         case ("POST", "/v1/machine-key/migrate"): _ = try migration(try decode(MigrateRequest.self, request))
         case ("PUT", "/v1/accounts/{identity}/policy"): _ = try decode(Policy.self, request)
-        case ("POST", "/v1/bindings"): _ = try decode(BindRequest.self, request)
+        case ("POST", "/v1/bindings"):
+            let body = try decode(BindRequest.self, request)
+            guard (body.pid == nil) != (body.tid == nil) else { throw badRequest("give exactly one of pid and tid") }
         case ("POST", "/v1/files/info"), ("POST", "/v1/files/is-encrypted"): _ = try decode(PathRequest.self, request)
         case ("POST", "/v1/files/protect"): _ = try decode(ProtectRequest.self, request)
         case ("POST", "/v1/files/encrypt"), ("POST", "/v1/files/can-receive"):
@@ -262,7 +271,10 @@ struct ControlAPI: Sendable {
         case ("POST", "/v1/locations/classify"): _ = try decode(PathRequest.self, request)
         case ("POST", "/v1/locations/save-to-allowed"), ("POST", "/v1/locations/open-from-allowed"):
             _ = try checkLocation(try decode(LocationQuery.self, request))
-        case ("POST", "/v1/data/protect"), ("POST", "/v1/data/unprotect"), ("POST", "/v1/data/info"): _ = try decodeData(try decode(DataRequest.self, request))
+        case ("POST", "/v1/data/protect"), ("POST", "/v1/data/unprotect"), ("POST", "/v1/data/info"):
+            let body = try decode(DataRequest.self, request)
+            _ = try decodeData(body)
+            if spec.pattern == "/v1/data/protect", body.identity?.isEmpty ?? true { throw badRequest("missing field identity") }
         default: break
         }
         return (spec, parameters)
@@ -501,7 +513,7 @@ struct ControlAPI: Sendable {
     /// The store and PCRs a migration asks for.
     static func migration(_ body: MigrateRequest) throws(Failure) -> (MachineKeyStore, [Int]?) {
         guard let store = MachineKeyStore(rawValue: body.to) else { throw badRequest("to must be tpm2 or file, not \(body.to)") }
-        if let pcrs = body.pcrs {
+        if let pcrs = body.pcrs, !pcrs.isEmpty {
             guard store == .tpm2 else { throw badRequest("pcrs apply to tpm2 only") }
             for pcr in pcrs where !(0...23).contains(pcr) { throw badRequest("PCR \(pcr) does not exist (0 to 23)") }
         }
@@ -511,7 +523,7 @@ struct ControlAPI: Sendable {
     func enroll(_ body: EnrollRequest) throws(Failure) -> HTTPResponse {
         var uid = body.uid
         if let user = body.user {
-            guard let entry = getpwnam(user) else { throw Self.badRequest("no local user named \(user)") }
+            guard let entry = getpwnam(user) else { throw Self.unknownUser(user) }
             if let uid, uid != entry.pointee.pw_uid { throw Self.badRequest("user \(user) is uid \(entry.pointee.pw_uid), not \(uid)") }
             uid = entry.pointee.pw_uid
         }

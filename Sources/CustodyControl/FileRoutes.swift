@@ -51,14 +51,16 @@ struct LocatedPath {
 
 extension ControlAPI {
     func locate(_ raw: String, _ caller: Caller) throws(Failure) -> LocatedPath {
-        guard raw.hasPrefix("/") else { throw Self.failure(.invalidPath(raw, reason: "give an absolute path")) }
-        guard !raw.utf8.contains(0) else { throw Self.failure(.invalidPath(raw, reason: "contains a NUL byte")) }
+        // What the schema states of a path (absolute, no NUL) is 400; a path that is well formed
+        // but not usable is 409, one that does not exist 404 (both InvalidPath, 101).
+        guard raw.hasPrefix("/") else { throw Self.malformedPath(raw, "give an absolute path") }
+        guard !raw.utf8.contains(0) else { throw Self.malformedPath(raw, "contains a NUL byte") }
         var (directory, name) = Syscall.split(raw)
         if name.isEmpty || name == "." || name == ".." { (directory, name) = (raw, "") }
         let resolved = try asCaller(caller) { () throws(Failure) -> String in
             guard let resolved = resolvedPath(directory) else {
                 let error = Errno.current
-                throw Self.failure(error == .noSuchFile ? .invalidPath(raw, reason: "its directory does not exist") : .io(file: raw, error))
+                throw Self.failure(error == .noSuchFile ? .pathNotFound(raw, reason: "its directory does not exist") : .io(file: raw, error))
             }
             return resolved
         }
@@ -74,6 +76,12 @@ extension ControlAPI {
             throw Self.notAuthorized("use \(volume.volume.mountPoint) (it is mounted for its owner only)")
         }
         return LocatedPath(path: path, volume: volume)
+    }
+
+    static func malformedPath(_ raw: String, _ reason: String) -> Failure {
+        var failure = failure(.invalidPath(raw, reason: reason))
+        failure.status = 400
+        return failure
     }
 
     /// Runs `body` with the caller's file system credentials on this thread (root runs as itself).

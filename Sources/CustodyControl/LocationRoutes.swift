@@ -52,9 +52,8 @@ extension ControlAPI {
     /// nearest existing directory is resolved as the caller sees it (symbolic links followed),
     /// the rest is taken as written.
     func classify(_ body: PathRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        guard body.path.hasPrefix("/"), !body.path.utf8.contains(0) else {
-            throw Self.failure(.invalidPath(body.path, reason: "give an absolute path"))
-        }
+        guard body.path.hasPrefix("/") else { throw Self.malformedPath(body.path, "give an absolute path") }
+        guard !body.path.utf8.contains(0) else { throw Self.malformedPath(body.path, "contains a NUL byte") }
         var existing = Engine.normalized(body.path)
         var rest: [String] = []
         let resolved = try asCaller(caller) { () throws(Failure) -> String in

@@ -24,7 +24,7 @@ extension ControlAPI {
     /// The uid a login route acts for: the caller's own, or (administrators) the named user's.
     func loginUser(_ name: String?, _ caller: Caller) throws(Failure) -> UInt32 {
         guard let name else { return caller.uid }
-        guard let entry = getpwnam(name) else { throw Self.badRequest("no local user named \(name)") }
+        guard let entry = getpwnam(name) else { throw Self.unknownUser(name) }
         let uid = entry.pointee.pw_uid
         guard caller.isAdmin || uid == caller.uid else { throw Self.notAuthorized("act for user \(name)") }
         return uid
@@ -59,7 +59,7 @@ extension ControlAPI {
         let uid = try loginUser(body.user, caller)
         // Without the old password only an administrator (root's PAM stack) may rewrap from the
         // keys in memory.
-        guard body.old != nil || caller.isAdmin else { throw Self.badRequest("give the old password") }
+        guard body.old != nil || caller.isAdmin else { throw Self.notAuthorized("change the login password's protectors without the old password") }
         return try run { () throws(EngineError) in
             let old = try body.old.map { (text) throws(EngineError) in try Self.secret(text) }
             let (rewrapped, stale) = engine.loginPasswordChanged(uid: uid, old: old, new: try Self.secret(body.new))

@@ -11,6 +11,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     case accountNotAllowed(String)
     case singleManagedAccountMode(enrolled: String)
     case invalidIdentity(String)
+    /// The account belongs to no local user, and the operation needs one (NilAccount too).
+    case noLocalUser(String)
     case invalidPolicy(String)
     case passphraseRequired(String)
     case wrongPassphrase(String)
@@ -23,6 +25,8 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
     case format(FormatError)
     // File protection (the SDK's file protection domain, 100–107).
     case invalidPath(String, reason: String)
+    /// The path (or its directory) does not exist: InvalidPath too, answered as not found.
+    case pathNotFound(String, reason: String)
     case failedToEncryptFile(String, reason: String)
     case failedToDecryptFile(String, reason: String)
     case fileNotEncrypted(String)
@@ -66,7 +70,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .accountNotAllowed: return 209                // NotEmmAccount: not the account the organisation allows
         case .notEnrolled: return 214                      // NotEnrolledAccount
         case .singleManagedAccountMode: return 227         // SingleManagedAccountMode
-        case .invalidIdentity: return 207                  // NilAccount
+        case .invalidIdentity, .noLocalUser: return 207    // NilAccount
         case .unknownAccount: return 300
         case .invalidPolicy: return 301
         case .passphraseRequired: return 302
@@ -77,7 +81,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .corruptState: return 310
         case .io: return 311
         case .crypto, .format: return 201                  // InternalError
-        case .invalidPath: return 101
+        case .invalidPath, .pathNotFound: return 101
         case .failedToEncryptFile: return 102
         case .failedToDecryptFile: return 103
         case .fileNotEncrypted: return 104
@@ -104,7 +108,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .notEnrolled: return "NotEnrolledAccount"
         case .accountNotAllowed: return "AccountNotAllowed"
         case .singleManagedAccountMode: return "SingleManagedAccountMode"
-        case .invalidIdentity: return "NilAccount"
+        case .invalidIdentity, .noLocalUser: return "NilAccount"
         case .invalidPolicy: return "InvalidPolicy"
         case .passphraseRequired: return "PassphraseRequired"
         case .wrongPassphrase: return "WrongPassphrase"
@@ -114,7 +118,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .corruptState: return "CorruptState"
         case .io: return "IOError"
         case .crypto, .format: return "InternalError"
-        case .invalidPath: return "InvalidPath"
+        case .invalidPath, .pathNotFound: return "InvalidPath"
         case .failedToEncryptFile: return "FailedToEncryptFile"
         case .failedToDecryptFile: return "FailedToDecryptFile"
         case .fileNotEncrypted: return "FileNotEncrypted"
@@ -140,7 +144,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed, .machineKeyUnavailable, .keysUnavailable: return 13  // EACCES
         case .io(_, let error): return error.rawValue
         case .noSuchProcess: return 3  // ESRCH
-        case .invalidPath: return 2  // ENOENT
+        case .invalidPath, .pathNotFound: return 2  // ENOENT
         case .fileBusy: return 16  // EBUSY
         case .identityNotManaged, .fileNotEncrypted, .fileAlreadyEncrypted: return 22  // EINVAL
         default: return 5  // EIO
@@ -155,6 +159,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .accountNotAllowed(let id): return "account \(id) is not in the allowed accounts"
         case .singleManagedAccountMode(let enrolled): return "only one managed account is allowed (MultiIdentity is off) and \(enrolled) is enrolled"
         case .invalidIdentity(let reason): return "invalid identity: \(reason)"
+        case .noLocalUser(let account): return "\(account) belongs to no local user (enroll it with --user)"
         case .invalidPolicy(let reason): return "invalid policy: \(reason)"
         case .passphraseRequired(let id): return "account \(id) has a passphrase; unlocking needs it"
         case .wrongPassphrase(let id): return "wrong passphrase for \(id)"
@@ -165,7 +170,7 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         case .io(let file, let error): return "\(file): \(error)"
         case .crypto(let error): return "crypto error: \(error)"
         case .format(let error): return "\(error)"
-        case .invalidPath(let path, let reason): return "\(path): \(reason)"
+        case .invalidPath(let path, let reason), .pathNotFound(let path, let reason): return "\(path): \(reason)"
         case .failedToEncryptFile(let path, let reason): return "cannot encrypt \(path): \(reason)"
         case .failedToDecryptFile(let path, let reason): return "cannot decrypt \(path): \(reason)"
         case .fileNotEncrypted(let path): return "\(path) is not an encrypted file"

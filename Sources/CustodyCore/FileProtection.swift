@@ -158,8 +158,9 @@ extension Engine {
         let fd: Int32
         do { fd = try Syscall.open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC) } catch {
             switch error {
-            case .noSuchFile: throw .invalidPath(shown, reason: "no such file")
+            case .noSuchFile: throw .pathNotFound(shown, reason: "no such file")
             case Errno(ELOOP): throw .invalidPath(shown, reason: "a symbolic link, not a file")
+            case .isDirectory: throw .invalidPath(shown, reason: "not a regular file")
             default: throw .io(file: shown, error)
             }
         }
@@ -210,7 +211,7 @@ extension Engine {
 
     static func lstat(_ path: String) throws(EngineError) -> stat {
         do { return try Syscall.lstat(path) } catch {
-            if error == .noSuchFile { throw .invalidPath(path, reason: "no such file or directory") }
+            if error == .noSuchFile { throw .pathNotFound(path, reason: "no such file or directory") }
             throw .io(file: path, error)
         }
     }
@@ -219,7 +220,7 @@ extension Engine {
         let fd: Int32
         do { fd = try Syscall.open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) } catch {
             switch error {
-            case .noSuchFile: throw .invalidPath(path, reason: "no such file")
+            case .noSuchFile: throw .pathNotFound(path, reason: "no such file")
             case Errno(ELOOP): throw .invalidPath(path, reason: "a symbolic link, not a file")
             default: throw .io(file: path, error)
             }
@@ -276,7 +277,7 @@ extension Engine {
         func system<T>(_ body: () throws(Errno) -> T) throws(EngineError) -> T {
             do { return try body() } catch {
                 switch error {
-                case .noSuchFile: throw .invalidPath(destination, reason: "its directory does not exist")
+                case .noSuchFile: throw .pathNotFound(destination, reason: "its directory does not exist")
                 case Errno(ENOTDIR): throw .invalidPath(destination, reason: "its directory is not a directory")
                 default: throw .io(file: destination, error)
                 }

@@ -9,7 +9,7 @@ extension Engine {
     /// The identity must be unlocked (its class keys in memory) and belong to a local user.
     public func addLoginProtector(_ identity: String, password: SecretBytes) throws(EngineError) {
         let account = try self.account(identity)
-        guard let uid = account.uid else { throw .invalidIdentity("\(account.upn) belongs to no local user (enroll it with --user)") }
+        guard let uid = account.uid else { throw .noLocalUser(account.upn) }
         let (stored, keys) = try unlockedKeybag(of: account)
         var updated = stored
         updated.loginProtector = try loginProtector(stored, keys: keys, password: password, uid: uid, machineSecret: try machineSecret(of: account),

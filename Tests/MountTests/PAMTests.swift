@@ -211,7 +211,7 @@ final class PAMTests: XCTestCase {
         let own = try daemon.api("POST", "/v1/login/unlock", #"{"password": "pw-1"}"#, asUser: pat)
         XCTAssertEqual(own.status, 200, own.body)
         XCTAssertTrue(own.body.contains(#""unlocked":["\#(Self.identity)"]"#), own.body)
-        XCTAssertEqual(try daemon.api("POST", "/v1/login/password", #"{"new": "pw-2"}"#, asUser: pat).status, 400, "a user gives its old password")
+        XCTAssertEqual(try daemon.api("POST", "/v1/login/password", #"{"new": "pw-2"}"#, asUser: pat).status, 403, "a user gives its old password")
         XCTAssertEqual(try daemon.api("POST", "/v1/login/password", #"{"old": "pw-1", "new": "pw-2"}"#, asUser: pat).status, 200)
         XCTAssertEqual(try daemon.api("POST", "/v1/login/lock", "{}", asUser: pat).status, 200)
         XCTAssertEqual(try lockState(), "locked")
