@@ -274,6 +274,8 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 try Syscall.fchownat(inode.fd, "", uid, gid, Linux.AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)
             }
             if toSet & custody_SET_ATTR_SIZE != 0 {
+                // A truncation ends the refusal of gaps after a failed write.
+                inode.protectionState.withLock { $0.refusingGaps = nil }
                 let size = UInt64(max(0, new.pointee.st_size))
                 // Extending an encrypted file writes its last block.
                 func truncate(_ content: ProtectedContent) throws(Errno) {
@@ -681,6 +683,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             guard let file = HandleBox.release(fh, as: OpenFile.self), let inode = file.inode else { return nil }
             let unlinked = inode.protectionState.withLock { state -> Bool in
                 state.openHandles -= 1
+                if state.openHandles == 0 { state.refusingGaps = nil }
                 return state.releaseWhenClosed && state.openHandles == 0
             }
             if let content = file.content { releaseContent(content, of: inode) }
@@ -847,9 +850,14 @@ final class PassthroughFilesystem: @unchecked Sendable {
                 storageEdges.invalidateAttributes(id)
             }
             guard let live = try liveContent(file) else {
+                if let refused = refusedGap(file, at: offset) {
+                    replyError(req, refused)
+                    return
+                }
                 let written = writingAsOwner(of: file.inode) { custody_copy_bufvec_to_fd(buffers, file.fd, offset) }
                 if written < 0 {
                     replyError(req, Int32(-written))
+                    settleAfterFailedPlainWrite(file, at: offset, code: Int32(-written))
                     writeFailed(file.inode)
                 } else {
                     writeBehind(file.fd, written: Int(written))

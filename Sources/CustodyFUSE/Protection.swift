@@ -94,6 +94,9 @@ struct InodeProtection {
     var storageReleased = false
     /// A write failed since the last flush: the kernel's cache is dropped again then.
     var writeFailed = false
+    /// A plain write failed with this error: writes that would leave a gap fail with it too,
+    /// until the file is truncated or its last handle closes (`PlainFailedWrites.swift`).
+    var refusingGaps: Int32?
 }
 
 extension EngineError {

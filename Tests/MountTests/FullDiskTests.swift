@@ -48,8 +48,7 @@ final class FullDiskTests: XCTestCase {
 
     /// What `cat` reads: it must succeed (no EIO anywhere) and begin with what fitted. An
     /// encrypted file is then a clean prefix of `source` followed by nothing but zeros (the
-    /// kernel's page cache keeps the size it was given); a plain file is what the backing file
-    /// system kept (the kernel writes back in any order, so it may have gaps).
+    /// kernel's page cache keeps the size it was given); so is a plain file, at any byte.
     func checkCleanPrefix(_ name: String, _ source: [UInt8], blockAligned: Bool) throws -> Int {
         let cat = try runCommand(["sh", "-c", "cat '\(daemon.mnt(name))' > '\(daemon.root)/read-back'"])
         XCTAssertEqual(cat.status, 0, "cat of \(name) fails: \(cat.error)")
@@ -87,11 +86,74 @@ final class FullDiskTests: XCTestCase {
         XCTAssertEqual(try readFile(daemon.mnt("after")).count, 4 << 20)
     }
 
+    /// A plain file gets the same rule: what is stored is a prefix of what was written, with no
+    /// run of zeros (a hole a failed write-back left) before data that was written after it.
     func testAPlainFileThatFillsTheDiskReadsAsACleanPrefix() throws {
-        let (source, dd) = try overfill("plain")
-        XCTAssertNotEqual(dd.status, 0)
-        XCTAssertNil(xattr(daemon.mnt("plain"), "user.custody.encrypted").flatMap { $0 == "1" ? $0 : nil })
-        _ = try checkCleanPrefix("plain", source, blockAligned: false)
+        for round in 0..<1 {
+            let name = "plain\(round)"
+            let (source, dd) = try overfill(name)
+            XCTAssertNotEqual(dd.status, 0)
+            XCTAssertNil(xattr(daemon.mnt(name), "user.custody.encrypted").flatMap { $0 == "1" ? $0 : nil })
+            _ = try checkCleanPrefix(name, source, blockAligned: false)
+            // Stored: no hole inside the file.
+            let fd = try Syscall.open(daemon.back(name), O_RDONLY | O_CLOEXEC)
+            let stored = try Syscall.fstat(fd).st_size
+            let firstHole = Glibc.lseek(fd, 0, Linux.SEEK_HOLE)
+            close(fd)
+            XCTAssertEqual(firstHole, stored, "round \(round): the stored file has no hole before its end")
+            // After the kernel lets the inode go, the file is the prefix, and only it.
+            _ = try mustRun(["sh", "-c", "sync; echo 2 > /proc/sys/vm/drop_caches"])
+            let size = Int(try Syscall.lstat(daemon.mnt(name)).st_size)
+            XCTAssertGreaterThan(size, 0)
+            XCTAssertTrue(try readFile(daemon.mnt(name)) == Array(source.prefix(size)), "round \(round): the file is a prefix of what was written")
+            try FileManager.default.removeItem(atPath: daemon.mnt(name))
+        }
+    }
+
+    /// Written out of order (direct writes: each reaches the daemon as the program makes it): a
+    /// range near the end first, then from the start until the disk is full. The write that fails
+    /// leaves a hole below the stored end, so the file is cut where the hole begins; writes that
+    /// would leave a gap then fail with ENOSPC until the file is truncated.
+    func testAPlainFileWrittenOutOfOrderIsCutWhereTheFailedWriteLeftAHole() throws {
+        // Space to give back later.
+        _ = try mustRun(["dd", "if=/dev/zero", "of=\(daemon.mnt("filler"))", "bs=1M", "count=4", "conv=fsync", "status=none"])
+        let writer = #"""
+        import errno, mmap, os, sys
+        path, filler, stored = sys.argv[1], sys.argv[2], sys.argv[3]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+        buffer = mmap.mmap(-1, 1 << 20)
+        buffer.write(bytes((i * 7 + 3) % 251 for i in range(1 << 20)))
+        def write(offset):
+            try:
+                os.pwrite(fd, buffer, offset)
+                return "written"
+            except OSError as error:
+                return errno.errorcode[error.errno]
+        print(write(30 << 20))
+        offset = 0
+        while write(offset) == "written":
+            offset += 1 << 20
+        print(offset)
+        # What the backing store holds (the kernel keeps the size it knows until it lets the inode go).
+        print(os.stat(stored).st_size, os.lseek(os.open(stored, os.O_RDONLY), 0, os.SEEK_HOLE))
+        # Space again: a write that would leave a gap is refused; one at the end goes through.
+        os.unlink(filler)
+        print(write(offset + (1 << 20)), write(offset))
+        # A truncation ends the refusal.
+        os.truncate(path, offset)
+        print(write(offset + (1 << 20)))
+        """#
+        let result = try runCommand(["python3", "-c", writer, daemon.mnt("sparse"), daemon.mnt("filler"), daemon.back("sparse")])
+        XCTAssertEqual(result.status, 0, result.error)
+        let lines = result.output.split(separator: "\n").map(String.init)
+        XCTAssertEqual(lines.count, 5, result.output)
+        guard lines.count == 5 else { return }
+        XCTAssertEqual(lines[0], "written", "the range near the end fits")
+        let failedAt = try XCTUnwrap(Int(lines[1]))
+        XCTAssertLessThan(failedAt, 30 << 20)
+        XCTAssertEqual(lines[2], "\(failedAt) \(failedAt)", "cut where the hole began (the range written first, past it, is gone with it); no hole inside")
+        XCTAssertEqual(lines[3], "ENOSPC written", "after the failure, a gap is refused and the end is not")
+        XCTAssertEqual(lines[4], "written", "a truncation ends the refusal")
     }
 
     /// Writes that fail only when the kernel writes its cached pages back are reported by the
