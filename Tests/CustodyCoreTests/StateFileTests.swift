@@ -163,6 +163,35 @@ final class StateFileTests: EngineTestCase {
         }
     }
 
+    // MARK: The run's marks: a damaged one still counts as an unclean stop, and nothing else changes.
+
+    func testDamagedRunMarksAreUncleanStopsOrSetAside() throws {
+        _ = try populate(processes: FakeProcessTable())
+        // An engine that was not stopped cleanly left running.json; a clean stop removes it.
+        XCTAssertNotNil(contents(Engine.runningFile))
+        for how in Damage.allCases {
+            let before = try makeEngine()
+            let stops = before.uncleanStops.count
+            before.markCleanStop()
+            XCTAssertNil(contents(Engine.runningFile), "a clean stop removes the mark")
+            try? Data("{}".utf8).write(to: URL(fileURLWithPath: directory + "/" + Engine.runningFile))
+            try damage(Engine.runningFile, how)
+            let engine = try makeEngine()
+            XCTAssertEqual(engine.uncleanStops.count, how == .removed ? stops : stops + 1,
+                           "\(how): a mark that cannot be read is still an unclean stop; none, a clean one")
+            XCTAssertNotNil(try engine.account("alice-id"))
+        }
+        // The kept stops: set aside when unreadable, and the engine starts.
+        for how in [Damage.truncated, .garbage] {
+            try damage(Engine.uncleanStopsFile, how)
+            let engine = try makeEngine()
+            XCTAssertTrue(engine.stateProblems.contains { $0.kind == .setAside && $0.file == Engine.uncleanStopsFile }, "\(how)")
+            XCTAssertNotNil(contents(Engine.uncleanStopsFile), "\(how): written afresh with this start's unclean stop")
+        }
+        try damage(Engine.uncleanStopsFile, .removed)
+        XCTAssertNoThrow(try makeEngine())
+    }
+
     // MARK: Unlock attempts: set aside, and the count stays on the safe side.
 
     func testDamagedAttemptsCountAsTheBackoffLimitUntilTheRightPassphrase() throws {
