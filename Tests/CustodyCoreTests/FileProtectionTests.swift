@@ -61,7 +61,8 @@ final class FileProtectionTests: EngineTestCase {
         }
         XCTAssertEqual(try contents(path), Array("plain".utf8))
         XCTAssertThrowsError(try engine.protectionInfo(ofStoredPath: files + "/missing")) {
-            guard case .invalidPath? = $0 as? EngineError else { return XCTFail("\($0)") }
+            guard case .pathNotFound? = $0 as? EngineError else { return XCTFail("\($0)") }
+            XCTAssertEqual(($0 as? EngineError)?.code, 101, "InvalidPath, answered as not found")
         }
         XCTAssertEqual(symlink(path, files + "/link"), 0)
         XCTAssertThrowsError(try engine.encryptFile(storedPath: files + "/link", for: "alice@contoso.com")) {
