@@ -52,20 +52,20 @@ extension ControlAPI {
     /// nearest existing directory is resolved as the caller sees it (symbolic links followed),
     /// the rest is taken as written.
     func classify(_ body: PathRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        guard body.path.hasPrefix("/") else { throw Self.malformedPath(body.path, "give an absolute path") }
+        guard body.path.isAbsolutePath else { throw Self.malformedPath(body.path, "give an absolute path") }
         guard !body.path.utf8.contains(0) else { throw Self.malformedPath(body.path, "contains a NUL byte") }
         var existing = Engine.normalized(body.path)
         var rest: [String] = []
         let resolved = try asCaller(caller) { () throws(Failure) -> String in
             while true {
                 if let resolved = resolvedPath(existing) { return resolved }
-                guard existing != "/" else { return "/" }
+                guard !existing.bytesEqual("/") else { return "/" }
                 let (parent, name) = Syscall.split(existing)
                 rest.insert(name, at: 0)
                 existing = parent.isEmpty ? "/" : parent
             }
         }
-        let full = rest.isEmpty ? resolved : (resolved == "/" ? "" : resolved) + "/" + rest.joined(separator: "/")
+        let full = rest.isEmpty ? resolved : (resolved.bytesEqual("/") ? "" : resolved) + "/" + rest.joined(separator: "/")
         return try run { () throws(EngineError) in json(try engine.locate(full)) }
     }
 }

@@ -78,12 +78,12 @@ extension Engine {
     /// directory holds it (the deepest one), else `AccountDocument` inside a protected mount,
     /// else `Other` on a network file system, else `LocalDrive`.
     public func locate(_ path: String) throws(EngineError) -> PathLocation {
-        guard path.hasPrefix("/") else { throw .invalidPath(path, reason: "an absolute path is needed") }
+        guard path.isAbsolutePath else { throw .invalidPath(path, reason: "an absolute path is needed") }
         let normalized = Self.normalized(path)
         var best: (name: String, directory: String)?
         for (name, directories) in settings.locations {
             for directory in directories where Self.isInside(normalized, directory) {
-                if best == nil || directory.count > best!.directory.count { best = (name, directory) }
+                if directory.utf8.count > best?.directory.utf8.count ?? -1 { best = (name, directory) }
             }
         }
         if let best { return PathLocation(path: normalized, location: best.name, under: best.directory) }
@@ -144,16 +144,17 @@ extension Engine {
     }
 
     static func isInside(_ path: String, _ directory: String) -> Bool {
-        directory == "/" || path == directory || path.hasPrefix(directory.hasSuffix("/") ? directory : directory + "/")
+        path.isPath(inside: directory)
     }
 
     /// `path` without `.`, `..`, repeated and trailing slashes (lexically: symbolic links are
-    /// the caller's to resolve).
+    /// the caller's to resolve). Split at slash bytes: a slash followed by a combining mark is
+    /// still a slash.
     public static func normalized(_ path: String) -> String {
-        var parts: [Substring] = []
-        for part in path.split(separator: "/") {
-            if part == "." { continue }
-            if part == ".." { _ = parts.popLast(); continue }
+        var parts: [String] = []
+        for part in path.pathComponents {
+            if part.bytesEqual(".") { continue }
+            if part.bytesEqual("..") { _ = parts.popLast(); continue }
             parts.append(part)
         }
         return "/" + parts.joined(separator: "/")

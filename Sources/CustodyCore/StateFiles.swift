@@ -112,7 +112,8 @@ struct StateFiles: Sendable {
 
     /// The names in a subdirectory (empty when it cannot be read).
     func list(_ subdirectory: String) -> [String] {
-        (try? Syscall.directoryNames(atPath: path(subdirectory))) ?? []
+        // Only names this code writes (text) are state files.
+        ((try? Syscall.directoryNames(atPath: path(subdirectory))) ?? []).compactMap(\.text)
     }
 
     /// Creates a subdirectory (0700) if missing.

@@ -141,18 +141,21 @@ extension Engine {
     @discardableResult
     public func checkOwners(in backingDirectory: String, limit: Int = 5000) -> [String: Int] {
         var unknown: [String: Int] = [:]
-        var pending = [backingDirectory]
+        // Paths as bytes: a name need not be UTF-8.
+        var pending = [FileName(backingDirectory)]
         var looked = 0
         while let directory = pending.first, looked < limit {
             pending.removeFirst()
-            guard let names = try? Syscall.directoryNames(atPath: directory) else { continue }
+            guard let fd = try? Syscall.open(directory.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) else { continue }
+            defer { Syscall.close(fd) }
+            guard let names = try? Syscall.directoryNames(in: fd) else { continue }
             for name in names where looked < limit {
-                let path = directory + "/" + name
                 looked += 1
-                guard let attributes = try? Syscall.lstat(path) else { continue }
+                guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
                 let kind = attributes.st_mode & S_IFMT
-                if kind == S_IFDIR { pending.append(path) }
-                guard kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(from: path), record.encryptedClass != nil else { continue }
+                if kind == S_IFDIR { pending.append(name.appended(to: directory)) }
+                guard kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: fd, name: name.cString),
+                      record.encryptedClass != nil else { continue }
                 let owner = record.owner.canonical
                 let known = state.withLock { state in
                     state.accounts.contains { $0.matches(owner) } || state.pendingWipes.contains { $0.matches(owner) }

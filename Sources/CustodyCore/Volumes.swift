@@ -56,9 +56,10 @@ extension Engine {
     public func volume(containing path: String) -> VolumePath? {
         for volume in volumes {
             let root = volume.mountPoint
-            if path == root { return VolumePath(volume: volume, relativePath: "") }
-            let prefix = root == "/" ? "/" : root + "/"
-            if path.hasPrefix(prefix) { return VolumePath(volume: volume, relativePath: String(path.dropFirst(prefix.count))) }
+            if path.bytesEqual(root) { return VolumePath(volume: volume, relativePath: "") }
+            // Byte-wise: canonically equivalent spellings are different directories.
+            let prefix = root.bytesEqual("/") ? "/" : root + "/"
+            if path.hasBytePrefix(prefix) { return VolumePath(volume: volume, relativePath: path.droppingBytes(prefix.utf8.count)) }
         }
         return nil
     }

@@ -70,7 +70,7 @@ extension PassthroughFilesystem {
             return try withExtendedLifetime(open.owner) { () throws(Errno) in try Syscall.fgetxattr(open.fd, name, buffer, size) }
         }
         if let entry, let count = try withExtendedLifetime(entry.directory, { () throws(Errno) in
-            try Syscall.getxattr(in: entry.directory.fd, entry.name, ifStill: inode.device, inode.number, name, buffer, size)
+            try Syscall.getxattr(in: entry.directory.fd, entry.name.cString, ifStill: inode.device, inode.number, name, buffer, size)
         }) {
             return count
         }

@@ -70,7 +70,7 @@ public final class FUSEMount: @unchecked Sendable {
         guard mountAttributes.st_mode & S_IFMT == S_IFDIR, let mountPath = resolvedPath(mountPoint) else {
             throw .mountPointNotDirectory(mountPoint)
         }
-        if mountPath == backingPath || mountPath.hasPrefix(backingPath == "/" ? "/" : backingPath + "/") {
+        if mountPath.isPath(inside: backingPath) {
             throw .mountPointInsideBacking(mountPoint: mountPath, backing: backingPath)
         }
         if let existing = MountTable.entry(at: mountPath) {

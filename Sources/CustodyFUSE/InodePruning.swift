@@ -76,9 +76,7 @@ final class InodePruner: @unchecked Sendable {
         guard count > filesystem.inodeHighWater else { return }
         for entry in filesystem.inodes.leastRecentlyUsed(count - filesystem.inodeLowWater) {
             if stopping.load(ordering: .acquiring) { return }
-            _ = entry.name.withCString { name in
-                fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(entry.parent), name, entry.name.utf8.count)
-            }
+            _ = fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(entry.parent), entry.name.cString, entry.name.count)
         }
     }
 }

@@ -190,11 +190,11 @@ final class InodeTable: @unchecked Sendable {
 /// A directory's node ID and a name in it.
 struct EntryName: Sendable {
     var parent: UInt64
-    var name: String
+    var name: FileName
 }
 
 /// A name in a backing directory, as a request reached an object by it.
 struct BackingEntry {
     var directory: Inode
-    var name: String
+    var name: FileName
 }

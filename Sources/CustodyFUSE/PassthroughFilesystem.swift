@@ -152,7 +152,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
     /// Looks `name` up in `parent` (node `parentID`) and registers one kernel lookup of it.
     private func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
         let fd = try openPath(parent.fd, name)
-        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: String(cString: name)), in: parent)
+        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: FileName(cString: name)), in: parent)
     }
 
     /// An O_PATH descriptor on what `fd` (just opened by `name` in `parent`) refers to: by the
@@ -654,7 +654,7 @@ final class PassthroughFilesystem: @unchecked Sendable {
             }
             let handle: OpenFile
             let (pathFD, stated) = try pathDescriptor(of: fd, named: name, in: parent)
-            var entry = try rememberEntry(pathFD: pathFD, name: EntryName(parent: UInt64(parentID), name: String(cString: name)),
+            var entry = try rememberEntry(pathFD: pathFD, name: EntryName(parent: UInt64(parentID), name: FileName(cString: name)),
                                           stated: stated, protection: wanted)
             let inode = try inodes.inode(UInt64(entry.ino))
             metrics?.created(wanted.isEncrypted ? .encrypted : wanted == .untracked ? .none : .plain)

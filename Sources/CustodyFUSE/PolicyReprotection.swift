@@ -42,7 +42,7 @@ final class PolicyReprotection: @unchecked Sendable {
         var done = 0
         var reported = monotonicSeconds()
         for _ in 0..<Self.retryLimit where !pending.isEmpty {
-            var busy: [String] = []
+            var busy: [[FileName]] = []
             for path in pending {
                 switch reprotect(path, account: account) {
                 case .done: done += 1
@@ -69,32 +69,35 @@ final class PolicyReprotection: @unchecked Sendable {
 
     enum Outcome { case done, busy, failed }
 
-    /// Backing paths (relative to the root) of the regular files `account` owns.
-    private func files(of account: Account) -> [String] {
+    /// The regular files `account` owns, each as the names leading to it from the root (bytes:
+    /// a name need not be UTF-8).
+    private func files(of account: Account) -> [[FileName]] {
         guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return [] }
-        var found: [String] = []
-        func walk(_ fd: Int32, _ prefix: String) {
+        var found: [[FileName]] = []
+        func walk(_ fd: Int32, _ prefix: [FileName]) {
             for name in (try? Syscall.directoryNames(in: fd)) ?? [] {
                 if name.hasPrefix(PassthroughFilesystem.stagingPrefix) { continue }
-                guard let attributes = try? Syscall.fstatat(fd, name, AT_SYMLINK_NOFOLLOW) else { continue }
-                if attributes.st_mode & S_IFMT == S_IFDIR, let child = try? Syscall.openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) {
-                    walk(child, prefix + name + "/")
+                guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
+                if attributes.st_mode & S_IFMT == S_IFDIR,
+                   let child = try? Syscall.openat(fd, name.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) {
+                    walk(child, prefix + [name])
                     Syscall.close(child)
                 } else if attributes.st_mode & S_IFMT == S_IFREG,
-                          let record = try? OwnerRecord.load(in: fd, name: name),
+                          let record = try? OwnerRecord.load(in: fd, name: name.cString),
                           account.matches(record.owner.canonical) {
-                    found.append(prefix + name)
+                    found.append(prefix + [name])
                 }
             }
         }
-        walk(root.fd, "")
+        walk(root.fd, [])
         return found
     }
 
     /// Brings one file to its owner's current policy.
-    private func reprotect(_ path: String, account: Account) -> Outcome {
+    private func reprotect(_ path: [FileName], account: Account) -> Outcome {
+        // Name by name, following no link: the tree may have changed since the walk.
         guard let root = try? filesystem.inodes.inode(InodeTable.rootID),
-              let pathFD = try? Syscall.openat(root.fd, path, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC),
+              let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC),
               let attributes = try? Syscall.stat(of: pathFD) else { return .failed }
         let known = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
         let inode: Inode
@@ -116,7 +119,7 @@ final class PolicyReprotection: @unchecked Sendable {
         } catch where error == Errno(EBUSY) {
             return .busy
         } catch {
-            filesystem.log("re-protection of \(path) failed: \(error)")
+            filesystem.log("re-protection of \(path.map(\.description).joined(separator: "/")) failed: \(error)")
             return .failed
         }
     }

@@ -89,7 +89,7 @@ extension PassthroughFilesystem {
     private func forEachChild(of directory: Inode, _ body: (Inode, UInt64?) throws(Errno) -> Void) throws(Errno) {
         let names = try Syscall.directoryNames(in: directory.fd).filter { !$0.hasPrefix(Self.stagingPrefix) }
         for name in names {
-            let childFD = try Syscall.openat(directory.fd, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+            let childFD = try Syscall.openat(directory.fd, name.cString, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
             let attributes: stat
             do { attributes = try Syscall.stat(of: childFD) } catch {
                 Syscall.close(childFD)
@@ -130,7 +130,7 @@ extension PassthroughFilesystem {
         let attributes = try Syscall.stat(of: inode.fd)
         guard attributes.st_nlink <= 1 else { throw Errno.tooManyLinksToFile }
         let (directoryPath, name) = try backingLocation(of: inode)
-        let directory = try Syscall.open(directoryPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let directory = try Syscall.open(directoryPath.cString, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         defer { Syscall.close(directory) }
 
         // The new form, in an anonymous file in the same directory.
@@ -172,13 +172,13 @@ extension PassthroughFilesystem {
         try Syscall.fsync(staging)
 
         // Swap it in: link under a temporary name, rename over the original, sync the directory.
-        try Syscall.publishTemporary(staging, in: directory, as: name, prefix: Self.stagingPrefix)
+        try Syscall.publishTemporary(staging, in: directory, as: name.cString, prefix: Self.stagingPrefix)
 
         // The kernel's node ID now names the new backing inode. Its descriptor is opened by name
         // (one opened through the temporary file's /proc link would keep that file's anonymous
         // path), and checked to be the inode just renamed into place.
         let staged = try Syscall.fstat(staging)
-        var pathFD = try Syscall.openat(directory, name, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+        var pathFD = try Syscall.openat(directory, name.cString, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
         var replaced: stat
         do { replaced = try Syscall.stat(of: pathFD) } catch {
             Syscall.close(pathFD)
@@ -196,12 +196,17 @@ extension PassthroughFilesystem {
         if let id { inodes.replace(id, with: replacement) }
     }
 
-    /// The backing directory and name of a file (from its /proc/self/fd link).
-    private func backingLocation(of inode: Inode) throws(Errno) -> (String, String) {
-        let target = try Syscall.readlink(inode.procPath)
-        guard target.hasPrefix("/"), !target.hasSuffix(" (deleted)"), let slash = target.lastIndex(of: "/") else { throw Errno.noSuchFile }
-        let directory = slash == target.startIndex ? "/" : String(target[..<slash])
-        return (directory, String(target[target.index(after: slash)...]))
+    /// The backing directory and name of a file (from its /proc/self/fd link), byte for byte:
+    /// the file is renamed over by that name.
+    private func backingLocation(of inode: Inode) throws(Errno) -> (directory: FileName, name: FileName) {
+        let target = try Syscall.readlinkName(inode.procPath)
+        guard target.hasPrefix("/") else { throw Errno.noSuchFile }
+        let (directory, name) = Syscall.split(target)
+        // The link must lead to this file: an unlinked one's reads "… (deleted)", which may
+        // also be a live file's name.
+        let attributes = try Syscall.lstat(name.appended(to: directory).cString)
+        guard UInt64(attributes.st_dev) == inode.device, UInt64(attributes.st_ino) == inode.number else { throw Errno.noSuchFile }
+        return (directory, name)
     }
 
     /// Copies extended attributes, except Custody's own records, between two paths.

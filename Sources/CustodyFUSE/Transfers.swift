@@ -111,7 +111,7 @@ extension PassthroughFilesystem {
     func mountRelativePath(of inode: Inode) -> String {
         guard let root = try? inodes.inode(UInt64(FUSE_ROOT_ID)),
               let base = try? Syscall.readlink(root.procPath), let full = try? Syscall.readlink(inode.procPath) else { return "" }
-        guard full.hasPrefix(base) else { return "" }
-        return String(full.dropFirst(base.count).drop { $0 == "/" })
+        guard full.hasBytePrefix(base) else { return "" }
+        return String(full.droppingBytes(base.utf8.count).drop { $0 == "/" })
     }
 }

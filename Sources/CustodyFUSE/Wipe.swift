@@ -37,22 +37,22 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
         let names = try Syscall.directoryNames(in: fd)
         var remaining = names.count
         for name in names {
-            guard let attributes = try? Syscall.fstatat(fd, name, AT_SYMLINK_NOFOLLOW) else { continue }
+            guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
             let kind = attributes.st_mode & S_IFMT
             counts.scanned += 1
             if kind == S_IFDIR {
-                let child = try Syscall.openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                let child = try Syscall.openat(fd, name.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                 let childID = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
                 let empty = try wipe(directory: child, directoryID: childID, account: account, counts: &counts, progress: progress)
                 let owned = owns(account, (try? OwnerRecord.load(on: child)) ?? nil)
                 Syscall.close(child)
-                if empty, owned, (try? Syscall.unlinkat(fd, name, AT_REMOVEDIR)) != nil {
+                if empty, owned, (try? Syscall.unlinkat(fd, name.cString, AT_REMOVEDIR)) != nil {
                     forget(name, in: directoryID, child: childID)
                     remaining -= 1
                 }
             } else if kind == S_IFREG {
-                guard owns(account, (try? OwnerRecord.load(in: fd, name: name)) ?? nil) else { continue }
-                try Syscall.unlinkat(fd, name, 0)
+                guard owns(account, (try? OwnerRecord.load(in: fd, name: name.cString)) ?? nil) else { continue }
+                try Syscall.unlinkat(fd, name.cString, 0)
                 counts.deleted += 1
                 counts.bytesFreed += UInt64(attributes.st_blocks) * 512
                 forget(name, in: directoryID, child: filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)))
@@ -69,12 +69,12 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
     }
 
     /// Tells the kernel that a name it may have cached is gone.
-    private func forget(_ name: String, in parent: UInt64?, child: UInt64?) {
+    private func forget(_ name: FileName, in parent: UInt64?, child: UInt64?) {
         guard let session, let parent else { return }
         if let child {
-            _ = fuse_lowlevel_notify_delete(session, fuse_ino_t(parent), fuse_ino_t(child), name, name.utf8.count)
+            _ = fuse_lowlevel_notify_delete(session, fuse_ino_t(parent), fuse_ino_t(child), name.cString, name.count)
         } else {
-            _ = fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(parent), name, name.utf8.count)
+            _ = fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(parent), name.cString, name.count)
         }
     }
 }

@@ -102,7 +102,7 @@ extension OwnerRecord {
 
     /// The record of `name` in the directory `directory` (a symlink's own, never its target's);
     /// nil when it has none. One system call where the kernel has `getxattrat`.
-    public static func load(in directory: Int32, name: String) throws(FormatError) -> OwnerRecord? {
+    public static func load(in directory: Int32, name: UnsafePointer<CChar>) throws(FormatError) -> OwnerRecord? {
         try load { (bytes) throws(Errno) in try Syscall.getxattr(in: directory, name, attributeName, bytes.baseAddress, bytes.count) }
     }
 

@@ -11,17 +11,19 @@ public enum RootControlledPath {
     /// Resolves an absolute path in the daemon's view, component by component: the file it leads
     /// to (its real path and identity), or why another user could make it lead elsewhere.
     public static func resolve(_ path: String) -> Result<Resolved, ResolutionFailure> {
-        guard path.hasPrefix("/") else { return .failure(.notAbsolute) }
+        guard path.isAbsolutePath else { return .failure(.notAbsolute) }
         var root = stat()
         guard lstat("/", &root) == 0 else { return .failure(.missing("/")) }
         if let problem = directoryProblem(root) { return .failure(.changeable("/", problem)) }
-        var remaining = path.split(separator: "/", omittingEmptySubsequences: true).map(String.init)
+        // Split at slash bytes: as Characters, a slash followed by a combining mark is no slash,
+        // and the directory before it would go unchecked.
+        var remaining = path.pathComponents
         var resolved: [String] = []
         var links = 0
         while !remaining.isEmpty {
             let component = remaining.removeFirst()
-            if component == "." { continue }
-            if component == ".." {
+            if component.bytesEqual(".") { continue }
+            if component.bytesEqual("..") {
                 _ = resolved.popLast()
                 continue
             }
@@ -33,8 +35,8 @@ public enum RootControlledPath {
                 guard attributes.st_uid == 0 else { return .failure(.changeable(current, "a symlink owned by uid \(attributes.st_uid)")) }
                 links += 1
                 guard links <= mostLinks, let text = try? Syscall.readlink(current) else { return .failure(.missing(current)) }
-                if text.hasPrefix("/") { resolved = [] }
-                remaining = text.split(separator: "/", omittingEmptySubsequences: true).map(String.init) + remaining
+                if text.isAbsolutePath { resolved = [] }
+                remaining = text.pathComponents + remaining
             case S_IFDIR:
                 if let problem = directoryProblem(attributes) { return .failure(.changeable(current, problem)) }
                 resolved.append(component)

@@ -166,6 +166,12 @@ public enum Syscall {
         return String(decoding: target.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
+    /// The target of a symlink, byte for byte (to reach what it names).
+    public static func readlinkName(_ path: String) throws(Errno) -> FileName {
+        let target = try readlinkat(AT_FDCWD, path)
+        return FileName(bytes: target.lazy.map { UInt8(bitPattern: $0) })
+    }
+
     /// The target of a symlink, as raw bytes followed by a NUL.
     public static func readlinkat(_ dir: Int32, _ path: UnsafePointer<CChar>) throws(Errno) -> [CChar] {
         var capacity = 256
@@ -265,7 +271,7 @@ public enum Syscall {
     /// Attribute `name` of `path` in the directory `directory` (a final symlink not followed), in
     /// one call where the kernel has `getxattrat` (Linux 6.13); elsewhere through
     /// `/proc/self/fd/N/path` (`lgetxattr`), which walks /proc on every call.
-    public static func getxattr(in directory: Int32, _ path: String, _ name: UnsafePointer<CChar>,
+    public static func getxattr(in directory: Int32, _ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>,
                                 _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int {
         if !noGetxattrat.load(ordering: .relaxed) {
             let count = clinux_getxattrat(directory, path, name, buffer, size)
@@ -275,7 +281,7 @@ public enum Syscall {
             guard error == .notImplemented || error == .notPermitted else { throw error }
             noGetxattrat.store(true, ordering: .relaxed)
         }
-        return try lgetxattr(procPath(directory) + "/" + path, name, buffer, size)
+        return try lgetxattr(FileName(cString: path).appended(to: FileName(procPath(directory))).cString, name, buffer, size)
     }
 
     /// Set once `getxattrat` turned out to be missing.
@@ -286,7 +292,7 @@ public enum Syscall {
     /// two lookups of one name each, where `getxattr` on /proc/self/fd/N walks /proc (5 µs, 10–20
     /// under load here). nil where the kernel lacks `getxattrat`, or the name is gone or names
     /// another object now: the caller then asks by the object's /proc path.
-    public static func getxattr(in directory: Int32, _ path: String, ifStill device: UInt64, _ number: UInt64,
+    public static func getxattr(in directory: Int32, _ path: UnsafePointer<CChar>, ifStill device: UInt64, _ number: UInt64,
                                 _ name: UnsafePointer<CChar>, _ buffer: UnsafeMutableRawPointer?, _ size: Int) throws(Errno) -> Int? {
         guard !noGetxattrat.load(ordering: .relaxed) else { return nil }
         let count = clinux_getxattrat(directory, path, name, buffer, size)
@@ -357,7 +363,7 @@ public enum Syscall {
 
 extension Syscall {
     /// The names in the directory `directory` (a descriptor, O_PATH allowed), without `.` and `..`.
-    public static func directoryNames(in directory: Int32) throws(Errno) -> [String] {
+    public static func directoryNames(in directory: Int32) throws(Errno) -> [FileName] {
         let fd = try openat(directory, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard let stream = fdopendir(fd) else {
             let error = Errno.current
@@ -365,18 +371,33 @@ extension Syscall {
             throw error
         }
         defer { closedir(stream) }
-        var names: [String] = []
+        var names: [FileName] = []
         while let entry = readdir(stream) {
             let name = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: MemoryLayout.size(ofValue: entry.pointee.d_name)) { String(cString: $0) }
+                $0.withMemoryRebound(to: CChar.self, capacity: MemoryLayout.size(ofValue: entry.pointee.d_name)) { FileName(cString: $0) }
             }
-            if name != ".", name != ".." { names.append(name) }
+            if !name.isDotOrDotDot { names.append(name) }
         }
         return names
     }
 
+    /// Opens the object `components` names below the directory `root`, one name at a time and
+    /// following no symbolic link (the last one opened with `flags`), so that a tree changed
+    /// meanwhile cannot lead outside `root`.
+    public static func openBeneath(_ root: Int32, _ components: [FileName], _ flags: Int32) throws(Errno) -> Int32 {
+        guard let last = components.last, !components.contains(where: { $0.isDotOrDotDot || $0.isEmpty }) else { throw Errno.invalidArgument }
+        var directory = root
+        defer { if directory != root { close(directory) } }
+        for name in components.dropLast() {
+            let next = try openat(directory, name.cString, Linux.O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            if directory != root { close(directory) }
+            directory = next
+        }
+        return try openat(directory, last.cString, flags | O_NOFOLLOW)
+    }
+
     /// The names in the directory at `path`, without `.` and `..`.
-    public static func directoryNames(atPath path: String) throws(Errno) -> [String] {
+    public static func directoryNames(atPath path: String) throws(Errno) -> [FileName] {
         let fd = try open(path, Linux.O_PATH | O_DIRECTORY | O_CLOEXEC)
         defer { close(fd) }
         return try directoryNames(in: fd)
@@ -387,7 +408,7 @@ extension Syscall {
     /// Puts the anonymous (`O_TMPFILE`) file `staging` in place of `name` in `directory`,
     /// crash-safely: it is linked under a temporary name (`prefix` and random letters), renamed
     /// over `name`, and the directory is synced. The caller has synced `staging` itself.
-    public static func publishTemporary(_ staging: Int32, in directory: Int32, as name: String, prefix: String) throws(Errno) {
+    public static func publishTemporary(_ staging: Int32, in directory: Int32, as name: UnsafePointer<CChar>, prefix: String) throws(Errno) {
         let temporary = prefix + String(UInt64.random(in: 0...UInt64.max), radix: 36)
         try linkat(AT_FDCWD, procPath(staging), directory, temporary, AT_SYMLINK_FOLLOW)
         try publishNamed(temporary, in: directory, as: name)
@@ -406,7 +427,7 @@ extension Syscall {
     }
 
     /// Publishes a file from `createStaging` over `name` (see `publishTemporary`).
-    public static func publishStaging(_ staging: (fd: Int32, name: String?), in directory: Int32, as name: String, prefix: String) throws(Errno) {
+    public static func publishStaging(_ staging: (fd: Int32, name: String?), in directory: Int32, as name: UnsafePointer<CChar>, prefix: String) throws(Errno) {
         if let temporary = staging.name {
             try publishNamed(temporary, in: directory, as: name)
         } else {
@@ -419,7 +440,7 @@ extension Syscall {
         if let temporary = staging.name { _ = Glibc.unlinkat(directory, temporary, 0) }
     }
 
-    private static func publishNamed(_ temporary: String, in directory: Int32, as name: String) throws(Errno) {
+    private static func publishNamed(_ temporary: String, in directory: Int32, as name: UnsafePointer<CChar>) throws(Errno) {
         do {
             try renameat2(directory, temporary, directory, name, 0)
         } catch {
@@ -429,11 +450,20 @@ extension Syscall {
         try fsync(directory)
     }
 
-    /// Splits a path into its directory (`.` when it has none) and last name.
+    /// Splits a path into its directory (`.` when it has none) and last name, at its last slash
+    /// byte (a slash followed by a combining mark is still a slash).
     public static func split(_ path: String) -> (directory: String, name: String) {
-        guard let slash = path.lastIndex(of: "/") else { return (".", path) }
-        let directory = slash == path.startIndex ? "/" : String(path[..<slash])
-        return (directory, String(path[path.index(after: slash)...]))
+        let bytes = path.utf8
+        guard let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return (".", path) }
+        let directory = slash == bytes.startIndex ? "/" : String(decoding: bytes[..<slash], as: UTF8.self)
+        return (directory, String(decoding: bytes[bytes.index(after: slash)...], as: UTF8.self))
+    }
+
+    /// `split` for a path as the kernel gave it (bytes, such as a link's target).
+    public static func split(_ path: FileName) -> (directory: FileName, name: FileName) {
+        let bytes = path.bytes
+        guard let slash = bytes.lastIndex(of: UInt8(ascii: "/")) else { return (FileName("."), path) }
+        return (slash == 0 ? FileName("/") : FileName(bytes: bytes[..<slash]), FileName(bytes: bytes[(slash + 1)...]))
     }
 }
 

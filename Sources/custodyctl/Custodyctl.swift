@@ -154,7 +154,7 @@ enum JSONBody: Encodable {
 
 /// Makes an absolute path from what the user typed (relative to the working directory).
 func absolute(_ path: String) -> String {
-    if path.hasPrefix("/") { return path }
+    if path.isAbsolutePath { return path }
     var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
     guard getcwd(&buffer, buffer.count) != nil else { return path }
     let cwd = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)

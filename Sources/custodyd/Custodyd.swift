@@ -137,7 +137,7 @@ struct Custodyd: ParsableCommand {
             throw ValidationError("give both BACKING and MOUNTPOINT, or neither (to use --config)")
         }
         _ = try parsedDefaultIdentities()
-        for path in transferExemptExecutable where !path.hasPrefix("/") {
+        for path in transferExemptExecutable where !path.isAbsolutePath {
             throw ValidationError("--transfer-exempt-executable takes an absolute path, not \(path)")
         }
         if let socketMode {

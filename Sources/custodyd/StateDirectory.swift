@@ -19,8 +19,8 @@ enum StateDirectory {
     }
 
     static func prepare(_ path: String) throws(StateDirectoryError) {
-        var prefix = path.hasPrefix("/") ? "" : "."
-        for component in path.split(separator: "/") {
+        var prefix = path.isAbsolutePath ? "" : "."
+        for component in path.pathComponents {
             prefix += "/" + component
             if mkdir(prefix, 0o700) != 0, errno != EEXIST {
                 throw StateDirectoryError(path: path, reason: "cannot create \(prefix): \(Errno.current)")

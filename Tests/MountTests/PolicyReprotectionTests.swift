@@ -66,4 +66,23 @@ final class PolicyReprotectionTests: XCTestCase {
         XCTAssertEqual(xattr(daemon.mnt("doc7.txt"), "user.custody.owner"), "alice@contoso.com")
         XCTAssertEqual(try runCommand(["find", daemon.backing, "-name", ".custody-reprotect-*"]).output, "")
     }
+    /// Names are bytes: files whose names (or whose directories' names) are not UTF-8, or hold a
+    /// combining mark right after the slash, are encrypted when the policy asks, under their own
+    /// names, with nothing left in clear and no stray copy.
+    func testEncryptionReachesNamesThatAreNotText() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"fileEncryptionRequired": false}}"#).status, 201)
+        let names = #"latin1=$(printf 'caf\351'); mark=$(printf '\314\201x')"#
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && \(names) && mkdir \"$latin1\" \"$mark\" && "
+                     + "for d in \"$latin1\" \"$mark\" .; do for n in \"$latin1\" \"$mark\" plain; do echo MARKER-BYTES > \"$d/$n.txt\"; done; done"])
+        let listing = try mustRun(["sh", "-c", "cd '\(daemon.backing)' && find . | sort | od -An -c"])
+        XCTAssertEqual(try runCommand(["grep", "-rl", "MARKER-BYTES", daemon.backing]).output.split(separator: "\n").count, 9)
+
+        try putPolicy(#"{"fileEncryptionRequired": true, "protectionLevel": "untilFirstAuth"}"#)
+        waitUntil("every file is encrypted") { (try? runCommand(["grep", "-rl", "MARKER-BYTES", daemon.backing]).output) == "" }
+        waitUntil("the account is no longer marked") { (try? self.daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":false"#)) == true }
+        XCTAssertEqual(try mustRun(["sh", "-c", "cd '\(daemon.backing)' && find . | sort | od -An -c"]), listing, "the same names, nothing more")
+        let contents = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && \(names) && cat \"$latin1/$mark.txt\" \"$mark/$latin1.txt\" \"$latin1.txt\""])
+        XCTAssertEqual(contents, "MARKER-BYTES\nMARKER-BYTES\nMARKER-BYTES\n")
+    }
 }

@@ -129,4 +129,31 @@ final class WipeTests: XCTestCase {
         XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: journal).filter { $0.hasSuffix(".json") }, [], "the journal is done")
         XCTAssertEqual(try runCommand(["sh", "-c", "ls '\(daemon.state)/keybags' | wc -l"]).output.trimmingCharacters(in: .whitespacesAndNewlines), "0")
     }
+    /// Names are bytes: a wipe reaches the identity's files and directories whatever their names
+    /// hold (bytes that are not UTF-8, a combining mark or an emoji modifier right after the
+    /// slash), and leaves everyone else's alone.
+    func testWipeReachesNamesThatAreNotText() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--allow-other", "--default-identity", "0=alice@contoso.com",
+                                                    "--default-identity", "65534=bob@personal.example"])
+        XCTAssertEqual(chmod(daemon.root, 0o755), 0)
+        XCTAssertEqual(chmod(daemon.backing, 0o1777), 0)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "none"}}"#).status, 201)
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "bob-oid", "upn": "bob@personal.example", "enroll": false}"#).status, 201)
+        let names = #"latin1=$(printf 'caf\351'); mark=$(printf '\314\201x'); tone=$(printf '\360\237\217\273y')"#
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && \(names) && mkdir -m 777 \"$latin1\" \"$mark\" && "
+                     + "for d in \"$latin1\" \"$mark\" .; do for n in \"$latin1\" \"$mark\" \"$tone\" plain; do echo alice > \"$d/$n.txt\"; done; done && "
+                     + "setfattr -n user.custody.owner -v alice@contoso.com \"$latin1\" \"$mark\""])
+        let bob = try runCommand(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                                  "cd '\(daemon.mountPoint)' && \(names) && echo bob > \"$latin1/bob-$latin1\" && echo bob > \"bob-$mark\""])
+        XCTAssertEqual(bob.status, 0, bob.error)
+        XCTAssertEqual(try mustRun(["find", daemon.backing, "-type", "f"]).split(separator: "\n").count, 14)
+
+        let response = try daemon.api("POST", "/v1/accounts/alice@contoso.com/wipe")
+        XCTAssertEqual(response.status, 200, response.body)
+        XCTAssertTrue(response.body.contains(#""deleted":12"#), response.body)
+        // Bob's two files stay, and Alice's directory that holds one of them; her other one goes.
+        let left = try mustRun(["sh", "-c", "cd '\(daemon.backing)' && \(names) && for p in * */*; do [ -e \"$p\" ] && printf '%s\\n' \"$p\"; done | od -An -c | tr -s ' '"])
+        let expected = try mustRun(["sh", "-c", "\(names) && printf '%s\\n' \"bob-$mark\" \"$latin1\" \"$latin1/bob-$latin1\" | od -An -c | tr -s ' '"])
+        XCTAssertEqual(left, expected)
+    }
 }
