@@ -53,7 +53,7 @@ extension ControlAPI {
     func locate(_ raw: String, _ caller: Caller) throws(Failure) -> LocatedPath {
         // What the schema states of a path (absolute, no NUL) is 400; a path that is well formed
         // but not usable is 409, one that does not exist 404 (both InvalidPath, 101).
-        guard raw.hasPrefix("/") else { throw Self.malformedPath(raw, "give an absolute path") }
+        guard raw.isAbsolutePath else { throw Self.malformedPath(raw, "give an absolute path") }
         guard !raw.utf8.contains(0) else { throw Self.malformedPath(raw, "contains a NUL byte") }
         var (directory, name) = Syscall.split(raw)
         if name.isEmpty || name == "." || name == ".." { (directory, name) = (raw, "") }
@@ -67,7 +67,7 @@ extension ControlAPI {
         let path = name.isEmpty ? resolved : (resolved == "/" ? "/" + name : resolved + "/" + name)
         for volume in engine.volumes {
             let backing = volume.backingDirectory
-            if path == backing || path.hasPrefix(backing == "/" ? "/" : backing + "/") {
+            if path.isPath(inside: backing) {
                 throw Self.failure(.invalidPath(path, reason: "inside the backing store of \(volume.mountPoint); use the path in the mount"))
             }
         }
@@ -171,6 +171,10 @@ extension ControlAPI {
     // MARK: protect
 
     func protect(_ body: ProtectRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+        // A malformed identity is the request's fault (400), before anything is looked up.
+        if let identity = body.identity {
+            do throws(EngineError) { _ = try Account.checkedName(identity) } catch { throw Self.failure(error) }
+        }
         let located = try locate(body.path, caller)
         guard let volumePath = located.volume else {
             throw Self.failure(.invalidPath(located.path, reason: "not in a mount: owners live in mounts (use encrypt-file for a file elsewhere)"))

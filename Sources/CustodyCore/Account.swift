@@ -91,7 +91,7 @@ public struct Policy: Codable, Equatable, Sendable {
         saveToLocations = try Self.decodeLocations(container, .saveToLocations)
         openFromLocations = try Self.decodeLocations(container, .openFromLocations)
         transferExemptExecutables = try container.decodeIfPresent([String].self, forKey: .transferExemptExecutables) ?? []
-        for path in transferExemptExecutables where !path.hasPrefix("/") {
+        for path in transferExemptExecutables where !path.isAbsolutePath {
             throw DecodingError.dataCorruptedError(forKey: .transferExemptExecutables, in: container,
                                                    debugDescription: "executables are absolute paths, not \(path)")
         }
@@ -167,5 +167,16 @@ public struct Account: Codable, Equatable, Sendable {
     /// The case-folded, trimmed form identities are compared in.
     public static func canonical(_ identity: String) -> String {
         identity.foldedIdentity()
+    }
+
+    /// `identity` trimmed, if it can name a file's owner (see `Owner`): some character that is
+    /// not whitespace, no NUL, at most 180 bytes of UTF-8 in both spellings. Every way an
+    /// identity enters (enrollment, registration, bindings, files and data protected for it)
+    /// checks the same rule, so the control API's schema can state it once.
+    public static func checkedName(_ identity: String) throws(EngineError) -> String {
+        let trimmed = identity.trimmingWhitespace()
+        guard !trimmed.isEmpty else { throw .invalidIdentity("an identity needs a character that is not whitespace") }
+        do { _ = try Owner(trimmed) } catch { throw .invalidIdentity("\(error)") }
+        return trimmed
     }
 }

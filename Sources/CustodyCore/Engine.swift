@@ -310,8 +310,7 @@ public final class Engine: @unchecked Sendable {
     /// Registers an account without enrolling it (known, unmanaged).
     @discardableResult
     public func register(id: String, upn: String, uid: UInt32? = nil) throws(EngineError) -> Account {
-        let id = id.trimmingWhitespace(), upn = upn.trimmingWhitespace()
-        guard !id.isEmpty, !upn.isEmpty else { throw .invalidIdentity("an account needs an object ID and a UPN") }
+        let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
         let account = try state.withLock { (state) throws(EngineError) -> Account in
             if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }) { return existing }
             let account = Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
@@ -339,8 +338,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func enrollChecked(id: String, upn: String, policy: Policy, passphrase: SecretBytes?, uid: UInt32?) throws(EngineError) -> Account {
-        let id = id.trimmingWhitespace(), upn = upn.trimmingWhitespace()
-        guard !id.isEmpty, !upn.isEmpty else { throw .invalidIdentity("an account needs an object ID and a UPN") }
+        let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
         try checkLocations(policy)
         if !settings.allowedAccounts.isEmpty {
             let allowed = settings.allowedAccounts.map(Account.canonical)

@@ -202,6 +202,7 @@ extension Engine {
     /// decide, as in the mount: the owner's `sendToOtherIdentities`, then the receiver's
     /// `receiveFromOtherIdentities` (see docs/identity.md).
     public func canReceiveSharedFile(storedPath path: String, identity: String) throws(EngineError) -> SharingDecision {
+        let identity = try Account.checkedName(identity)
         let info = try protectionInfo(ofStoredPath: path)
         let decision = transferDecision(from: info.owner, to: identity, by: .ownerChange)
         return SharingDecision(allowed: decision.allowed, reason: decision.reason, code: decision.code, name: decision.name)

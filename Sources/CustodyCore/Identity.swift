@@ -125,10 +125,7 @@ extension Engine {
     }
 
     private func checkedIdentity(_ identity: String) throws(EngineError) -> String {
-        let trimmed = identity.trimmingWhitespace()
-        guard !trimmed.isEmpty else { throw .invalidIdentity("empty identity") }
-        guard trimmed.utf8.count <= 180 else { throw .invalidIdentity("identity longer than 180 bytes") }
-        return registeredName(trimmed)
+        registeredName(try Account.checkedName(identity))
     }
 
     /// A registered account is named as registered (its UPN); any other string is an unmanaged

@@ -18,8 +18,9 @@ final class ModelConformanceTests: XCTestCase {
     }
 
     /// A schema with its `$ref` followed and, where it offers alternatives (`oneOf`), the first
-    /// one's properties and requirements merged in.
+    /// one's properties and requirements merged in; of `anyOf` alternatives, the first.
     func resolve(_ schema: [String: Any]) -> [String: Any] {
+        if let first = (schema["anyOf"] as? [[String: Any]])?.first { return resolve(first) }
         guard let reference = schema["$ref"] as? String, reference.hasPrefix("#/") else {
             guard let first = (schema["oneOf"] as? [[String: Any]])?.first else { return schema }
             var merged = schema

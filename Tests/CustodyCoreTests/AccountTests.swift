@@ -22,6 +22,24 @@ final class AccountTests: EngineTestCase {
         XCTAssertEqual(events.withLock { $0.last?.code }, 100, "enrollment reports NewPoliciesReceived")
     }
 
+    /// Every way an identity enters takes the one rule an owner obeys (what the API's schema
+    /// states): some character that is not whitespace, no NUL, at most 180 bytes.
+    func testIdentitiesThatCannotOwnAFileAreRefusedEverywhere() throws {
+        let engine = try makeEngine(testSettings(multiIdentity: true))
+        let bad = ["", " ", "\u{85}", "\u{3000}\t", "a\u{0}b", String(repeating: "é", count: 91), String(repeating: "x", count: 181)]
+        for identity in bad {
+            XCTAssertThrowsError(try engine.enroll(id: identity, upn: "ok@x"), identity.debugDescription) { XCTAssertEqual(($0 as? EngineError)?.code, 207) }
+            XCTAssertThrowsError(try engine.register(id: "ok-id", upn: identity), identity.debugDescription) { XCTAssertEqual(($0 as? EngineError)?.code, 207) }
+            XCTAssertThrowsError(try engine.protectData([1, 2], for: identity), identity.debugDescription) { XCTAssertEqual(($0 as? EngineError)?.code, 207) }
+            XCTAssertThrowsError(try engine.bindProcess(getpid(), to: identity), identity.debugDescription) { XCTAssertEqual(($0 as? EngineError)?.code, 207) }
+        }
+        XCTAssertEqual(engine.accounts().count, 0, "nothing was registered")
+        XCTAssertEqual(try Account.checkedName("  \u{A0}Alice@Contoso.com\u{2003}"), "Alice@Contoso.com")
+        XCTAssertEqual(try Account.checkedName(String(repeating: "x", count: 180)).utf8.count, 180)
+        try engine.enroll(id: " \u{85}alice-id", upn: "alice@contoso.com\u{3000}")
+        XCTAssertEqual(try engine.account("alice-id").upn, "alice@contoso.com")
+    }
+
     func testEnrollmentRulesAndTheirCodes() throws {
         var settings = testSettings(multiIdentity: false)
         settings.allowedAccounts = ["alice@contoso.com", "CAROL-ID"]
