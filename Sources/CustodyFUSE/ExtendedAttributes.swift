@@ -10,7 +10,7 @@ import Glibc
 /// The mount adds virtual attributes: `user.custody.owner` (the owner's identity),
 /// `user.custody.class` (the protection class of an encrypted file) and `user.custody.encrypted`
 /// (1 or 0). The backing store's own `trusted.custody.*` records are neither shown nor settable.
-extension PassthroughFilesystem {
+extension MountFileSystem {
     static let virtualPrefix = "user.custody."
     static let hiddenPrefix = "trusted.custody."
 

@@ -106,7 +106,7 @@ public final class FUSEMount: @unchecked Sendable {
             throw .backingUnreadable(backing, error)
         }
         let root = Inode(fd: rootFD, device: UInt64(rootAttributes.st_dev), number: UInt64(rootAttributes.st_ino), fileType: S_IFDIR)
-        let filesystem = PassthroughFilesystem(root: root, options: options, engine: engine, metrics: metrics)
+        let filesystem = MountFileSystem(root: root, options: options, engine: engine, metrics: metrics)
 
         var arguments = ["custodyd", "-o", mountOptionString()]
         if options.debug { arguments.append("-d") }
@@ -116,7 +116,7 @@ public final class FUSEMount: @unchecked Sendable {
 
         let userdata = Unmanaged.passRetained(filesystem)
         defer { userdata.release() }
-        var ops = PassthroughFilesystem.operations()
+        var ops = MountFileSystem.operations()
 
         let session: OpaquePointer? = argv.withUnsafeMutableBufferPointer { argvBuffer in
             var args = fuse_args(argc: Int32(arguments.count), argv: argvBuffer.baseAddress, allocated: 0)
@@ -139,7 +139,7 @@ public final class FUSEMount: @unchecked Sendable {
         guard fuse_session_mount(session, mountPoint) == 0 else { throw .mountFailed(mountPoint) }
         // Per-CPU request rings, installed before the loop reads INIT. The custom I/O under them
         // is installed either way: it reads the request flags libfuse drops (see
-        // `PassthroughFilesystem.clearSetIDBits`).
+        // `MountFileSystem.clearSetIDBits`).
         rings = RequestRings(session: session, key: userdata.toOpaque(), workers: options.maxThreads, metrics: metrics)
         // Serving ends before anything requests use stops (the pruner, lock enforcement, the
         // engine's attachment …) and before the session is destroyed: the mount goes, then the

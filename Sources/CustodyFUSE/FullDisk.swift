@@ -94,7 +94,7 @@ final class StorageEdges: @unchecked Sendable {
     }
 
     /// By `FileOperation.rawValue`: whether a request may need space on the backing store, or
-    /// reports it, and so calls `settleReleases` first (in `PassthroughFilesystem.serve`).
+    /// reports it, and so calls `settleReleases` first (in `MountFileSystem.serve`).
     static let waitsForReleases: [Bool] = FileOperation.allCases.map { operation in
         switch operation {
         // Not SETATTR: `rm -rf` sends one after every UNLINK (the change time), and a truncation

@@ -14,12 +14,12 @@ import Synchronization
 /// (`Syscall.releaseFreeMemory`, and the request rings' added entries), so that buffers freed
 /// during a burst do not stay resident.
 final class InodePruner: @unchecked Sendable {
-    private let filesystem: PassthroughFilesystem
+    private let filesystem: MountFileSystem
     private let session: OpaquePointer
     private let stopping = Atomic<Bool>(false)
     private var thread: pthread_t?
 
-    init(filesystem: PassthroughFilesystem, session: OpaquePointer) {
+    init(filesystem: MountFileSystem, session: OpaquePointer) {
         self.filesystem = filesystem
         self.session = session
     }

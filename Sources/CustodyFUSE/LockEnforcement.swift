@@ -13,7 +13,7 @@ import Synchronization
 /// Notifications go out from a queue of their own, never from a request handler: libfuse warns
 /// that notifying from inside a request can deadlock.
 final class LockEnforcement: @unchecked Sendable {
-    private let filesystem: PassthroughFilesystem
+    private let filesystem: MountFileSystem
     private let session: UncheckedSession
     private let queue = DispatchQueue(label: "custody.lock-enforcement")
     private var subscription: Int?
@@ -21,7 +21,7 @@ final class LockEnforcement: @unchecked Sendable {
 
     struct UncheckedSession: @unchecked Sendable { let pointer: OpaquePointer }
 
-    init(filesystem: PassthroughFilesystem, session: OpaquePointer, engine: Engine) {
+    init(filesystem: MountFileSystem, session: OpaquePointer, engine: Engine) {
         self.filesystem = filesystem
         self.session = UncheckedSession(pointer: session)
         self.engine = engine

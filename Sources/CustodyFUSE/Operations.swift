@@ -3,22 +3,22 @@ import CFuse3
 /// The libfuse low-level operations table. Each entry is a non-capturing closure that finds the
 /// file system object through the request's userdata and calls the matching method.
 @inline(__always)
-private func from(_ req: fuse_req_t?) -> PassthroughFilesystem {
+private func from(_ req: fuse_req_t?) -> MountFileSystem {
     // libfuse sets userdata for every request of the session this object was created with.
-    let filesystem = Unmanaged<PassthroughFilesystem>.fromOpaque(fuse_req_userdata(req)).takeUnretainedValue()
+    let filesystem = Unmanaged<MountFileSystem>.fromOpaque(fuse_req_userdata(req)).takeUnretainedValue()
     filesystem.requestCount.wrappingAdd(1, ordering: .relaxed)
     filesystem.wakeBoost?.noteRequest()
     if filesystem.readAheadPending.load(ordering: .relaxed) { filesystem.applyPendingReadAhead() }
     return filesystem
 }
 
-extension PassthroughFilesystem {
+extension MountFileSystem {
 
     static func operations() -> fuse_lowlevel_ops {
         var ops = fuse_lowlevel_ops()
         ops.`init` = { userdata, conn in
             guard let userdata, let conn else { return }
-            Unmanaged<PassthroughFilesystem>.fromOpaque(userdata).takeUnretainedValue().configure(conn)
+            Unmanaged<MountFileSystem>.fromOpaque(userdata).takeUnretainedValue().configure(conn)
         }
         ops.lookup = { req, parent, name in
             guard let req, let name else { return }

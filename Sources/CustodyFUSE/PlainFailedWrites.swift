@@ -11,7 +11,7 @@ import Glibc
 /// with O_TRUNC, or its last handle closes, writes that would leave a gap past its end fail with
 /// the same error. A failed overwrite of data that is there, or a failed append, leaves the file
 /// as it is: it is whole.
-extension PassthroughFilesystem {
+extension MountFileSystem {
     /// After a plain write at `offset` failed with `code`.
     func settleAfterFailedPlainWrite(_ file: OpenFile, at offset: off_t, code: Int32) {
         guard let inode = file.inode, [ENOSPC, EDQUOT, EFBIG].contains(code) else { return }

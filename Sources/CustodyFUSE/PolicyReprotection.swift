@@ -11,14 +11,14 @@ import Glibc
 /// are open are left for later and retried once closed, so a write racing with re-protection is
 /// never lost; every rewrite is crash-safe (see `reprotect`).
 final class PolicyReprotection: @unchecked Sendable {
-    private let filesystem: PassthroughFilesystem
+    private let filesystem: MountFileSystem
     private weak var engine: Engine?
     private let queue = DispatchQueue(label: "custody.reprotection")
     private var subscription: Int?
     static let retryInterval: useconds_t = 200_000
     static let retryLimit = 3000
 
-    init(filesystem: PassthroughFilesystem, engine: Engine) {
+    init(filesystem: MountFileSystem, engine: Engine) {
         self.filesystem = filesystem
         self.engine = engine
         subscription = engine.events.subscribe { [weak self] event in
@@ -76,7 +76,7 @@ final class PolicyReprotection: @unchecked Sendable {
         var found: [[FileName]] = []
         func walk(_ fd: Int32, _ prefix: [FileName]) {
             for name in (try? Syscall.directoryNames(in: fd)) ?? [] {
-                if name.hasPrefix(PassthroughFilesystem.stagingPrefix) { continue }
+                if name.hasPrefix(MountFileSystem.stagingPrefix) { continue }
                 guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
                 if attributes.st_mode & S_IFMT == S_IFDIR,
                    let child = try? Syscall.openat(fd, name.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) {
@@ -125,7 +125,7 @@ final class PolicyReprotection: @unchecked Sendable {
     }
 }
 
-extension PassthroughFilesystem {
+extension MountFileSystem {
     /// A new protection level for an encrypted file: the same file key, wrapped for the new class,
     /// written over the 512-byte header in place (one sector: it cannot tear). The content stays.
     func rewrap(_ inode: Inode, to protectionClass: ProtectionClass, classKey: ClassKey) throws(Errno) {

@@ -110,7 +110,7 @@ extension FormatError {
     }
 }
 
-extension PassthroughFilesystem {
+extension MountFileSystem {
     // MARK: Probing
 
     /// The protection of `inode`, read from its owner record the first time.

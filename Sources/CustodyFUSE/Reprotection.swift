@@ -13,7 +13,7 @@ import Glibc
 /// daemon dies), is synced, linked under a temporary name and renamed over the original; the
 /// directory is synced. The kernel's node ID is then pointed at the new backing inode, so names
 /// and caches stay valid. Between plain forms only the owner record changes.
-extension PassthroughFilesystem {
+extension MountFileSystem {
     static let stagingPrefix = ".custody-reprotect-"
 
     /// Gives `inode` (node `id`) the owner `ownerName` (nil: no owner). Directories pass it on to

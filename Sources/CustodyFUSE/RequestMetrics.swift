@@ -17,11 +17,11 @@ func replyError(_ req: fuse_req_t?, _ code: Int32) {
     fuse_reply_err(req, code)
 }
 
-extension PassthroughFilesystem {
+extension MountFileSystem {
     /// Serves one request with `body` and, when the daemon counts, counts it: its operation, the
     /// time to the answer, and the errno it was answered with.
     @inline(__always)
-    func serve(_ operation: FileOperation, _ body: (PassthroughFilesystem) -> Void) {
+    func serve(_ operation: FileOperation, _ body: (MountFileSystem) -> Void) {
         if StorageEdges.waitsForReleases[operation.rawValue] { storageEdges.settleReleases() }
         guard let metrics else { return body(self) }
         let slot = RequestSlot.slots.value

@@ -46,7 +46,7 @@ final class TransferGrant: Sendable {
 /// The identity boundary in the mount: opening a file moves data between the caller's effective
 /// identity and the file's owner (reading: owner → caller; writing: caller → owner), and the
 /// engine's transfer rules decide it before any byte is served. See docs/identity.md.
-extension PassthroughFilesystem {
+extension MountFileSystem {
     /// Decides an open of `inode` with `flags` by the caller of `req`. Refused: reported and
     /// EACCES. Allowed within one identity: nil. Allowed across identities: a grant for the handle.
     func checkTransfer(_ req: fuse_req_t, _ inode: Inode, flags: Int32) throws(Errno) -> TransferGrant? {

@@ -10,11 +10,11 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     let mountPoint: String
     let backingDirectory: String
     let allowsOtherUsers: Bool
-    private let filesystem: PassthroughFilesystem
+    private let filesystem: MountFileSystem
     private let wipe: MountWipe
     private let enforcement: LockEnforcement?
 
-    init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: PassthroughFilesystem, session: OpaquePointer?,
+    init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: MountFileSystem, session: OpaquePointer?,
          enforcement: LockEnforcement? = nil) {
         self.enforcement = enforcement
         self.mountPoint = mountPoint

@@ -9,10 +9,10 @@ import Glibc
 /// and no identity are untouched, also inside the identity's directories (which then stay).
 /// The engine has destroyed the identity's keys before this runs.
 final class MountWipe: WipeHandler, @unchecked Sendable {
-    private let filesystem: PassthroughFilesystem
+    private let filesystem: MountFileSystem
     private let session: OpaquePointer?
 
-    init(filesystem: PassthroughFilesystem, session: OpaquePointer?) {
+    init(filesystem: MountFileSystem, session: OpaquePointer?) {
         self.filesystem = filesystem
         self.session = session
     }
