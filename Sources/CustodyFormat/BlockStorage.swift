@@ -192,3 +192,12 @@ public final class MemoryStorage: BlockStorage {
         }
     }
 }
+
+extension BlockStorage {
+    public func writeBytes(_ bytes: [UInt8], at offset: UInt64) throws(FormatError) {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(bytes.count, 1), alignment: 8)
+        defer { buffer.deallocate() }
+        buffer.copyBytes(from: bytes)
+        try write(UnsafeRawBufferPointer(rebasing: buffer[0..<bytes.count]), at: offset)
+    }
+}

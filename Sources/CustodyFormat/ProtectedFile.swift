@@ -24,21 +24,21 @@ public final class ProtectedFile: @unchecked Sendable {
     public static let defaultParallelism = max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN)))
     /// The most threads one request's blocks are spread over (1: the calling thread only).
     public let parallelism: Int
-    private static let stripeCount = 64
+    static let stripeCount = 64
 
     var plaintextSize: UInt64
     /// Where the file stops being whole after a write failed (the disk filled up), until
     /// `settleAfterFailedWrite` cuts it there.
-    private let failedAt = Mutex<UInt64?>(nil)
+    let failedAt = Mutex<UInt64?>(nil)
     /// Set once a failed write was settled: writes that would leave a gap are refused (with the
     /// error that failed the first), so the file stays a clean prefix. Guarded by the size lock.
-    private var refusingGaps: FormatError?
+    var refusingGaps: FormatError?
     /// Version 2: which zero blocks are holes (loaded from the hole record at first need).
-    private let holes = Mutex<(loaded: Bool, set: HoleSet)>((false, HoleSet()))
-    private var tracksHoles: Bool { header.version >= 2 }
+    let holes = Mutex<(loaded: Bool, set: HoleSet)>((false, HoleSet()))
+    var tracksHoles: Bool { header.version >= 2 }
     // Allocated in init only after every step that can throw: a throwing init skips deinit.
     let sizeLock: UnsafeMutablePointer<pthread_rwlock_t>
-    private let stripes: UnsafeMutablePointer<pthread_mutex_t>
+    let stripes: UnsafeMutablePointer<pthread_mutex_t>
 
     // MARK: Opening and creating
 
@@ -133,12 +133,12 @@ public final class ProtectedFile: @unchecked Sendable {
     static let prefetchThreshold = 256 * 1024
     /// Small reads of files of at least this many bytes go through a mapping (see `readMapped`).
     static let mappingThreshold: UInt64 = 1 << 20
-    private struct MappingState {
+    struct MappingState {
         var mapping: FileMapping?
         /// The storage could not be mapped: not tried again.
         var unavailable = false
     }
-    private let mapping = Mutex(MappingState())
+    let mapping = Mutex(MappingState())
     static let storedBuffers = BufferPool(capacity: (1 << 20) + (64 << 10), keep: 2, zeroesOnReturn: false, smallLimit: 64 << 10)
 
     /// Reads up to `buffer.count` plaintext bytes at `offset`; fewer only at the end of the file.
@@ -186,8 +186,8 @@ public final class ProtectedFile: @unchecked Sendable {
 
     /// Opens block `index` with `open` straight into the caller's buffer when the request covers
     /// the whole block, else into the worker's scratch, and copies the requested part.
-    private func deliver(_ index: UInt64, of worker: BlockWorker, from offset: UInt64, to end: UInt64, into out: UnsafeMutableRawPointer,
-                         fileSize size: UInt64, _ open: (UnsafeMutableRawPointer) throws(FormatError) -> Void) throws(FormatError) {
+    func deliver(_ index: UInt64, of worker: BlockWorker, from offset: UInt64, to end: UInt64, into out: UnsafeMutableRawPointer,
+                 fileSize size: UInt64, _ open: (UnsafeMutableRawPointer) throws(FormatError) -> Void) throws(FormatError) {
         let blockStart = index * layout.blockSize
         let length = layout.plaintextLength(ofBlock: index, fileSize: size)
         let wantStart = max(offset, blockStart), wantEnd = min(end, blockStart + length)
@@ -200,61 +200,9 @@ public final class ProtectedFile: @unchecked Sendable {
         }
     }
 
-    /// Decrypts blocks `range` straight out of a mapping of the storage (no `pread`, no copy into a
-    /// buffer first), for requests under 256 KiB of files of at least `mappingThreshold` bytes:
-    /// random access (a database, a disk image). Large requests keep `pread`: measured right after a
-    /// large write, a 512 MiB sequential read through the mapping took 1.0–1.6 s against 0.64 s
-    /// with `pread` and the read-ahead hint (its page faults waited on the disk one by one).
-    /// False when the storage cannot be mapped, or when a block does not open from the mapping —
-    /// stored bytes that are not there (the file was cut underneath: the guard caught the SIGBUS),
-    /// a hole, a truncation, tampering — and the caller then reads with `pread`, which tells those
-    /// apart.
-    private func readMapped(_ range: ClosedRange<UInt64>, into out: UnsafeMutableRawPointer, from offset: UInt64, to end: UInt64,
-                            fileSize size: UInt64, storedEnd: UInt64) throws(FormatError) -> Bool {
-        guard size >= Self.mappingThreshold, let mapped = mapping(covering: storedEnd, fileSize: size) else { return false }
-        let finalBlock = (size - 1) / layout.blockSize
-        let failed = FailureFlag()
-        try processBlocks(range) { (blocks, worker) throws(FormatError) in
-            for index in blocks {
-                let stored = mapped.base + Int(layout.storedOffset(ofBlock: index))
-                let count = Int(layout.plaintextLength(ofBlock: index, fileSize: size))
-                cipher.fillAAD(worker.aad, index: index, final: index == finalBlock)
-                var opened = false
-                try deliver(index, of: worker, from: offset, to: end, into: out, fileSize: size) { (plaintext) throws(FormatError) in
-                    var job = MappedBlock(context: worker.context, aad: worker.aad, stored: stored, count: count, plaintext: plaintext)
-                    opened = FileMapping.guarded(openMappedBlock, &job) && job.opened
-                    // Nothing decrypted from a block that did not verify leaves this call.
-                    if !opened { plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: count) }
-                }
-                if !opened {
-                    failed.raise()
-                    return
-                }
-            }
-        }
-        return !failed.raised
-    }
-
-    /// The storage's mapping if it covers `storedEnd` bytes: made at the first mapped read, twice
-    /// the stored size so that the file can grow into it, replaced when a read needs more (readers
-    /// hold their own reference, so a replaced mapping stays valid for them).
-    private func mapping(covering storedEnd: UInt64, fileSize: UInt64) -> FileMapping? {
-        mapping.withLock { state in
-            if let mapped = state.mapping, mapped.contains(offset: 0, count: Int(storedEnd)) { return mapped }
-            guard !state.unavailable else { return nil }
-            let stored = layout.storedSize(plaintextSize: fileSize)
-            guard stored <= UInt64(Int.max) / 4, let fresh = storage.map(length: Int(max(stored, storedEnd) * 2)) else {
-                state.unavailable = true
-                return nil
-            }
-            state.mapping = fresh
-            return fresh
-        }
-    }
-
     /// Opens one stored block, telling a hole, a truncation and tampering apart (only once the tag
     /// has failed, so the normal path pays nothing for it).
-    private func openBlock(_ worker: BlockWorker, _ index: UInt64, final: Bool, _ stored: UnsafeRawBufferPointer, into plaintext: UnsafeMutableRawPointer) throws(FormatError) {
+    func openBlock(_ worker: BlockWorker, _ index: UInt64, final: Bool, _ stored: UnsafeRawBufferPointer, into plaintext: UnsafeMutableRawPointer) throws(FormatError) {
         do {
             try cipher.open(worker.context, aad: worker.aad, index: index, final: final, stored: stored, into: plaintext)
             return
@@ -274,59 +222,6 @@ public final class ProtectedFile: @unchecked Sendable {
             throw .truncated(lastBlock: index)
         }
         throw .blockAuthenticationFailed(index: index)
-    }
-
-    // MARK: Holes (version 2)
-
-    /// The file's holes, read from its record the first time. A record that is missing or does
-    /// not verify lists none, so zero blocks then read as errors (the safe side).
-    private func holeSet() -> HoleSet {
-        holes.withLock { state in
-            if !state.loaded {
-                if let record = try? storage.readHoleRecord(), let set = HoleSet.decode(record, cipher: cipher) { state.set = set }
-                state.loaded = true
-            }
-            return state.set
-        }
-    }
-
-    /// Changes the hole set and stores its record; false (nothing changed) when it cannot be
-    /// stored or would grow past `HoleSet.maxRanges`.
-    @discardableResult
-    private func updateHoles(_ change: (inout HoleSet) -> Void) -> Bool {
-        _ = holeSet()
-        return holes.withLock { state in
-            var set = state.set
-            change(&set)
-            guard set != state.set else { return true }
-            guard set.ranges.count <= HoleSet.maxRanges,
-                  let record = set.isEmpty ? [] : try? set.record(cipher: cipher),
-                  (try? storage.writeHoleRecord(set.isEmpty ? nil : record)) != nil else { return false }
-            state.set = set
-            return true
-        }
-    }
-
-    /// Before blocks `gap` are left unwritten below a new end: lists them as holes, or, where no
-    /// record can be kept, writes them as encrypted zeros (the file is then not sparse there).
-    private func leaveHoles(_ gap: Range<UInt64>, oldSize: UInt64, newSize: UInt64) throws(FormatError) {
-        guard tracksHoles, !gap.isEmpty else { return }
-        if updateHoles({ $0.insert(gap) }) { return }
-        try storeBlocks(gap.lowerBound...(gap.upperBound - 1), oldSize: oldSize, newSize: newSize, data: nil, dataOffset: 0)
-    }
-
-    /// After blocks `written` were stored: they are no holes any more.
-    func filledHoles(_ written: ClosedRange<UInt64>) {
-        guard tracksHoles else { return }
-        let range = written.lowerBound..<(written.upperBound + 1)
-        if holeSet().intersects(range) { updateHoles { $0.remove(range) } }
-    }
-
-    /// After the file was cut to `size` bytes: holes past its blocks go.
-    func cutHoles(toSize size: UInt64) {
-        guard tracksHoles else { return }
-        let blocks = (size + layout.blockSize - 1) / layout.blockSize
-        if holeSet().ranges.last.map({ $0.upperBound > blocks }) ?? false { updateHoles { $0.trim(toBlocks: blocks) } }
     }
 
     // MARK: Writing
@@ -391,107 +286,6 @@ public final class ProtectedFile: @unchecked Sendable {
         plaintextSize = newSize
     }
 
-    /// After an in-place write failed part-way: every block of the range that no longer opens was
-    /// a hole the write began to fill (writing over stored blocks needs no new space), so it is
-    /// made a hole again. The final block is never a hole and is left as it is.
-    private func repairTornBlocks(_ range: ClosedRange<UInt64>) {
-        let size = plaintextSize
-        guard size > 0 else { return }
-        let final = (size - 1) / layout.blockSize
-        guard range.lowerBound < final else { return }
-        let blocks = range.lowerBound...min(range.upperBound, final - 1)
-        try? BlockWorker.with(self) { (worker) throws(FormatError) in
-            for index in blocks where (try? readStoredBlock(index, length: layout.blockSize, final: false, worker: worker)) == nil {
-                try? storage.punchHole(at: layout.storedOffset(ofBlock: index), length: layout.storedBlockSize)
-            }
-        }
-    }
-
-    /// Growing writes of at least this many bytes reserve their space first.
-    static let reserveThreshold: UInt64 = 256 * 1024
-
-    /// Reserves the stored bytes of `blocks` in a file of `size` bytes.
-    private func reserve(_ blocks: ClosedRange<UInt64>, size: UInt64) throws(FormatError) {
-        let start = layout.storedOffset(ofBlock: blocks.lowerBound)
-        let end = layout.storedOffset(ofBlock: blocks.upperBound) + layout.plaintextLength(ofBlock: blocks.upperBound, fileSize: size)
-            + UInt64(BlockLayout.overhead)
-        try storage.reserve(at: start, length: end - start)
-    }
-
-    /// After a growing write failed part-way (storage that cannot reserve space), makes the file end at the last whole block on disk
-    /// (re-sealed as the final block, so the truncation check passes) and cuts the torn rest, or,
-    /// when no new block survived whole, goes back to the size it had. Re-sealing overwrites a
-    /// block in place, which needs no new space. Called with the size lock held exclusively.
-    private func keepStoredPrefix(oldSize: UInt64, attemptedSize: UInt64) {
-        let blockSize = layout.blockSize
-        guard let stored = try? storage.size() else { return }
-        let whole = stored > layout.headerLength ? (stored - layout.headerLength) / layout.storedBlockSize : 0
-        /// Re-seals block `count - 1` (as the write that failed stored it, under `storedUnder`)
-        /// as the final block of a file of `count` blocks, and cuts the storage there.
-        func keep(blocks count: UInt64, storedUnder: UInt64) -> Bool {
-            let size = count * blockSize
-            guard (try? storeBlocks((count - 1)...(count - 1), oldSize: storedUnder, newSize: size, data: nil, dataOffset: 0)) != nil,
-                  (try? storage.truncate(to: layout.storedSize(plaintextSize: size))) != nil else { return false }
-            plaintextSize = size
-            cutHoles(toSize: size)
-            filledHoles((count - 1)...(count - 1))
-            return true
-        }
-        var count = min(whole, attemptedSize / blockSize)
-        while count > 0, count * blockSize >= oldSize {
-            if keep(blocks: count, storedUnder: attemptedSize) { return }
-            count -= 1
-        }
-        guard oldSize > 0 else {
-            if (try? storage.truncate(to: layout.headerLength)) != nil { plaintextSize = 0 }
-            cutHoles(toSize: 0)
-            return
-        }
-        // The old final block, if the failed write did not reach it, is whole: keep the old size.
-        let oldFinal = (oldSize - 1) / blockSize
-        if (try? storeBlocks(oldFinal...oldFinal, oldSize: oldSize, newSize: oldSize, data: nil, dataOffset: 0)) != nil,
-           (try? storage.truncate(to: layout.storedSize(plaintextSize: oldSize))) != nil {
-            plaintextSize = oldSize
-            cutHoles(toSize: oldSize)
-            return
-        }
-        count = oldFinal
-        while count > 0 {
-            if keep(blocks: count, storedUnder: oldSize) { return }
-            count -= 1
-        }
-        if (try? storage.truncate(to: layout.headerLength)) != nil { plaintextSize = 0 }
-        cutHoles(toSize: 0)
-    }
-
-    /// After a write failed (the disk filled up): other writes may have stored data past the
-    /// failed range (the kernel writes back pages in any order), so the file is cut where it
-    /// stopped being whole, and from then on writes that would leave a gap fail with the same
-    /// error. The file reads as a clean prefix of what was written; `truncate` ends this state.
-    /// True when the file was cut.
-    @discardableResult
-    public func settleAfterFailedWrite(_ error: FormatError) -> Bool {
-        pthread_rwlock_wrlock(sizeLock)
-        defer { pthread_rwlock_unlock(sizeLock) }
-        refusingGaps = error
-        guard let point = failedAt.withLock({ point in defer { point = nil }; return point }) else { return false }
-        guard point < plaintextSize else { return false }
-        // The new final block is re-sealed in place, which needs no space unless it is a hole
-        // (the gap may begin below the failed write): step back over holes, and over blocks that
-        // cannot be re-sealed, to the end of what is whole.
-        let blockSize = layout.blockSize
-        var cut = point / blockSize * blockSize
-        var stored = [UInt8](repeating: 0, count: Int(layout.storedBlockSize))
-        for _ in 0..<4096 where cut > 0 {
-            let last = cut / blockSize - 1
-            let got = (try? stored.withUnsafeMutableBytes { try storage.read(into: $0, at: layout.storedOffset(ofBlock: last)) }) ?? 0
-            let hole = got == stored.count && stored.allSatisfy { $0 == 0 }
-            if !hole, (try? resize(to: cut)) != nil { return true }
-            cut -= blockSize
-        }
-        return cut == 0 && (try? resize(to: 0)) != nil
-    }
-
     /// Sets the plaintext size. Growing leaves a hole (reads as zeros); the new final block is
     /// written so that the size stays authenticated.
     public func truncate(to newSize: UInt64) throws(FormatError) {
@@ -503,7 +297,7 @@ public final class ProtectedFile: @unchecked Sendable {
     }
 
     /// `truncate` with the size lock held exclusively.
-    private func resize(to newSize: UInt64) throws(FormatError) {
+    func resize(to newSize: UInt64) throws(FormatError) {
         let oldSize = plaintextSize
         guard newSize != oldSize else { return }
         let blockSize = layout.blockSize
@@ -544,7 +338,7 @@ public final class ProtectedFile: @unchecked Sendable {
     /// overlaid with the part of `data` (at `dataOffset`) that falls in it; blocks that `data`
     /// covers entirely are encrypted straight from it.
     func storeBlocks(_ range: ClosedRange<UInt64>, oldSize: UInt64, newSize: UInt64,
-                             data: UnsafeRawBufferPointer?, dataOffset: UInt64) throws(FormatError) {
+                     data: UnsafeRawBufferPointer?, dataOffset: UInt64) throws(FormatError) {
         let blockSize = layout.blockSize
         let newFinal = (newSize - 1) / blockSize
         let oldFinal: UInt64? = oldSize > 0 ? (oldSize - 1) / blockSize : nil
@@ -597,153 +391,11 @@ public final class ProtectedFile: @unchecked Sendable {
     }
 
     /// Reads and opens stored block `index` (its old plaintext is `length` bytes) into the worker's plaintext buffer.
-    private func readStoredBlock(_ index: UInt64, length: UInt64, final: Bool, worker: BlockWorker) throws(FormatError) {
+    func readStoredBlock(_ index: UInt64, length: UInt64, final: Bool, worker: BlockWorker) throws(FormatError) {
         let count = Int(length) + BlockLayout.overhead
         let buffer = UnsafeMutableRawBufferPointer(start: worker.stored, count: count)
         let got = try storage.read(into: buffer, at: layout.storedOffset(ofBlock: index))
         guard got == count else { throw .corruptLength(layout.storedOffset(ofBlock: index) + UInt64(got)) }
         try openBlock(worker, index, final: final, UnsafeRawBufferPointer(buffer), into: worker.plaintext)
     }
-
-    // MARK: Workers and locks
-
-    /// Runs `body` over `range`, split across cores when the range is large. Each part gets its own
-    /// keyed cipher context and scratch buffers. The lowest-numbered part's error is thrown.
-    private func processBlocks(_ range: ClosedRange<UInt64>, _ body: (ClosedRange<UInt64>, BlockWorker) throws(FormatError) -> Void) throws(FormatError) {
-        let count = range.upperBound - range.lowerBound + 1
-        let parts = count >= Self.parallelThreshold ? min(UInt64(parallelism), count / (Self.parallelThreshold / 2)) : 1
-        if parts <= 1 {
-            try BlockWorker.with(self) { (worker) throws(FormatError) in try body(range, worker) }
-            return
-        }
-        let perPart = (count + parts - 1) / parts
-        let failures = Mutex<[(Int, FormatError)]>([])
-        withoutActuallyEscaping(body) { body in
-            // concurrentPerform returns only when every part is done, and the parts touch disjoint
-            // blocks of buffers that outlive the call: sharing the closure is safe.
-            let shared = UncheckedSendable(body)
-            DispatchQueue.concurrentPerform(iterations: Int(parts)) { part in
-                let lower = range.lowerBound + UInt64(part) * perPart
-                guard lower <= range.upperBound else { return }
-                let upper = min(range.upperBound, lower + perPart - 1)
-                do throws(FormatError) {
-                    try BlockWorker.with(self) { (worker) throws(FormatError) in try shared.value(lower...upper, worker) }
-                } catch {
-                    failures.withLock { $0.append((part, error)) }
-                }
-            }
-        }
-        if let failure = failures.withLock({ $0.min { $0.0 < $1.0 } }) { throw failure.1 }
-    }
-
-    /// Locks the stripes of blocks `range` in ascending order; returns the mask to unlock.
-    private func lockStripes(_ range: ClosedRange<UInt64>) -> UInt64 {
-        var mask: UInt64 = 0
-        if range.upperBound - range.lowerBound >= UInt64(Self.stripeCount - 1) {
-            mask = ~0
-        } else {
-            for index in range { mask |= 1 << (index % UInt64(Self.stripeCount)) }
-        }
-        var bits = mask
-        while bits != 0 {
-            let stripe = bits.trailingZeroBitCount
-            pthread_mutex_lock(stripes + stripe)
-            bits &= bits - 1
-        }
-        return mask
-    }
-
-    private func unlockStripes(_ mask: UInt64) {
-        var bits = mask
-        while bits != 0 {
-            pthread_mutex_unlock(stripes + bits.trailingZeroBitCount)
-            bits &= bits - 1
-        }
-    }
-}
-
-/// Per-thread state for processing blocks: the file's cipher context and scratch buffers (from the
-/// thread's scratch: a 4 KiB request pays for a worker on every call).
-final class BlockWorker {
-    /// Keeps the content key, and so `context`, alive while the worker runs.
-    private let key: AESGCMKey
-    let context: AESGCMContext
-    let stored: UnsafeMutableRawPointer
-    let aad: UnsafeMutableRawPointer
-    private let scratch: UnsafeMutableRawPointer
-    /// Whether the scratch plaintext was handed out (and so may hold a block of the file).
-    private(set) var plaintextUsed = false
-
-    private init(key: AESGCMKey, scratch: UnsafeMutableRawPointer, blockSize: Int, storedSize: Int) {
-        self.key = key
-        context = key.context
-        self.scratch = scratch
-        stored = scratch + blockSize
-        aad = stored + storedSize
-    }
-
-    /// Runs `body` with a worker for `file`; its scratch plaintext is cleared afterwards if used.
-    static func with(_ file: ProtectedFile, _ body: (BlockWorker) throws(FormatError) -> Void) throws(FormatError) {
-        let blockSize = Int(file.layout.blockSize)
-        let storedSize = (Int(file.layout.storedBlockSize) + 63) & ~63
-        try ThreadScratch.withBuffer(byteCount: blockSize + storedSize + 64, zeroing: false) { (scratch) throws(FormatError) in
-            let worker = BlockWorker(key: file.cipher.key, scratch: scratch.baseAddress!, blockSize: blockSize, storedSize: storedSize)
-            // Requests that decrypt or encrypt whole blocks in place never touch the scratch plaintext.
-            defer { if worker.plaintextUsed { scratch.baseAddress!.initializeMemory(as: UInt8.self, repeating: 0, count: blockSize) } }
-            try body(worker)
-        }
-    }
-
-    /// Scratch for one block's plaintext.
-    var plaintext: UnsafeMutableRawPointer {
-        plaintextUsed = true
-        return scratch
-    }
-}
-
-extension BlockStorage {
-    public func writeBytes(_ bytes: [UInt8], at offset: UInt64) throws(FormatError) {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(bytes.count, 1), alignment: 8)
-        defer { buffer.deallocate() }
-        buffer.copyBytes(from: bytes)
-        try write(UnsafeRawBufferPointer(rebasing: buffer[0..<bytes.count]), at: offset)
-    }
-}
-
-/// A value handed to concurrent work that only uses it in ways the caller has checked are safe.
-struct UncheckedSendable<Value>: @unchecked Sendable {
-    let value: Value
-    init(_ value: Value) { self.value = value }
-}
-
-/// One block for `openMappedBlock`: trivial values only (see `FileMapping.guarded`).
-private struct MappedBlock {
-    let context: AESGCMContext
-    let aad: UnsafeMutableRawPointer
-    let stored: UnsafeRawPointer
-    let count: Int
-    let plaintext: UnsafeMutableRawPointer
-    var opened = false
-}
-
-/// Opens a block that lies in a mapping. Runs under the SIGBUS guard, which may abandon it while
-/// BoringSSL reads the mapped nonce, ciphertext or tag: it holds no references and allocates
-/// nothing until the decryption is over, and the cipher context is only ever read (each call
-/// keeps its state on its own stack), so abandoning a call leaves nothing to repair.
-private let openMappedBlock: @convention(c) (UnsafeMutableRawPointer?) -> Void = { raw in
-    guard let job = raw?.assumingMemoryBound(to: MappedBlock.self) else { return }
-    do throws(CryptoError) {
-        try ContentCipher.open(job.pointee.context, aad: job.pointee.aad, stored: job.pointee.stored, length: job.pointee.count,
-                               into: job.pointee.plaintext)
-        job.pointee.opened = true
-    } catch {
-        job.pointee.opened = false
-    }
-}
-
-/// Raised by any part of a request that met a block it could not open from the mapping.
-private final class FailureFlag: Sendable {
-    private let value = Atomic<Bool>(false)
-    func raise() { value.store(true, ordering: .relaxed) }
-    var raised: Bool { value.load(ordering: .relaxed) }
 }
