@@ -63,93 +63,53 @@ public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
         }
     }
 
-    /// The SDK's enrollment status codes where they apply (2xx failures), else Custody's own 3xx.
-    public var code: Int {
+    /// Each case's stable code (the SDK's enrollment status codes where they apply, 2xx; the
+    /// file and data protection domains, 1xx; else Custody's own 3xx), its stable name for the
+    /// API, and the errno a file system caller sees: one row per case, so that a new case gets
+    /// all three at once.
+    private var meaning: (code: Int, name: String, errno: Errno) {
         switch self {
-        case .alreadyEnrolled: return 208                  // AlreadyEnrolled
-        case .accountNotAllowed: return 209                // NotEmmAccount: not the account the organisation allows
-        case .notEnrolled: return 214                      // NotEnrolledAccount
-        case .singleManagedAccountMode: return 227         // SingleManagedAccountMode
-        case .invalidIdentity, .noLocalUser: return 207    // NilAccount
-        case .unknownAccount: return 300
-        case .invalidPolicy: return 301
-        case .passphraseRequired: return 302
-        case .wrongPassphrase: return 303
-        case .rateLimited: return 304
-        case .locked: return 305
-        case .noSuchProcess: return 306
-        case .corruptState: return 310
-        case .io: return 311
-        case .crypto, .format: return 201                  // InternalError
-        case .invalidPath, .pathNotFound: return 101
-        case .failedToEncryptFile: return 102
-        case .failedToDecryptFile: return 103
-        case .fileNotEncrypted: return 104
-        case .fileAlreadyEncrypted: return 105
-        case .identityNotManaged: return 106
-        case .fileBusy: return 107
-        case .sharingNotAllowed: return 312
-        case .transferNotAllowed(let decision): return decision.code ?? 312
-        case .invalidRecoveryKey: return 314
-        case .noRecoveryKey: return 315
-        case .machineKeyUnavailable: return 316
-        case .machineKeyInUse: return 317
-        case .keysUnavailable: return 318
-        case .failedToProtectData: return 102
-        case .failedToUnprotectData: return 103
+        case .alreadyEnrolled: return (208, "AlreadyEnrolled", .ioError)
+        case .accountNotAllowed: return (209, "AccountNotAllowed", .accessDenied)   // NotEmmAccount: not the account the organisation allows
+        case .notEnrolled: return (214, "NotEnrolledAccount", .ioError)
+        case .singleManagedAccountMode: return (227, "SingleManagedAccountMode", .ioError)
+        case .invalidIdentity, .noLocalUser: return (207, "NilAccount", .ioError)
+        case .unknownAccount: return (300, "UnknownAccount", .ioError)
+        case .invalidPolicy: return (301, "InvalidPolicy", .ioError)
+        case .passphraseRequired: return (302, "PassphraseRequired", .accessDenied)
+        case .wrongPassphrase: return (303, "WrongPassphrase", .accessDenied)
+        case .rateLimited: return (304, "RateLimited", .accessDenied)
+        case .locked: return (305, "Locked", .accessDenied)
+        case .noSuchProcess: return (306, "NoSuchProcess", .noSuchProcess)
+        case .corruptState: return (310, "CorruptState", .ioError)
+        case .io(_, let error): return (311, "IOError", error)
+        case .crypto, .format: return (201, "InternalError", .ioError)
+        case .invalidPath, .pathNotFound: return (101, "InvalidPath", .noSuchFile)
+        case .failedToEncryptFile: return (102, "FailedToEncryptFile", .ioError)
+        case .failedToDecryptFile: return (103, "FailedToDecryptFile", .ioError)
+        case .fileNotEncrypted: return (104, "FileNotEncrypted", .invalidArgument)
+        case .fileAlreadyEncrypted: return (105, "FileAlreadyEncrypted", .invalidArgument)
+        case .identityNotManaged: return (106, "IdentityNotManaged", .invalidArgument)
+        case .fileBusy: return (107, "FileBusy", .resourceBusy)
+        case .sharingNotAllowed: return (312, "SharingNotAllowed", .notPermitted)
+        case .transferNotAllowed(let decision): return (decision.code ?? 312, decision.name ?? "SharingNotAllowed", .notPermitted)
+        case .invalidRecoveryKey: return (314, "InvalidRecoveryKey", .ioError)
+        case .noRecoveryKey: return (315, "NoRecoveryKey", .ioError)
+        case .machineKeyUnavailable: return (316, "MachineKeyUnavailable", .accessDenied)
+        case .machineKeyInUse: return (317, "MachineKeyInUse", .ioError)
+        case .keysUnavailable: return (318, "KeysUnavailable", .accessDenied)
+        case .failedToProtectData: return (102, "FailedToProtectData", .ioError)
+        case .failedToUnprotectData: return (103, "FailedToUnprotectData", .ioError)
         }
     }
+
+    public var code: Int { meaning.code }
 
     /// A stable name for the API.
-    public var name: String {
-        switch self {
-        case .unknownAccount: return "UnknownAccount"
-        case .alreadyEnrolled: return "AlreadyEnrolled"
-        case .notEnrolled: return "NotEnrolledAccount"
-        case .accountNotAllowed: return "AccountNotAllowed"
-        case .singleManagedAccountMode: return "SingleManagedAccountMode"
-        case .invalidIdentity, .noLocalUser: return "NilAccount"
-        case .invalidPolicy: return "InvalidPolicy"
-        case .passphraseRequired: return "PassphraseRequired"
-        case .wrongPassphrase: return "WrongPassphrase"
-        case .rateLimited: return "RateLimited"
-        case .locked: return "Locked"
-        case .noSuchProcess: return "NoSuchProcess"
-        case .corruptState: return "CorruptState"
-        case .io: return "IOError"
-        case .crypto, .format: return "InternalError"
-        case .invalidPath, .pathNotFound: return "InvalidPath"
-        case .failedToEncryptFile: return "FailedToEncryptFile"
-        case .failedToDecryptFile: return "FailedToDecryptFile"
-        case .fileNotEncrypted: return "FileNotEncrypted"
-        case .fileAlreadyEncrypted: return "FileAlreadyEncrypted"
-        case .identityNotManaged: return "IdentityNotManaged"
-        case .fileBusy: return "FileBusy"
-        case .sharingNotAllowed: return "SharingNotAllowed"
-        case .transferNotAllowed(let decision): return decision.name ?? "SharingNotAllowed"
-        case .invalidRecoveryKey: return "InvalidRecoveryKey"
-        case .noRecoveryKey: return "NoRecoveryKey"
-        case .machineKeyUnavailable: return "MachineKeyUnavailable"
-        case .machineKeyInUse: return "MachineKeyInUse"
-        case .keysUnavailable: return "KeysUnavailable"
-        case .failedToProtectData: return "FailedToProtectData"
-        case .failedToUnprotectData: return "FailedToUnprotectData"
-        }
-    }
+    public var name: String { meaning.name }
 
     /// The errno a file system caller sees.
-    public var errno: Int32 {
-        switch self {
-        case .sharingNotAllowed, .transferNotAllowed: return 1  // EPERM
-        case .locked, .passphraseRequired, .wrongPassphrase, .rateLimited, .accountNotAllowed, .machineKeyUnavailable, .keysUnavailable: return 13  // EACCES
-        case .io(_, let error): return error.rawValue
-        case .noSuchProcess: return 3  // ESRCH
-        case .invalidPath, .pathNotFound: return 2  // ENOENT
-        case .fileBusy: return 16  // EBUSY
-        case .identityNotManaged, .fileNotEncrypted, .fileAlreadyEncrypted: return 22  // EINVAL
-        default: return 5  // EIO
-        }
-    }
+    public var errnoValue: Errno { meaning.errno }
 
     public var description: String {
         switch self {

@@ -159,7 +159,7 @@ extension Engine {
         do { fd = try Syscall.open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC) } catch {
             switch error {
             case .noSuchFile: throw .pathNotFound(shown, reason: "no such file")
-            case Errno(ELOOP): throw .invalidPath(shown, reason: "a symbolic link, not a file")
+            case .tooManySymbolicLinkLevels: throw .invalidPath(shown, reason: "a symbolic link, not a file")
             case .isDirectory: throw .invalidPath(shown, reason: "not a regular file")
             default: throw .io(file: shown, error)
             }
@@ -222,7 +222,7 @@ extension Engine {
         do { fd = try Syscall.open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) } catch {
             switch error {
             case .noSuchFile: throw .pathNotFound(path, reason: "no such file")
-            case Errno(ELOOP): throw .invalidPath(path, reason: "a symbolic link, not a file")
+            case .tooManySymbolicLinkLevels: throw .invalidPath(path, reason: "a symbolic link, not a file")
             default: throw .io(file: path, error)
             }
         }
@@ -264,7 +264,7 @@ extension Engine {
 
     static func ownerRecord(_ path: String) throws(EngineError) -> OwnerRecord? {
         do { return try OwnerRecord.load(from: path) } catch {
-            if case .io(let errno) = error, errno == .notSupported || errno == Errno(EPERM) { return nil }
+            if case .io(let errno) = error, errno == .notSupported || errno == .notPermitted { return nil }
             throw .format(error)
         }
     }
@@ -279,7 +279,7 @@ extension Engine {
             do { return try body() } catch {
                 switch error {
                 case .noSuchFile: throw .pathNotFound(destination, reason: "its directory does not exist")
-                case Errno(ENOTDIR): throw .invalidPath(destination, reason: "its directory is not a directory")
+                case .notDirectory: throw .invalidPath(destination, reason: "its directory is not a directory")
                 default: throw .io(file: destination, error)
                 }
             }

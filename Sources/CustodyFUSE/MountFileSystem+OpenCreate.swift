@@ -73,7 +73,7 @@ extension MountFileSystem {
                 let (wanted, classKey) = try plan(for: callerIdentity(req).identity)
                 if wanted != current {
                     let busy = inode.protectionState.withLock { $0.content != nil }
-                    if busy { throw Errno(EBUSY) }
+                    if busy { throw Errno.resourceBusy }
                     let fd = try withDescriptor { () throws(Errno) in try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC) }
                     defer { Syscall.close(fd) }
                     fresh = try applyProtection(wanted, classKey: classKey, fd: fd, inode: inode)

@@ -276,7 +276,7 @@ extension MountFileSystem {
             if let content = file.content {
                 // Encrypted files report all of their content as data (holes are not exposed).
                 let size = Int64(content.file.size)
-                guard offset >= 0, Int64(offset) < size || (whence != Linux.SEEK_DATA && whence != Linux.SEEK_HOLE) else { throw Errno(ENXIO) }
+                guard offset >= 0, Int64(offset) < size || (whence != Linux.SEEK_DATA && whence != Linux.SEEK_HOLE) else { throw Errno.noSuchAddressOrDevice }
                 switch whence {
                 case Linux.SEEK_DATA: fuse_reply_lseek(req, offset)
                 case Linux.SEEK_HOLE: fuse_reply_lseek(req, off_t(size))

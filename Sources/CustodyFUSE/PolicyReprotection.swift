@@ -116,7 +116,7 @@ final class PolicyReprotection: @unchecked Sendable {
                 try filesystem.reprotect(id: known, inode, to: wanted, classKey: classKey)
             }
             return .done
-        } catch where error == Errno(EBUSY) {
+        } catch where error == .resourceBusy {
             return .busy
         } catch {
             filesystem.log("re-protection of \(path.map(\.description).joined(separator: "/")) failed: \(error)")

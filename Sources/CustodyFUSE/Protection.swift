@@ -99,17 +99,6 @@ struct InodeProtection {
     var refusingGaps: Int32?
 }
 
-extension EngineError {
-    var errnoValue: Errno { Errno(errno) }
-}
-
-extension FormatError {
-    var errnoValue: Errno {
-        if case .io(let error) = self { return error }
-        return .ioError
-    }
-}
-
 extension MountFileSystem {
     // MARK: Probing
 

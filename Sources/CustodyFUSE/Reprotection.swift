@@ -115,7 +115,7 @@ extension MountFileSystem {
         let current = protection(of: inode)
         guard wanted != current else { return }
         try inode.protectionState.withLock { (state) throws(Errno) in
-            if state.openHandles > 0 || state.content != nil { throw Errno(EBUSY) }
+            if state.openHandles > 0 || state.content != nil { throw Errno.resourceBusy }
         }
         if !current.isEncrypted, !wanted.isEncrypted {
             // Between plain forms the bytes stay: only the record changes.
@@ -128,7 +128,7 @@ extension MountFileSystem {
             return
         }
         let attributes = try Syscall.stat(of: inode.fd)
-        guard attributes.st_nlink <= 1 else { throw Errno.tooManyLinksToFile }
+        guard attributes.st_nlink <= 1 else { throw Errno.tooManyLinks }
         let (directoryPath, name) = try backingLocation(of: inode)
         let directory = try Syscall.open(directoryPath.cString, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         defer { Syscall.close(directory) }
@@ -224,8 +224,4 @@ extension MountFileSystem {
             try value.withBytes { (b) throws(Errno) in try Syscall.setxattr(destination, name, b.baseAddress, got, 0) }
         }
     }
-}
-
-extension Errno {
-    public static let tooManyLinksToFile = Errno(EMLINK)
 }

@@ -43,11 +43,11 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
             }
         } catch {
             switch error {
-            case Errno(EBUSY): throw .fileBusy(shown, reason: "a file in it is open; close it and try again")
-            case .tooManyLinksToFile: throw .fileBusy(shown, reason: "a file in it has hard links")
+            case .resourceBusy: throw .fileBusy(shown, reason: "a file in it is open; close it and try again")
+            case .tooManyLinks: throw .fileBusy(shown, reason: "a file in it has hard links")
             case .noSuchFile: throw .invalidPath(shown, reason: "no such file or directory")
             case .notSupported: throw .invalidPath(shown, reason: "only files and directories have owners")
-            case Errno(EPERM):
+            case .notPermitted:
                 let located = try? locate(relativePath)
                 let refused = located.flatMap { (inode, _) in
                     inode.isDirectory ? (try? filesystem.transferRefusal(below: inode, to: owner)) ?? nil

@@ -22,6 +22,7 @@ public struct Errno: Error, Equatable, Hashable, Sendable, CustomStringConvertib
 
     public static let notPermitted = Errno(EPERM)
     public static let noSuchFile = Errno(ENOENT)
+    public static let noSuchProcess = Errno(ESRCH)
     public static let interrupted = Errno(EINTR)
     public static let ioError = Errno(EIO)
     public static let badFileDescriptor = Errno(EBADF)
@@ -36,7 +37,14 @@ public struct Errno: Error, Equatable, Hashable, Sendable, CustomStringConvertib
     public static let notSupported = Errno(EOPNOTSUPP)
     public static let noData = Errno(ENODATA)
     public static let nameTooLong = Errno(ENAMETOOLONG)
-    public static let tooManyLinks = Errno(ELOOP)
+    /// `ELOOP`: a symbolic link where none may be followed, or too many in a row.
+    public static let tooManySymbolicLinkLevels = Errno(ELOOP)
+    /// `EMLINK`: too many hard links.
+    public static let tooManyLinks = Errno(EMLINK)
+    /// `EBUSY`.
+    public static let resourceBusy = Errno(EBUSY)
+    /// `ENXIO`.
+    public static let noSuchAddressOrDevice = Errno(ENXIO)
     public static let crossDevice = Errno(EXDEV)
     public static let notConnected = Errno(ENOTCONN)
     public static let notImplemented = Errno(ENOSYS)

@@ -420,7 +420,7 @@ extension Syscall {
     public static func createStaging(in directory: Int32, mode: mode_t, prefix: String) throws(Errno) -> (fd: Int32, name: String?) {
         do {
             return (try openat(directory, ".", Linux.O_TMPFILE | O_RDWR | O_CLOEXEC, mode), nil)
-        } catch where error == .notSupported || error == Errno(EISDIR) {
+        } catch where error == .notSupported || error == .isDirectory {
             let name = prefix + String(UInt64.random(in: 0...UInt64.max), radix: 36)
             return (try openat(directory, name, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, mode), name)
         }

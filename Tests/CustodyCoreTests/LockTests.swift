@@ -24,7 +24,7 @@ final class LockTests: EngineTestCase {
         XCTAssertEqual(try engine.lockStatus("alice"), .locked)
         XCTAssertThrowsError(try engine.classKey(for: "alice", .complete, purpose: .open)) {
             XCTAssertEqual($0 as? EngineError, .locked("alice@contoso.com", .complete))
-            XCTAssertEqual(($0 as? EngineError)?.errno, EACCES)
+            XCTAssertEqual(($0 as? EngineError)?.errnoValue, .accessDenied)
         }
         XCTAssertFalse(available(engine, .complete, .create), "class A cannot create while locked")
         XCTAssertTrue(available(engine, .completeUnlessOpen, .create), "class B creates while locked")

@@ -117,7 +117,7 @@ final class StateFileTests: EngineTestCase {
             XCTAssertNotNil(engine.unavailability(of: try engine.account("alice-id")), "\(how)")
             XCTAssertThrowsError(try engine.unprotectData(blobs.alice)) {
                 guard case .keysUnavailable = $0 as? EngineError else { return XCTFail("\(how): \($0)") }
-                XCTAssertEqual(($0 as? EngineError)?.errno, EACCES)
+                XCTAssertEqual(($0 as? EngineError)?.errnoValue, .accessDenied)
             }
             XCTAssertThrowsError(try engine.lockStatus("alice-id"))
             XCTAssertEqual(try engine.unprotectData(blobs.bob), Array("bob's".utf8), "\(how): bob is served")
