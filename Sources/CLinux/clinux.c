@@ -392,3 +392,10 @@ int clinux_thread_set_fsuid_keeping_capabilities(uid_t uid) {
     }
     return previous;
 }
+
+void clinux_set_thread_name(const char *name) {
+    char shown[16];
+    strncpy(shown, name, sizeof(shown) - 1);
+    shown[sizeof(shown) - 1] = 0;
+    (void)pthread_setname_np(pthread_self(), shown);
+}

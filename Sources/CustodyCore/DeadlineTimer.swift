@@ -1,3 +1,4 @@
+import CustodySystem
 import Glibc
 
 /// Completes locks when their grace period ends, even when no request arrives: a thread that
@@ -17,18 +18,7 @@ final class DeadlineTimer: @unchecked Sendable {
         pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
         pthread_cond_init(&condition, &attributes)
         pthread_condattr_destroy(&attributes)
-        let unmanaged = Unmanaged.passRetained(self)
-        var handle = pthread_t()
-        if pthread_create(&handle, nil, { raw in
-            guard let raw else { return nil }
-            let timer = Unmanaged<DeadlineTimer>.fromOpaque(raw).takeRetainedValue()
-            timer.loop()
-            return nil
-        }, unmanaged.toOpaque()) == 0 {
-            thread = handle
-        } else {
-            unmanaged.release()
-        }
+        thread = try? DaemonThread.start("custody-timer") { [self] in loop() }
     }
 
     /// Wakes the thread to look at the deadlines again.

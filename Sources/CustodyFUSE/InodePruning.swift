@@ -31,18 +31,7 @@ final class InodePruner: @unchecked Sendable {
     }
 
     func start() {
-        let box = Unmanaged.passRetained(self)
-        var thread = pthread_t()
-        if pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            let pruner = Unmanaged<InodePruner>.fromOpaque(raw).takeRetainedValue()
-            pruner.run()
-            return nil
-        }, box.toOpaque()) == 0 {
-            self.thread = thread
-        } else {
-            box.release()
-        }
+        thread = try? DaemonThread.start("custody-prune") { [self] in run() }
     }
 
     func stop() {

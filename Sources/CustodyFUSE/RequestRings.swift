@@ -198,23 +198,10 @@ final class RequestRings: @unchecked Sendable {
         custody_fuse_transport_remove(transport)
     }
 
-    /// Starts a thread running `body`; nil when it could not be started.
+    /// Starts a thread running `body` (it names itself: its CPU's ring, or a worker); nil when it
+    /// could not be started.
     private func start(_ body: @escaping @Sendable () -> Void) -> pthread_t? {
-        final class Box: @unchecked Sendable {
-            let body: @Sendable () -> Void
-            init(_ body: @escaping @Sendable () -> Void) { self.body = body }
-        }
-        let box = Unmanaged.passRetained(Box(body))
-        var thread = pthread_t()
-        guard pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            Unmanaged<Box>.fromOpaque(raw).takeRetainedValue().body()
-            return nil
-        }, box.toOpaque()) == 0 else {
-            box.release()
-            return nil
-        }
-        return thread
+        try? DaemonThread.start("custody-ring", body)
     }
 
     /// The kernel offers rings only with its `enable_uring` parameter on (a kernel without the

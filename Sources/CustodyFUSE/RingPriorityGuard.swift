@@ -72,18 +72,11 @@ final class RingPriorityGuard: @unchecked Sendable {
     /// Puts every ring thread at idle priority and starts watching.
     func start() {
         for index in queues.indices { setIdle(&queues[index], true) }
-        let box = Unmanaged.passRetained(self)
-        var created = pthread_t()
-        guard pthread_create(&created, nil, { raw in
-            guard let raw else { return nil }
-            Unmanaged<RingPriorityGuard>.fromOpaque(raw).takeRetainedValue().run()
-            return nil
-        }, box.toOpaque()) == 0 else {
-            box.release()
+        do throws(Errno) {
+            thread = try DaemonThread.start("custody-prio") { [self] in run() }
+        } catch {
             for index in queues.indices { setIdle(&queues[index], false) }
-            return
         }
-        thread = created
     }
 
     func stop() {

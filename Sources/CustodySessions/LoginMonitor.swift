@@ -65,20 +65,13 @@ public final class LoginMonitor: @unchecked Sendable {
             self?.sessionIDs.withLock { $0.filter { $0.0 == uid && $0.1 != excluding }.count } ?? 0
         }
         running.store(true, ordering: .releasing)
-        let box = Unmanaged.passRetained(self)
-        var handle = pthread_t()
-        let created = pthread_create(&handle, nil, { argument in
-            let monitor = Unmanaged<LoginMonitor>.fromOpaque(argument!).takeRetainedValue()
-            monitor.serve()
-            return nil
-        }, box.toOpaque())
-        guard created == 0 else {
-            box.release()
+        do throws(Errno) {
+            thread = try DaemonThread.start("custody-logind") { [self] in serve() }
+        } catch {
             running.store(false, ordering: .releasing)
             close()
             return false
         }
-        thread = handle
         log("following logind: identities lock with the screen, on suspend and at logout")
         return true
     }

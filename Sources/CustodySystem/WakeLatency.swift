@@ -53,18 +53,12 @@ public final class WakeLatencyBoost: @unchecked Sendable {
             wake.deallocate()
             return nil
         }
-        let box = Unmanaged.passRetained(self)
-        var thread = pthread_t()
-        guard pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            Unmanaged<WakeLatencyBoost>.fromOpaque(raw).takeRetainedValue().run()
-            return nil
-        }, box.toOpaque()) == 0 else {
-            box.release()
+        do throws(Errno) {
+            try DaemonThread.start("custody-wake", detached: true) { [self] in run() }
+        } catch {
             Glibc.close(fd)
             return nil
         }
-        pthread_detach(thread)
     }
 
     /// Whether the latency bound is held now.

@@ -32,20 +32,12 @@ final class RunningMount: @unchecked Sendable {
     /// Starts the session's thread and waits until the mount is attached to the engine (mounted,
     /// not serving yet) or failed; `serve()` then lets it serve.
     func attach() -> Bool {
-        let box = Unmanaged.passRetained(self)
-        var thread = pthread_t()
-        let created = pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            let running = Unmanaged<RunningMount>.fromOpaque(raw).takeRetainedValue()
-            running.serveLoop()
-            return nil
-        }, box.toOpaque())
-        guard created == 0 else {
-            box.release()
-            state.withLock { $0.error = "cannot start a thread (\(Errno(created)))"; $0.ended = true }
+        do throws(Errno) {
+            thread = try DaemonThread.start("custody-mount") { [self] in serveLoop() }
+        } catch {
+            state.withLock { $0.error = "cannot start a thread (\(error))"; $0.ended = true }
             return false
         }
-        self.thread = thread
         attachedSignal.wait()
         return state.withLock { !$0.ended }
     }
@@ -402,27 +394,7 @@ final class Daemon: @unchecked Sendable {
     /// the kernel and the control socket accepts a connection.
     private func startWatchdog() {
         guard let interval = Systemd.watchdogInterval else { return }
-        let box = Unmanaged.passRetained(WatchdogBox(daemon: self, interval: interval))
-        var thread = pthread_t()
-        if pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            let box = Unmanaged<WatchdogBox>.fromOpaque(raw).takeRetainedValue()
-            box.daemon.watchdogLoop(interval: box.interval)
-            return nil
-        }, box.toOpaque()) == 0 {
-            watchdogThread = thread
-        } else {
-            box.release()
-        }
-    }
-
-    private final class WatchdogBox {
-        let daemon: Daemon
-        let interval: Double
-        init(daemon: Daemon, interval: Double) {
-            self.daemon = daemon
-            self.interval = interval
-        }
+        watchdogThread = try? DaemonThread.start("custody-watch") { [self] in watchdogLoop(interval: interval) }
     }
 
     private func watchdogLoop(interval: Double) {

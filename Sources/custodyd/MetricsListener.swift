@@ -75,17 +75,7 @@ final class MetricsListener: @unchecked Sendable {
     }
 
     func start() {
-        let box = Unmanaged.passRetained(self)
-        var thread = pthread_t()
-        guard pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            Unmanaged<MetricsListener>.fromOpaque(raw).takeRetainedValue().loop()
-            return nil
-        }, box.toOpaque()) == 0 else {
-            box.release()
-            return
-        }
-        self.thread = thread
+        thread = try? DaemonThread.start("custody-metrics") { [self] in loop() }
     }
 
     /// Stops serving and closes every connection.

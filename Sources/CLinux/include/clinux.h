@@ -120,3 +120,7 @@ long clinux_filesystem_type(int fd);
 
 /// The symbolic name of an error number ("ENOENT"), or NULL when glibc knows none.
 const char *clinux_errno_name(int error);
+
+/// Names the calling thread: its first 15 bytes are what `top -H`, `ps -L`, gdb and
+/// /proc/PID/task/TID/comm show.
+void clinux_set_thread_name(const char *name);

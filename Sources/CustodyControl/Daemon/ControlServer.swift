@@ -173,7 +173,7 @@ public final class ControlServer: @unchecked Sendable {
                 Glibc.close(pair)
                 continue
             }
-            if startThread(detached: true, { [self] in
+            if startThread("custody-request", detached: true, { [self] in
                 self.serve(pair, caller)
                 self.active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
             }) == nil {
@@ -244,22 +244,9 @@ public final class ControlServer: @unchecked Sendable {
     }
 }
 
-/// Starts a thread running `body` (detached: nobody joins it); nil when it could not be made.
+/// Starts a thread named `name` running `body` (detached: nobody joins it); nil when it could
+/// not be made.
 @discardableResult
-func startThread(detached: Bool = false, _ body: @escaping @Sendable () -> Void) -> pthread_t? {
-    final class Box { let body: @Sendable () -> Void; init(_ body: @escaping @Sendable () -> Void) { self.body = body } }
-    let box = Unmanaged.passRetained(Box(body))
-    var thread = pthread_t()
-    let result = pthread_create(&thread, nil, { raw in
-        guard let raw else { return nil }
-        let box = Unmanaged<Box>.fromOpaque(raw).takeRetainedValue()
-        box.body()
-        return nil
-    }, box.toOpaque())
-    guard result == 0 else {
-        box.release()
-        return nil
-    }
-    if detached { pthread_detach(thread) }
-    return thread
+func startThread(_ name: String, detached: Bool = false, _ body: @escaping @Sendable () -> Void) -> pthread_t? {
+    try? DaemonThread.start(name, detached: detached, body)
 }
