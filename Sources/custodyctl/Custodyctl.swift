@@ -1,5 +1,6 @@
 import ArgumentParser
 import CustodyClient
+import CustodySystem
 import FoundationEssentials
 import Glibc
 
@@ -20,7 +21,7 @@ struct Custodyctl: ParsableCommand {
 
             Shell completion: custodyctl --generate-completion-script bash|zsh|fish.
             """,
-        version: "custodyctl 0.3.0",
+        version: "custodyctl \(CustodyVersion.string)",
         subcommands: [
             Status.self, Enroll.self, Accounts.self, Deregister.self, PolicyCommand.self,
             Lock.self, Unlock.self, Passphrase.self, Protector.self, RecoveryKeyCommand.self, Recover.self, MachineKeyCommand.self, Run.self, Bind.self, Unbind.self, Identity.self,

@@ -1,3 +1,0 @@
-enum CustodyVersion {
-    static let string = "0.3.0"
-}
