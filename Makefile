@@ -8,8 +8,8 @@ RELEASE_BIN := .build/release
 # Debian packages: what building and testing need, and what `make bench` compares against.
 BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev liburing-dev libsodium-dev libsystemd-dev libpam0g-dev libtss2-dev
 TEST_PACKAGES := man-db lintian attr acl sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
-# From PyPI: the OpenAPI fuzzer tests/api-fuzz.sh runs against a live daemon, and ansible-core
-# for the collection's tests (tests/ansible-test.sh).
+# From PyPI: the OpenAPI fuzzer scripts/checks/api-fuzz.sh runs against a live daemon, and ansible-core
+# for the collection's tests (scripts/checks/ansible-test.sh).
 PIP_TEST_PACKAGES := schemathesis==4.32.5 ansible-core==2.19.14
 BENCH_PACKAGES := gocryptfs fio sqlite3 curl python3 gnuplot-nox libfuse3-dev
 
@@ -76,21 +76,21 @@ run: build
 test: build pip-deps $(PROMTOOL)
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
 	$(BIN)/custody-fuzz-http fuzz/http
-	bash tests/api-fuzz.sh
-	bash tests/man-test.sh $(BIN)
-	bash tests/ansible-test.sh $(BIN)
+	bash scripts/checks/api-fuzz.sh
+	bash scripts/checks/man-test.sh $(BIN)
+	bash scripts/checks/ansible-test.sh $(BIN)
 	$(MAKE) --no-print-directory test-install
-	bash tests/deb-test.sh
+	bash scripts/checks/deb-test.sh
 
-# The mount and lifecycle test classes again and again (tests/soak.sh; not part of `make test`):
+# The mount and lifecycle test classes again and again (scripts/checks/soak.sh; not part of `make test`):
 # SOAK_ROUNDS rounds (default 20), each failure reported with its log.
 soak: build
-	bash tests/soak.sh
+	bash scripts/checks/soak.sh
 
 # Man pages from the argument parser's definitions (swift-argument-parser's generate-manual
 # plugin): custodyctl(1) and custodyd(8) into man/ (blank lines become paragraph breaks, which
 # mdoc wants); custody.toml(5) is written by hand there.
-# tests/man-test.sh checks in `make test` that they say what --help says.
+# scripts/checks/man-test.sh checks in `make test` that they say what --help says.
 MAN_DATE ?= $(shell git log -1 --format=%cs 2>/dev/null || date +%F)
 MAN_OUT := .build/plugins/GenerateManual/outputs
 man: build
@@ -109,9 +109,9 @@ $(PROMTOOL):
 	rm -rf .build/tools/package
 
 # Installs into a temporary DESTDIR, verifies the systemd units there and runs the installed
-# binaries with the Swift toolchain's libraries hidden (tests/install-test.sh).
+# binaries with the Swift toolchain's libraries hidden (scripts/checks/install-test.sh).
 test-install: static $(BIN)/pam_custody.so
-	bash tests/install-test.sh
+	bash scripts/checks/install-test.sh
 
 # Release binaries with the Swift runtime linked in, so they run without the toolchain.
 static: deps
@@ -142,7 +142,7 @@ install: static $(BIN)/pam_custody.so
 	$(STATIC_BIN)/custodyctl --generate-completion-script zsh > "$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_custodyctl"
 	@echo "installed under $(DESTDIR)$(PREFIX); then: systemd-sysusers, systemd-tmpfiles --create, systemctl daemon-reload, systemctl enable --now custodyd.socket custodyd.service"
 
-# A Debian package (packaging/deb); tests/deb-test.sh checks it with lintian, installs it, runs
+# A Debian package (packaging/deb); scripts/checks/deb-test.sh checks it with lintian, installs it, runs
 # the installed daemon and purges it.
 deb: static $(BIN)/pam_custody.so
 	@bash packaging/deb/build.sh .build/deb

@@ -3,7 +3,7 @@ import CustodyTPM
 import Foundation
 import XCTest
 
-/// A software TPM of the test's own (tests/swtpm-start.sh), stopped by PID.
+/// A software TPM of the test's own (scripts/checks/swtpm-start.sh), stopped by PID.
 final class SoftwareTPM {
     let directory: String
     private(set) var tcti = ""
@@ -15,7 +15,7 @@ final class SoftwareTPM {
     }
 
     func start() throws {
-        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../tests/swtpm-start.sh").standardized.path
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../scripts/checks/swtpm-start.sh").standardized.path
         let output = directory + ".out"
         let (status, text) = try run(["/bin/bash", script, directory], stdout: output)
         let fields = text.split(separator: " ")

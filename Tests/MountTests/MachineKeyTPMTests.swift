@@ -3,7 +3,7 @@ import Glibc
 import XCTest
 
 /// The machine key sealed to a TPM 2.0, through the daemon: software TPMs of the test's own
-/// (swtpm, tests/swtpm-start.sh, reached over the swtpm TCTI; never the host's TPM), stopped by PID.
+/// (swtpm, scripts/checks/swtpm-start.sh, reached over the swtpm TCTI; never the host's TPM), stopped by PID.
 final class MachineKeyTPMTests: XCTestCase {
     var daemons: [MountedDaemon] = []
     var tpms: [pid_t] = []
@@ -24,7 +24,7 @@ final class MachineKeyTPMTests: XCTestCase {
     /// A new software TPM (or the same one again, when `name` was used before); its TCTI.
     func startTPM(_ name: String) throws -> String {
         let output = work + "/" + name + ".out"
-        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../tests/swtpm-start.sh").standardized.path
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../scripts/checks/swtpm-start.sh").standardized.path
         let pid = try spawn("/bin/bash", [script, work + "/" + name], stdoutPath: output, stderrPath: output + ".err")
         var status: Int32 = 0
         XCTAssertTrue(waitForExit(pid, seconds: 30, status: &status))

@@ -4,7 +4,7 @@
 # custodyctl; `dpkg --purge` leaves none of the package's files, its state or its configuration
 # behind. Stops what it started by PID; removes the custody-admin group if it made it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 fail() { echo "deb-test: FAIL: $*" >&2; exit 1; }
 work=$(mktemp -d /tmp/custody-deb-test.XXXXXX)
 daemon=

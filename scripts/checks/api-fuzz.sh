@@ -13,7 +13,7 @@
 # The schema states what the daemon enforces: a request the schema allows must not be refused
 # for its content (positive_data_acceptance), and one it forbids must be (negative_data_rejection).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN=${BIN:-.build/debug}
 EXAMPLES=${API_FUZZ_EXAMPLES:-40}
 # A fixed seed by default, so a run is repeatable; API_FUZZ_SEED=$RANDOM explores further.
@@ -65,7 +65,7 @@ fuzz_as() {
     curl -sf "http://127.0.0.1:$PORT/v1/status" >/dev/null || fail "the bridge does not answer"
     echo "api-fuzz: schemathesis as $who, $EXAMPLES examples per operation, seed $SEED"
     local status=0
-    timeout 300 "$SCHEMATHESIS" --config-file tests/schemathesis.toml run docs/openapi.yaml \
+    timeout 300 "$SCHEMATHESIS" --config-file scripts/checks/schemathesis.toml run docs/openapi.yaml \
         --url "http://127.0.0.1:$PORT" --checks all \
         --phases examples,coverage,fuzzing,stateful --max-examples "$EXAMPLES" --seed "$SEED" \
         --continue-on-failure --no-color >"$WORK/schemathesis-$who.log" 2>&1 || status=$?

@@ -5,7 +5,7 @@
 # files as two identities, wipe one everywhere, check per host that exactly its files are gone;
 # then converge.yml twice (the second run changes nothing) and once more in check mode.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=$(cd "${1:-$ROOT/.build/debug}" && pwd)
 PYTHON_VERSION=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WORK=$(mktemp -d /tmp/custody-ansible.XXXXXX)

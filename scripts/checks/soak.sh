@@ -9,7 +9,7 @@
 # SOAK_CLASSES: a --filter regex of the classes (default below); CUSTODY_STRESS_ROUNDS: the
 # unmount stress test's rounds per soak round (default 20, so 20 soak rounds end 400 mounts).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 rounds=${1:-${SOAK_ROUNDS:-20}}
 classes=${SOAK_CLASSES:-'MountTests\.(DaemonLifecycleTests|RequestRingTests|UnmountStressTests|FairnessTests|PassthroughOperationTests|ProtectedMountTests|RandomizedOperationTests|WorkloadTests|MultiUserTests|LockMountTests|SetIDBitTests|SpeedFeatureTests)'}
 export CI=true

@@ -4,7 +4,7 @@
 # the shipped configuration passes `custodyd --check-config`, `man` finds the installed pages, and
 # `make uninstall` removes it all.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEST=$(mktemp -d /tmp/custody-install.XXXXXX)
 trap 'rm -rf "$DEST"' EXIT
 fail() { echo "install-test: FAIL: $*" >&2; exit 1; }

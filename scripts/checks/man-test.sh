@@ -4,7 +4,7 @@
 # `make man`), and every configuration key that custodyd reads is in man/custody.toml.5.
 # Usage: man-test.sh BIN_DIR
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=$1
 failures=0
 fail() { echo "man-test: FAIL: $*" >&2; failures=$((failures + 1)); }
