@@ -1,4 +1,5 @@
 @testable import CustodyControl
+import Foundation
 import XCTest
 
 final class RouteTests: XCTestCase {
@@ -17,5 +18,30 @@ final class RouteTests: XCTestCase {
         let routes = ControlAPI.routes
         XCTAssertEqual(Set(routes).count, routes.count)
         for route in routes { XCTAssertTrue(route.pattern.hasPrefix("/v1/"), "\(route)") }
+    }
+    /// docs/api.md's route table and the served table agree, route for route, on who may call:
+    /// the table a reader trusts is the one the daemon enforces.
+    func testTheDocumentedRouteTableIsTheServedOne() throws {
+        let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("docs/api.md").path
+        let text = try String(contentsOfFile: path, encoding: .utf8)
+        let section = try XCTUnwrap(text.components(separatedBy: "\n## Routes\n").last)
+        var documented: [String: String] = [:]
+        for line in section.split(separator: "\n") where line.hasPrefix("| `") {
+            let cells = line.split(separator: "|", omittingEmptySubsequences: false).map { $0.trimmingCharacters(in: .whitespaces) }
+            guard cells.count > 3 else { continue }
+            let route = cells[1].trimmingCharacters(in: CharacterSet(charactersIn: "`"))
+            XCTAssertNil(documented[route], "\(route) is documented twice")
+            documented[route] = cells[2]
+        }
+        let served = Dictionary(uniqueKeysWithValues: ControlAPI.table.map { ("\($0.method) \($0.pattern)", $0.access.rawValue) })
+        XCTAssertEqual(Set(documented.keys), Set(served.keys), "the same routes")
+        for (route, access) in served {
+            XCTAssertEqual(documented[route], access, "who may call \(route)")
+        }
+        // Every route that is the administrators' alone says what a refused caller may not do.
+        for route in ControlAPI.table where route.access == .admin || route.access == .accountOwner {
+            XCTAssertFalse(route.action.isEmpty, "\(route.method) \(route.pattern) names its action")
+        }
     }
 }

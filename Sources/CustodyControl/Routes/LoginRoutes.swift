@@ -30,16 +30,14 @@ extension ControlAPI {
         return uid
     }
 
-    func addLoginProtector(_ identity: String, _ body: ProtectorRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        try authorize(caller, forAccount: identity, "set the login protector of \(identity)")
+    func addLoginProtector(_ identity: String, _ body: ProtectorRequest) throws(Failure) -> HTTPResponse {
         return try run { () throws(EngineError) in
             try engine.addLoginProtector(identity, password: try Self.secret(body.password))
             return json(AccountView(try engine.account(identity)))
         }
     }
 
-    func removeLoginProtector(_ identity: String, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        try authorize(caller, forAccount: identity, "remove the login protector of \(identity)")
+    func removeLoginProtector(_ identity: String) throws(Failure) -> HTTPResponse {
         return try run { () throws(EngineError) in
             try engine.removeLoginProtector(identity)
             return HTTPResponse(status: 204, body: [])

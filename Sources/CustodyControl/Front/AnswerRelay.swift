@@ -30,7 +30,7 @@ struct FrameDecoder: ByteToMessageDecoder {
 
 /// The front's end of one request's pair: sends the request frame, then turns the daemon's
 /// answer frames into the client connection's answer.
-final class DaemonRelay: ChannelInboundHandler {
+final class AnswerRelay: ChannelInboundHandler {
     typealias InboundIn = Frame
     typealias OutboundOut = ByteBuffer
 
@@ -94,7 +94,7 @@ final class DaemonRelay: ChannelInboundHandler {
 
 /// Hands each checked request to the daemon: a fresh socket pair per request, the client's
 /// connection and the pair's other end passed over the channel (SCM_RIGHTS), so the daemon reads
-/// the caller's credentials from the kernel; then `DaemonRelay` on the front's end.
+/// the caller's credentials from the kernel; then `AnswerRelay` on the front's end.
 struct DaemonForwarder: RequestForwarder {
     /// The front's end of the channel to the daemon (non-blocking).
     let channel: Int32
@@ -130,7 +130,7 @@ struct DaemonForwarder: RequestForwarder {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(maxPayload: Self.maxAnswerBytes)))
-                    try channel.pipeline.syncOperations.addHandler(DaemonRelay(client: client, request: frame))
+                    try channel.pipeline.syncOperations.addHandler(AnswerRelay(client: client, request: frame))
                 }
             }
             .withConnectedSocket(ours)

@@ -17,7 +17,7 @@ struct ControlAPI: Sendable {
     /// What `GET /v1/metrics` answers; set by custodyd.
     let metrics = MetricsHooks()
     let streams = StreamCounter()
-    static let version = "0.3.0"
+    static let version = CustodyVersion.string
 
     func caller(pid: Int32, uid: UInt32, gid: UInt32) -> Caller {
         var admin = uid == 0
@@ -139,71 +139,25 @@ struct ControlAPI: Sendable {
 
     // MARK: Routes
 
-    /// Every route served: the dispatch below and the OpenAPI test both read this table.
-    public static let routes: [RouteSpec] = [
-        RouteSpec("GET", "/v1/status"),
-        RouteSpec("GET", "/v1/accounts"),
-        RouteSpec("POST", "/v1/accounts"),
-        RouteSpec("GET", "/v1/accounts/{identity}"),
-        RouteSpec("DELETE", "/v1/accounts/{identity}"),
-        RouteSpec("GET", "/v1/accounts/{identity}/policy"),
-        RouteSpec("PUT", "/v1/accounts/{identity}/policy"),
-        RouteSpec("POST", "/v1/accounts/{identity}/lock"),
-        RouteSpec("POST", "/v1/accounts/{identity}/unlock"),
-        RouteSpec("POST", "/v1/accounts/{identity}/passphrase"),
-        RouteSpec("POST", "/v1/accounts/{identity}/login-protector"),
-        RouteSpec("DELETE", "/v1/accounts/{identity}/login-protector"),
-        RouteSpec("POST", "/v1/accounts/{identity}/recovery-key"),
-        RouteSpec("DELETE", "/v1/accounts/{identity}/recovery-key"),
-        RouteSpec("POST", "/v1/accounts/{identity}/recover"),
-        RouteSpec("POST", "/v1/login/unlock"),
-        RouteSpec("POST", "/v1/login/password"),
-        RouteSpec("POST", "/v1/login/lock"),
-        RouteSpec("POST", "/v1/login/open"),
-        RouteSpec("POST", "/v1/accounts/{identity}/wipe"),
-        RouteSpec("GET", "/v1/machine-key"),
-        RouteSpec("POST", "/v1/machine-key/migrate"),
-        RouteSpec("POST", "/v1/machine-key/reset"),
-        RouteSpec("POST", "/v1/lock"),
-        RouteSpec("POST", "/v1/unlock"),
-        RouteSpec("POST", "/v1/bindings"),
-        RouteSpec("DELETE", "/v1/bindings/{pid}"),
-        RouteSpec("GET", "/v1/processes/{pid}/identity"),
-        RouteSpec("POST", "/v1/files/info"),
-        RouteSpec("POST", "/v1/files/is-encrypted"),
-        RouteSpec("POST", "/v1/files/protect"),
-        RouteSpec("POST", "/v1/files/encrypt"),
-        RouteSpec("POST", "/v1/files/decrypt"),
-        RouteSpec("POST", "/v1/files/can-receive"),
-        RouteSpec("POST", "/v1/files/repair"),
-        RouteSpec("GET", "/v1/locations"),
-        RouteSpec("POST", "/v1/locations/classify"),
-        RouteSpec("POST", "/v1/locations/save-to-allowed"),
-        RouteSpec("POST", "/v1/locations/open-from-allowed"),
-        RouteSpec("POST", "/v1/data/protect"),
-        RouteSpec("POST", "/v1/data/unprotect"),
-        RouteSpec("POST", "/v1/data/info"),
-        RouteSpec("GET", "/v1/jobs"),
-        RouteSpec("GET", "/v1/jobs/{id}"),
-        RouteSpec("GET", "/v1/events"),
-        RouteSpec("GET", "/v1/diagnostics"),
-        RouteSpec("GET", "/v1/metrics"),
-    ]
+    /// Every route served, as method and path (from `table`, in `RouteTable.swift`).
+    public static var routes: [RouteSpec] { table.map(\.spec) }
 
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         // The front has checked it; the daemon checks again rather than trust another process.
-        let (spec, parameters) = try Self.check(request)
-        return try dispatch(spec, parameters, request, caller)
+        let (route, parameters) = try Self.checkedRoute(request)
+        let call = RouteRequest(http: request, parameters: parameters, caller: caller)
+        try route.authorize(call, self)
+        return try route.serve(self, call)
     }
 
     /// The route a request asks for and its path parameters; 404 for an unknown path, 405 (with
     /// `Allow`, RFC 9110 15.5.6) for a known path and a method it does not serve.
-    static func match(_ request: HTTPRequest) throws(Failure) -> (RouteSpec, [String: String]) {
+    static func match(_ request: HTTPRequest) throws(Failure) -> (Route, [String: String]) {
         var allowed: [String] = []
-        for spec in routes {
-            guard let parameters = spec.match(request.path) else { continue }
-            if spec.method == request.method { return (spec, parameters) }
-            allowed.append(spec.method)
+        for route in table {
+            guard let parameters = route.spec.match(request.path) else { continue }
+            if route.method == request.method { return (route, parameters) }
+            allowed.append(route.method)
         }
         guard allowed.isEmpty else {
             throw Failure(status: 405, code: 405, name: "MethodNotAllowed", message: "\(request.method) is not served on \(request.path)",
@@ -230,223 +184,22 @@ struct ControlAPI: Sendable {
     /// its parameters.
     @discardableResult
     static func check(_ request: HTTPRequest) throws(Failure) -> (RouteSpec, [String: String]) {
-        let (spec, parameters) = try match(request)
+        let (route, parameters) = try checkedRoute(request)
+        return (route.spec, parameters)
+    }
+
+    /// `check`, answering the route itself.
+    static func checkedRoute(_ request: HTTPRequest) throws(Failure) -> (Route, [String: String]) {
+        let (route, parameters) = try match(request)
         try checkQuery(request)
         if let pid = parameters["pid"] { _ = try processID(pid) }
-        switch (spec.method, spec.pattern) {
-        case ("POST", "/v1/accounts"):
-            let body = try decode(EnrollRequest.self, request)
-            if let passphrase = body.passphrase { try checkPassphrase(passphrase) }
-        case ("POST", "/v1/accounts/{identity}/unlock"):
-            if let passphrase = try decode(UnlockRequest.self, request).passphrase { try checkPassphrase(passphrase) }
-        case ("POST", "/v1/accounts/{identity}/passphrase"):
-            let body = try decode(PassphraseRequest.self, request)
-            if let old = body.old { try checkPassphrase(old) }
-            if let new = body.new { try checkPassphrase(new) }
-        case ("POST", "/v1/accounts/{identity}/login-protector"): try checkPassphrase(try decode(ProtectorRequest.self, request).password)
-        case ("POST", "/v1/accounts/{identity}/recovery-key"): _ = try escrowKey(try decode(RecoveryKeyRequest.self, request))
-        case ("POST", "/v1/accounts/{identity}/recover"):
-            let body = try decode(RecoverRequest.self, request)
-            if let new = body.newPassphrase { try checkPassphrase(new) }
-        case ("POST", "/v1/login/unlock"): try checkPassphrase(try decode(LoginRequest.self, request).password)
-        case ("POST", "/v1/login/password"):
-            let body = try decode(PasswordChangeRequest.self, request)
-            try checkPassphrase(body.new)
-            if let old = body.old { try checkPassphrase(old) }
-        case ("POST", "/v1/login/lock"), ("POST", "/v1/login/open"):
-            let body = try decode(LogoutRequest.self, request)
-            if spec.pattern == "/v1/login/open", body.session == nil { throw badRequest("give the session: the PID of the process that opened it") }
-            if let session = body.session, session <= 0 { throw badRequest("session must be a process ID (1 or more)") }
-        case ("POST", "/v1/machine-key/migrate"): _ = try migration(try decode(MigrateRequest.self, request))
-        case ("PUT", "/v1/accounts/{identity}/policy"): _ = try decode(Policy.self, request)
-        case ("POST", "/v1/bindings"):
-            let body = try decode(BindRequest.self, request)
-            guard (body.pid == nil) != (body.tid == nil) else { throw badRequest("give exactly one of pid and tid") }
-        case ("POST", "/v1/files/info"), ("POST", "/v1/files/is-encrypted"): _ = try decode(PathRequest.self, request)
-        case ("POST", "/v1/files/protect"): _ = try decode(ProtectRequest.self, request)
-        case ("POST", "/v1/files/encrypt"), ("POST", "/v1/files/can-receive"):
-            guard !(try decode(EncryptRequest.self, request)).identity.isEmpty else { throw badRequest("identity must not be empty") }
-        case ("POST", "/v1/files/decrypt"): _ = try decode(DecryptRequest.self, request)
-        case ("POST", "/v1/files/repair"): _ = try decode(PathRequest.self, request)
-        case ("POST", "/v1/locations/classify"): _ = try decode(PathRequest.self, request)
-        case ("POST", "/v1/locations/save-to-allowed"), ("POST", "/v1/locations/open-from-allowed"):
-            _ = try checkLocation(try decode(LocationQuery.self, request))
-        case ("POST", "/v1/data/protect"), ("POST", "/v1/data/unprotect"), ("POST", "/v1/data/info"):
-            let body = try decode(DataRequest.self, request)
-            _ = try decodeData(body)
-            if spec.pattern == "/v1/data/protect", body.identity?.isEmpty ?? true { throw badRequest("missing field identity") }
-        default: break
-        }
-        return (spec, parameters)
+        try route.check(request, parameters)
+        return (route, parameters)
     }
 
     /// A passphrase is at least one byte (an account without one is enrolled by leaving it out).
     static func checkPassphrase(_ text: String) throws(Failure) {
         guard !text.isEmpty else { throw badRequest("passphrase must not be empty; leave it out for an account without one") }
-    }
-
-    func dispatch(_ spec: RouteSpec, _ p: [String: String], _ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        let identity = p["identity"] ?? ""
-        switch (spec.method, spec.pattern) {
-        case ("GET", "/v1/status"):
-            return json(status(for: caller))
-        case ("GET", "/v1/accounts"):
-            return json(engine.accounts().filter { caller.isAdmin || $0.uid == caller.uid }.map(AccountView.init))
-        case ("POST", "/v1/accounts"):
-            guard caller.isAdmin else { throw Self.notAuthorized("enroll accounts") }
-            return try enroll(try decode(EnrollRequest.self, request))
-        case ("GET", "/v1/accounts/{identity}"):
-            return try run { () throws(EngineError) in json(AccountView(try visibleAccount(identity, caller))) }
-        case ("POST", "/v1/accounts/{identity}/lock"):
-            try authorize(caller, forAccount: identity, "lock \(identity)")
-            return try run { () throws(EngineError) in
-                try engine.lock(identity)
-                return json(LockView(identity: identity, status: try engine.lockStatus(identity)))
-            }
-        case ("POST", "/v1/accounts/{identity}/unlock"):
-            try authorize(caller, forAccount: identity, "unlock \(identity)")
-            let body = try decode(UnlockRequest.self, request)
-            return try run { () throws(EngineError) in
-                let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
-                try engine.unlock(identity, passphrase: passphrase)
-                return json(LockView(identity: identity, status: try engine.lockStatus(identity)))
-            }
-        case ("POST", "/v1/accounts/{identity}/passphrase"):
-            try authorize(caller, forAccount: identity, "change the passphrase of \(identity)")
-            let body = try decode(PassphraseRequest.self, request)
-            return try run { () throws(EngineError) in
-                let old = try body.old.map { (text) throws(EngineError) in try Self.secret(text) }
-                let new = try body.new.map { (text) throws(EngineError) in try Self.secret(text) }
-                try engine.changePassphrase(identity, old: old, new: new)
-                return json(AccountView(try engine.account(identity)))
-            }
-        case ("POST", "/v1/accounts/{identity}/login-protector"):
-            return try addLoginProtector(identity, try decode(ProtectorRequest.self, request), caller)
-        case ("DELETE", "/v1/accounts/{identity}/login-protector"):
-            return try removeLoginProtector(identity, caller)
-        case ("POST", "/v1/accounts/{identity}/recovery-key"):
-            return try createRecoveryKey(identity, try decode(RecoveryKeyRequest.self, request), caller)
-        case ("DELETE", "/v1/accounts/{identity}/recovery-key"):
-            return try removeRecoveryKey(identity, caller)
-        case ("POST", "/v1/accounts/{identity}/recover"):
-            return try recover(identity, try decode(RecoverRequest.self, request), caller)
-        case ("POST", "/v1/login/unlock"):
-            return try login(try decode(LoginRequest.self, request), caller)
-        case ("POST", "/v1/login/password"):
-            return try loginPasswordChanged(try decode(PasswordChangeRequest.self, request), caller)
-        case ("POST", "/v1/login/lock"):
-            return try logout(try decode(LogoutRequest.self, request), caller)
-        case ("POST", "/v1/login/open"):
-            return try sessionOpened(try decode(LogoutRequest.self, request), caller)
-        case ("POST", "/v1/accounts/{identity}/wipe"):
-            guard caller.isAdmin else { throw Self.notAuthorized("wipe \(identity)") }
-            return try wipe(identity, wait: request.query["wait"] != "false", by: caller)
-        case ("DELETE", "/v1/accounts/{identity}"):
-            guard caller.isAdmin else { throw Self.notAuthorized("deregister \(identity)") }
-            if request.query["wipe"] == "true" { return try wipe(identity, wait: request.query["wait"] != "false", by: caller) }
-            return try run { () throws(EngineError) in
-                try engine.deregister(identity, wipe: false)
-                return HTTPResponse(status: 204, body: [])
-            }
-        case ("PUT", "/v1/accounts/{identity}/policy"):
-            guard caller.isAdmin else { throw Self.notAuthorized("change the policy of \(identity)") }
-            let policy = try decode(Policy.self, request)
-            return try run { () throws(EngineError) in json(AccountView(try engine.setPolicy(identity, policy))) }
-        case ("GET", "/v1/accounts/{identity}/policy"):
-            return try run { () throws(EngineError) in
-                let account = try visibleAccount(identity, caller)
-                guard let policy = account.policy else { throw .notEnrolled(account.upn) }
-                return json(policy)
-            }
-        case ("GET", "/v1/machine-key"):
-            guard caller.isAdmin else { throw Self.notAuthorized("see the machine key") }
-            return json(engine.machineKeyStatus())
-        case ("POST", "/v1/machine-key/migrate"):
-            guard caller.isAdmin else { throw Self.notAuthorized("move the machine key") }
-            let (store, pcrs) = try Self.migration(try decode(MigrateRequest.self, request))
-            return try run { () throws(EngineError) in json(try engine.migrateMachineKey(to: store, pcrs: pcrs)) }
-        case ("POST", "/v1/machine-key/reset"):
-            guard caller.isAdmin else { throw Self.notAuthorized("replace the machine key") }
-            return try run { () throws(EngineError) in json(try engine.resetMachineKey()) }
-        case ("POST", "/v1/lock"):
-            guard caller.isAdmin else { throw Self.notAuthorized("lock every account") }
-            engine.lockAll()
-            return json(status())
-        case ("POST", "/v1/unlock"):
-            guard caller.isAdmin else { throw Self.notAuthorized("unlock every account") }
-            let needPassphrase = engine.unlockAll()
-            return json(["stillLocked": needPassphrase])
-        case ("POST", "/v1/bindings"):
-            return try bind(try decode(BindRequest.self, request), caller)
-        case ("DELETE", "/v1/bindings/{pid}"):
-            let pid = try Self.processID(p["pid"] ?? "")
-            try authorizeProcess(caller, pid, "unbind process \(pid)")
-            return try run { () throws(EngineError) in
-                try engine.unbindProcess(pid)
-                return HTTPResponse(status: 204, body: [])
-            }
-        case ("GET", "/v1/processes/{pid}/identity"):
-            let pid = try Self.processID(p["pid"] ?? "")
-            let processes = LinuxProcessTable()
-            guard processes.startTime(of: pid) != nil else { throw Self.failure(.noSuchProcess(pid)) }
-            // Whose identity a process works as is its owner's business (and the administrators').
-            try authorizeProcess(caller, pid, "read the identity of process \(pid)")
-            let resolved = engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
-            return json(IdentityView(pid: pid, identity: resolved.identity, source: resolved.source.description))
-        case ("POST", "/v1/files/info"):
-            var info = try readableInfo(try decode(PathRequest.self, request), caller)
-            info.owner = visibleOwner(info.owner, to: caller)
-            return json(info)
-        case ("POST", "/v1/files/is-encrypted"):
-            let info = try readableInfo(try decode(PathRequest.self, request), caller)
-            return json(["path": JSONValue.string(info.path), "encrypted": .bool(info.encrypted)])
-        case ("POST", "/v1/files/protect"):
-            return try protect(try decode(ProtectRequest.self, request), caller)
-        case ("POST", "/v1/files/encrypt"):
-            return try encryptFile(try decode(EncryptRequest.self, request), caller)
-        case ("POST", "/v1/files/decrypt"):
-            return try decryptFile(try decode(DecryptRequest.self, request), caller)
-        case ("POST", "/v1/files/can-receive"):
-            return try canReceive(try decode(EncryptRequest.self, request), caller)
-        case ("POST", "/v1/files/repair"):
-            guard caller.isAdmin else { throw Self.notAuthorized("repair files") }
-            return try repairFile(try decode(PathRequest.self, request), caller)
-        case ("GET", "/v1/locations"):
-            return locations(request, caller)
-        case ("POST", "/v1/locations/classify"):
-            return try classify(try decode(PathRequest.self, request), caller)
-        case ("POST", "/v1/locations/save-to-allowed"):
-            return try locationAnswer(try decode(LocationQuery.self, request), caller, saving: true)
-        case ("POST", "/v1/locations/open-from-allowed"):
-            return try locationAnswer(try decode(LocationQuery.self, request), caller, saving: false)
-        case ("POST", "/v1/data/protect"):
-            return try protectData(try decode(DataRequest.self, request), caller)
-        case ("POST", "/v1/data/unprotect"):
-            return try unprotectData(try decode(DataRequest.self, request), caller)
-        case ("POST", "/v1/data/info"):
-            let bytes = try Self.decodeData(try decode(DataRequest.self, request))
-            return try run { () throws(EngineError) in
-                var info = try engine.dataProtectionInfo(bytes)
-                info.owner = visibleOwner(info.owner, to: caller)
-                return json(info)
-            }
-        case ("GET", "/v1/jobs"):
-            return json(jobs.visible(to: caller).map(\.snapshot))
-        case ("GET", "/v1/jobs/{id}"):
-            guard let id = Int(p["id"] ?? ""), let job = jobs.job(id), caller.isAdmin || job.startedBy == caller.uid else {
-                throw Failure(status: 404, code: 404, name: "UnknownJob", message: "no job \(p["id"] ?? "")")
-            }
-            return json(job.snapshot)
-        case ("GET", "/v1/events"):
-            return try events(request, caller)
-        case ("GET", "/v1/metrics"):
-            return metricsAnswer(caller)
-        case ("GET", "/v1/diagnostics"):
-            guard caller.isAdmin else { throw Self.notAuthorized("read the diagnostics") }
-            return diagnosticsBundle()
-        default:
-            throw unknownRoute(request)
-        }
     }
 
     static func processID(_ text: String) throws(Failure) -> Int32 {

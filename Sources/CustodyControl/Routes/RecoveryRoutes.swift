@@ -31,8 +31,7 @@ extension ControlAPI {
         return Array(key)
     }
 
-    func createRecoveryKey(_ identity: String, _ body: RecoveryKeyRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        try authorize(caller, forAccount: identity, "create a recovery key for \(identity)")
+    func createRecoveryKey(_ identity: String, _ body: RecoveryKeyRequest) throws(Failure) -> HTTPResponse {
         let escrowTo = try Self.escrowKey(body)
         if body.show == false, escrowTo == nil { throw Self.badRequest("show false needs an escrowPublicKey: the key would be lost") }
         return try run { () throws(EngineError) in
@@ -42,16 +41,14 @@ extension ControlAPI {
         }
     }
 
-    func removeRecoveryKey(_ identity: String, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        try authorize(caller, forAccount: identity, "remove the recovery key of \(identity)")
+    func removeRecoveryKey(_ identity: String) throws(Failure) -> HTTPResponse {
         return try run { () throws(EngineError) in
             try engine.removeRecoveryKey(identity)
             return HTTPResponse(status: 204, body: [])
         }
     }
 
-    func recover(_ identity: String, _ body: RecoverRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
-        try authorize(caller, forAccount: identity, "recover \(identity)")
+    func recover(_ identity: String, _ body: RecoverRequest) throws(Failure) -> HTTPResponse {
         return try run { () throws(EngineError) in
             let key = try RecoveryKey(parsing: body.recoveryKey)
             let passphrase = try body.newPassphrase.map { (text) throws(EngineError) in try Self.secret(text) }
