@@ -33,11 +33,6 @@ public enum LockStatus: Equatable, Sendable, CustomStringConvertible {
 /// What a class key is wanted for: creating a file (class B works while locked) or opening one.
 public enum KeyPurpose: Sendable { case create, open }
 
-/// Deletes an identity's files during a wipe (the mount provides it; see the wipe issue).
-public protocol WipeHandler: Sendable {
-    func wipeFiles(of account: Account, progress: (_ scanned: Int, _ deleted: Int, _ bytesFreed: UInt64) -> Void) throws
-}
-
 /// The engine: accounts and policy, keybags and locks, identity resolution, events. It knows
 /// nothing of FUSE or HTTP; the mount and the control socket drive it.
 public final class Engine: @unchecked Sendable {
@@ -417,106 +412,14 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// Deregisters an account. With `wipe`: its keys are destroyed first (in memory and on disk),
-    /// then its files are deleted (the wipe handler), then it is unregistered. Without: its keybag
-    /// stays sealed on disk, so enrolling it again restores access to its (still encrypted) files.
-    public func deregister(_ identity: String, wipe: Bool) throws(EngineError) {
-        let account = try self.account(identity)
-        let key = Account.canonical(account.id)
-        if wipe {
-            events.emit(.wipeStarted, identity: account.upn, code: 102, "wipe received for \(account.upn)")
-            // Journaled first: a daemon killed from here on finishes the wipe when it starts again.
-            let started = clock.now()
-            try files.write(account, to: Self.wipeJournalName(account.id))
-            dropKeys(key)
-            try files.destroy(Self.keybagName(account.id))
-            // From here every copy of its encrypted files is unreadable.
-            events.emit(.wipeProgress, identity: account.upn, "keys of \(account.upn) destroyed",
-                        details: ["keysDestroyedSeconds": String(clock.now() - started)])
-            try deleteFiles(of: account)
-        } else {
-            dropKeys(key)
-        }
-        try state.withLock { (state) throws(EngineError) in
-            state.accounts.removeAll { $0.matches(account.id) }
-            state.processBindings = state.processBindings.filter { !account.matches($0.value) }
-            state.threadBindings = state.threadBindings.filter { !account.matches($0.value) }
-            try saveAccounts(state)
-            try saveBindings(state)
-        }
-        if wipe {
-            try files.destroy(Self.wipeJournalName(account.id))
-            events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
-        }
-        events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)",
-                    details: ["wipe": "\(wipe)"])
-    }
-
-    /// Forgets an identity's keys in memory and revokes its open file keys.
-    private func dropKeys(_ key: String) {
-        state.withLock { state in
-            state.keys[key] = nil
-            state.stranded[key] = nil
-            _ = state.openKeys.revoke { $0.identity == key }
-        }
-    }
-
-    /// Deletes the files of a wiped account in every mount (and through `wipeHandler`, when set),
-    /// with progress events that add up across mounts.
-    private func deleteFiles(of account: Account) throws(EngineError) {
-        let handlers: [WipeHandler] = (wipeHandler.map { [$0] } ?? []) + volumes.map { $0 as WipeHandler }
-        var before = (scanned: 0, deleted: 0, bytes: UInt64(0))
-        for handler in handlers {
-            var last = (scanned: 0, deleted: 0, bytes: UInt64(0))
-            do {
-                try handler.wipeFiles(of: account) { scanned, deleted, bytes in
-                    last = (scanned, deleted, bytes)
-                    events.emit(.wipeProgress, identity: account.upn, "wiping \(account.upn)",
-                                details: ["scanned": "\(before.scanned + scanned)", "deleted": "\(before.deleted + deleted)",
-                                          "bytesFreed": "\(before.bytes + bytes)"])
-                }
-            } catch {
-                events.emit(.wipeFailed, identity: account.upn, code: 215, "wipe of \(account.upn) failed: \(error)")
-                throw .corruptState(file: files.directory, reason: "wipe of \(account.upn) failed: \(error)")
-            }
-            before = (before.scanned + last.scanned, before.deleted + last.deleted, before.bytes + last.bytes)
-        }
-    }
-
-    /// Accounts whose journaled wipe has not finished yet.
-    public var pendingWipes: [Account] { state.withLock { $0.pendingWipes } }
-
-    /// Finishes wipes that a stopped daemon journaled: deletes the files (the keys are already
-    /// gone), then drops the journal. The daemon calls it once every mount is attached.
-    public func completePendingWipes() throws(EngineError) {
-        for account in pendingWipes {
-            events.emit(.wipeStarted, identity: account.upn, code: 102, "completing the interrupted wipe of \(account.upn)")
-            try deleteFiles(of: account)
-            try state.withLock { (state) throws(EngineError) in
-                state.processBindings = state.processBindings.filter { !account.matches($0.value) }
-                state.threadBindings = state.threadBindings.filter { !account.matches($0.value) }
-                try saveBindings(state)
-            }
-            try files.destroy(Self.wipeJournalName(account.id))
-            state.withLock { $0.pendingWipes.removeAll { $0.matches(account.id) } }
-            events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
-            events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)", details: ["wipe": "true"])
-        }
-    }
-
-    static func wipeJournalName(_ id: String) -> String {
-        "wipes/" + String(keybagName(id).dropFirst("keybags/".count))
-    }
-
-    private func saveAccounts(_ state: State) throws(EngineError) {
+    func saveAccounts(_ state: State) throws(EngineError) {
         resolutionGeneration.add(1, ordering: .releasing)
         policyGeneration.add(1, ordering: .releasing)
         try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
     }
 
-    func saveBindingsLocked(_ state: State) throws(EngineError) { try saveBindings(state) }
 
-    private func saveBindings(_ state: State) throws(EngineError) {
+    func saveBindings(_ state: State) throws(EngineError) {
         resolutionGeneration.add(1, ordering: .releasing)
         var bindings = Bindings()
         bindings.processes = state.processBindings.map { .init(task: $0.key, identity: $0.value) }.sorted { $0.task.id < $1.task.id }

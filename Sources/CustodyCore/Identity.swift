@@ -26,7 +26,7 @@ extension Engine {
                 state.processBindings = state.processBindings.filter { $0.key.id != task }
                 state.processBindings[key] = identity
             }
-            try saveBindingsLocked(state)
+            try saveBindings(state)
         }
         let kind = thread ? "thread" : "process"
         events.emit(.identityBound, identity: identity, "\(kind) \(task) bound to \(identity)", details: [thread ? "tid" : "pid": "\(task)"])
@@ -36,7 +36,7 @@ extension Engine {
         try state.withLock { (state) throws(EngineError) in
             state.processBindings = state.processBindings.filter { $0.key.id != pid }
             dropExited(&state)
-            try saveBindingsLocked(state)
+            try saveBindings(state)
         }
         events.emit(.identityUnbound, "process \(pid) unbound", details: ["pid": "\(pid)"])
     }
@@ -45,7 +45,7 @@ extension Engine {
         try state.withLock { (state) throws(EngineError) in
             state.threadBindings = state.threadBindings.filter { $0.key.id != tid }
             dropExited(&state)
-            try saveBindingsLocked(state)
+            try saveBindings(state)
         }
         events.emit(.identityUnbound, "thread \(tid) unbound", details: ["tid": "\(tid)"])
     }

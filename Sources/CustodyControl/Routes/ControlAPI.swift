@@ -298,24 +298,20 @@ struct ControlAPI: Sendable {
         let account = try engineCall { () throws(EngineError) in try self.engine.account(identity) }
         let engine = self.engine
         let job = jobs.start(kind: "wipe", target: account.upn, startedBy: caller.uid) { (job) throws(Failure) -> JSONValue in
-            let token = engine.events.subscribe { event in
-                guard event.kind == .wipeProgress, event.identity == account.upn else { return }
-                var counters: [String: UInt64] = [:]
-                for key in ["scanned", "deleted", "bytesFreed"] { if let value = event.details[key].flatMap(UInt64.init) { counters[key] = value } }
-                if let seconds = event.details["keysDestroyedSeconds"].flatMap(Double.init) { counters["keysDestroyedMicroseconds"] = UInt64(seconds * 1e6) }
-                job.update(counters)
-            }
-            defer { engine.events.unsubscribe(token) }
+            var last = WipeProgress(keysDestroyedSeconds: 0)
             do throws(EngineError) {
-                try engine.deregister(account.upn, wipe: true)
+                try engine.deregister(account.upn, wipe: true) { progress in
+                    last = progress
+                    job.update(["scanned": UInt64(progress.files.scanned), "deleted": UInt64(progress.files.deleted),
+                                "bytesFreed": progress.files.bytesFreed,
+                                "keysDestroyedMicroseconds": UInt64(max(0, progress.keysDestroyedSeconds) * 1e6)])
+                }
             } catch {
                 throw Self.failure(error)
             }
-            let progress = job.snapshot.progress
             return JSONValue.of(WipeView(identity: account.upn, code: 104, result: "UnenrollmentSuccess",
-                                         keysDestroyedSeconds: Double(progress["keysDestroyedMicroseconds"] ?? 0) / 1e6,
-                                         scanned: Int(progress["scanned"] ?? 0), deleted: Int(progress["deleted"] ?? 0),
-                                         bytesFreed: progress["bytesFreed"] ?? 0))
+                                         keysDestroyedSeconds: last.keysDestroyedSeconds, scanned: last.files.scanned,
+                                         deleted: last.files.deleted, bytesFreed: last.files.bytesFreed))
         }
         return respond(to: job, wait: wait)
     }
