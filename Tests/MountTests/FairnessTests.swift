@@ -14,9 +14,11 @@ final class FairnessTests: XCTestCase {
     var programs: [pid_t] = []
 
     override func tearDown() {
-        for program in programs { kill(program, SIGKILL); _ = waitForExit(program, seconds: 10) }
-        programs = []
+        for program in programs { kill(program, SIGKILL) }
+        // A program killed in the middle of a throttled write may end only once the disk is free.
         unthrottle()
+        for program in programs { _ = waitForExit(program, seconds: 30) }
+        programs = []
         daemon?.stop()
         if let cgroup { removeCgroup(cgroup.directory) }
         cgroup = nil
@@ -195,8 +197,9 @@ final class FairnessTests: XCTestCase {
 
             let result = try measure(daemon, as: reader, count: count, name: name)
             let during = fsyncTimes().dropFirst(before)
-            for program in programs { kill(program, SIGKILL); _ = waitForExit(program, seconds: 10) }
-            programs = []
+            // A killed program that a throttled write still holds is reaped once the disk is free.
+            for program in programs { kill(program, SIGKILL) }
+            programs = programs.filter { !waitForExit($0, seconds: 10) }
             print("fairness, \(name): writer's fsyncs meanwhile: \(during.count), mean \(Int(during.reduce(0, +) / Double(max(1, during.count)) * 1000)) ms")
             // The writer's load was real: its fsyncs waited for the slow disk all along.
             XCTAssertGreaterThanOrEqual(during.count, 2, "\(name): the writer kept fsyncing")
@@ -212,6 +215,8 @@ final class FairnessTests: XCTestCase {
             }
 
             unthrottle()
+            for program in programs { XCTAssertTrue(waitForExit(program, seconds: 30), "a killed program ended") }
+            programs = []
             daemon.stop()
             if let cgroup { removeCgroup(cgroup.directory) }
             cgroup = nil
@@ -274,8 +279,9 @@ final class FairnessTests: XCTestCase {
                 while Date() < releases, try handedOffSince() < 40 { usleep(50_000) }
                 XCTAssertGreaterThanOrEqual(try handedOffSince(), 40, "\(name): closes on the slow store went to workers")
             }
-            for program in programs { kill(program, SIGKILL); _ = waitForExit(program, seconds: 10) }
-            programs = []
+            // A killed program that a throttled write still holds is reaped once the disk is free.
+            for program in programs { kill(program, SIGKILL) }
+            programs = programs.filter { !waitForExit($0, seconds: 10) }
             let written = delta(#"custody_fuse_requests_total{op="write"}"#)
             let writeSeconds = delta(#"custody_fuse_request_duration_seconds_sum{op="write"}"#)
             print("fairness, \(name): \(Int(written)) WRITEs meanwhile, \(Int(writeSeconds * 1000 / max(1, written))) ms each, " +
@@ -290,6 +296,8 @@ final class FairnessTests: XCTestCase {
             XCTAssertLessThan(result["max"] ?? .max, 250_000 + (alone["max"] ?? 0), "\(name): no request of the reader waited for a write")
 
             unthrottle()
+            for program in programs { XCTAssertTrue(waitForExit(program, seconds: 30), "a killed program ended") }
+            programs = []
             daemon.stop()
             if let cgroup { removeCgroup(cgroup.directory) }
             cgroup = nil
