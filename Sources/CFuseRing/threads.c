@@ -21,8 +21,6 @@ int custody_unpin_thread(const custody_fuse_transport *t) {
 
 pid_t custody_thread_id(void) { return gettid(); }
 
-void custody_thread_set_name(const char *name) { (void)pthread_setname_np(pthread_self(), name); }
-
 int custody_thread_set_idle_priority(pid_t thread, int idle) {
     struct sched_param param = { .sched_priority = 0 };
     return sched_setscheduler(thread, idle ? SCHED_IDLE : SCHED_OTHER, &param) == 0 ? 0 : errno;

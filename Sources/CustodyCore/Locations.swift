@@ -82,7 +82,7 @@ extension Engine {
         let normalized = Self.normalized(path)
         var best: (name: String, directory: String)?
         for (name, directories) in settings.locations {
-            for directory in directories where Self.isInside(normalized, directory) {
+            for directory in directories where normalized.isPath(inside: directory) {
                 if directory.utf8.count > best?.directory.utf8.count ?? -1 { best = (name, directory) }
             }
         }
@@ -91,7 +91,7 @@ extension Engine {
             return PathLocation(path: normalized, location: Location.accountDocument.name, under: inMount.volume.mountPoint)
         }
         let mounts = MountTable.entries()
-        let holder = mounts.filter { Self.isInside(normalized, $0.mountPoint) }.max { $0.mountPoint.count < $1.mountPoint.count }
+        let holder = mounts.filter { normalized.isPath(inside: $0.mountPoint) }.max { $0.mountPoint.count < $1.mountPoint.count }
         if let holder, Self.remoteFileSystems.contains(holder.fileSystemType) {
             return PathLocation(path: normalized, location: Location.other.name, under: holder.mountPoint)
         }
@@ -141,10 +141,6 @@ extension Engine {
                 throw .invalidPolicy("unknown location \(name) (\(Location.knownNames) configured in Locations)")
             }
         }
-    }
-
-    static func isInside(_ path: String, _ directory: String) -> Bool {
-        path.isPath(inside: directory)
     }
 
     /// `path` without `.`, `..`, repeated and trailing slashes (lexically: symbolic links are

@@ -127,7 +127,7 @@ final class RequestRings: @unchecked Sendable {
         var made: [RingThread] = []
         for queue in 0..<queues {
             let ringThread = RingThread(queue: queue)
-            guard let thread = start({ [self] in serve(ringThread) }) else { break }
+            guard let thread = try? DaemonThread.start("custody-ring\(queue)", { [self] in serve(ringThread) }) else { break }
             ringThread.thread = thread
             made.append(ringThread)
         }
@@ -198,12 +198,6 @@ final class RequestRings: @unchecked Sendable {
         custody_fuse_transport_remove(transport)
     }
 
-    /// Starts a thread running `body` (it names itself: its CPU's ring, or a worker); nil when it
-    /// could not be started.
-    private func start(_ body: @escaping @Sendable () -> Void) -> pthread_t? {
-        try? DaemonThread.start("custody-ring", body)
-    }
-
     /// The kernel offers rings only with its `enable_uring` parameter on (a kernel without the
     /// parameter has no FUSE over io_uring).
     static func kernelAllowsRings(parameter: String = "/sys/module/fuse/parameters/enable_uring") -> Bool {
@@ -230,7 +224,6 @@ final class RequestRings: @unchecked Sendable {
         // A CPU this process may not use (a cpuset, an offline CPU) leaves the thread unpinned:
         // callers cannot run there either, so its queue stays empty.
         _ = custody_pin_thread(Int32(ringThread.queue))
-        custody_thread_set_name("custody-ring\(ringThread.queue)")
         ringThread.threadID = custody_thread_id()
         var error: Int32 = 0
         ringThread.ring = custody_fuse_ring_create(transport, UInt32(ringThread.queue), &error)
@@ -288,7 +281,7 @@ final class RequestRings: @unchecked Sendable {
     /// Starts a worker for requests that may wait (asked for by a ring's thread, so before `stop`
     /// takes the list of workers to join).
     private func startWorker() -> Bool {
-        guard let thread = start({ [self] in work() }) else { return false }
+        guard let thread = try? DaemonThread.start(Self.workerName, { [self] in work() }) else { return false }
         workers.withLock { $0.append(thread) }
         return true
     }
@@ -298,7 +291,6 @@ final class RequestRings: @unchecked Sendable {
     /// left without work for a while ends, unless it is the last.
     private func work() {
         _ = custody_unpin_thread(transport)
-        custody_thread_set_name(Self.workerName)
         var request: UnsafeMutableRawPointer?
         var length = 0
         var entry: OpaquePointer?

@@ -1,4 +1,5 @@
 import CLinux
+import CustodySystem
 @testable import CustodyControl
 import Foundation
 import Glibc
@@ -214,7 +215,7 @@ final class ForwardingTests: XCTestCase {
         defer { close(pair[0]); close(pair[1]) }
         let payload = [UInt8](repeating: 7, count: 300_000)
         let sender = FrameChannel(fd: pair[0], maxPayload: 0)
-        let thread = startThread("test-sender") { XCTAssertTrue(sender.send(.chunk, payload)); XCTAssertTrue(sender.send(.chunk, [UInt8](repeating: 1, count: 64))) }
+        let thread = try? DaemonThread.start("test-sender") { XCTAssertTrue(sender.send(.chunk, payload)); XCTAssertTrue(sender.send(.chunk, [UInt8](repeating: 1, count: 64))) }
         let receiver = FrameChannel(fd: pair[1], maxPayload: 1 << 20)
         let (kind, got) = try receiver.receive()
         XCTAssertEqual(kind, .chunk)

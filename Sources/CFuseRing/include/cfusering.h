@@ -166,9 +166,6 @@ int custody_unpin_thread(const custody_fuse_transport *transport);
 /// The calling thread's ID.
 pid_t custody_thread_id(void);
 
-/// Names the calling thread (at most 15 bytes are kept: /proc/PID/task/TID/comm, `top -H`).
-void custody_thread_set_name(const char *name);
-
 /// Puts a thread of this process at idle priority (SCHED_IDLE) or back at normal (SCHED_OTHER).
 /// 0, or an errno.
 int custody_thread_set_idle_priority(pid_t thread, int idle);

@@ -173,10 +173,10 @@ public final class ControlServer: @unchecked Sendable {
                 Glibc.close(pair)
                 continue
             }
-            if startThread("custody-request", detached: true, { [self] in
+            if (try? DaemonThread.start("custody-request", detached: true, { [self] in
                 self.serve(pair, caller)
                 self.active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
-            }) == nil {
+            })) == nil {
                 active.wrappingSubtract(1, ordering: .acquiringAndReleasing)
                 Glibc.close(pair)
             }
@@ -244,9 +244,3 @@ public final class ControlServer: @unchecked Sendable {
     }
 }
 
-/// Starts a thread named `name` running `body` (detached: nobody joins it); nil when it could
-/// not be made.
-@discardableResult
-func startThread(_ name: String, detached: Bool = false, _ body: @escaping @Sendable () -> Void) -> pthread_t? {
-    try? DaemonThread.start(name, detached: detached, body)
-}

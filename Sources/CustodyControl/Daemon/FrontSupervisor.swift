@@ -30,7 +30,7 @@ final class FrontSupervisor: @unchecked Sendable {
     }
 
     func start(serve: @escaping @Sendable (Int32) -> Void) {
-        thread = startThread("custody-front") { [self] in self.supervise(serve) }
+        thread = try? DaemonThread.start("custody-front") { [self] in self.supervise(serve) }
     }
 
     /// Stops the front and waits until its supervision has ended.
@@ -56,7 +56,7 @@ final class FrontSupervisor: @unchecked Sendable {
                 continue
             }
             if stopping { kill(pid, SIGTERM) }
-            let server = startThread("custody-control") { serve(channel) }
+            let server = try? DaemonThread.start("custody-control") { serve(channel) }
             var status: Int32 = 0
             while waitpid(pid, &status, 0) < 0, errno == EINTR {}
             state.withLock { $0.pid = 0 }

@@ -87,7 +87,7 @@ final class JobRegistry: Sendable {
             if finished.count > capacity, let oldest = finished.first { state.jobs.removeAll { $0 === oldest } }
             return job
         }
-        let started = startThread("custody-job", detached: true) {
+        let started = try? DaemonThread.start("custody-job", detached: true) {
             do throws(ControlAPI.Failure) {
                 job.finish(.success(try body(job)))
             } catch {

@@ -207,10 +207,6 @@ struct ControlAPI: Sendable {
         return pid
     }
 
-    func unknownRoute(_ request: HTTPRequest) -> Failure {
-        Failure(status: 404, code: 404, name: "UnknownRoute", message: "no route \(request.method) \(request.path)")
-    }
-
     func run(_ body: () throws(EngineError) -> HTTPResponse) throws(Failure) -> HTTPResponse {
         do { return try body() } catch { throw Self.failure(error) }
     }
