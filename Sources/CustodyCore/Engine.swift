@@ -48,6 +48,9 @@ public final class Engine: @unchecked Sendable {
     /// The state directory's machine keys (a file, or sealed to the TPM).
     let machineKeys: MachineKeys
     let state: Mutex<State>
+    /// `accounts.json` and `bindings.json`, written outside the lock (`OrderedStateFile`).
+    let accountsFile = OrderedStateFile<AccountsFile>("accounts.json")
+    let bindingsFile = OrderedStateFile<Bindings>("bindings.json")
     private let wipeHandlerBox = Mutex<WipeHandler?>(nil)
     let volumeRegistry = VolumeRegistry()
     private let timer = Mutex<DeadlineTimer?>(nil)
@@ -211,7 +214,7 @@ public final class Engine: @unchecked Sendable {
         state = Mutex(loaded)
         for problem in loaded.problems { Self.emit(problem, on: events) }
         // The file says only what holds: identities of exited processes do not linger in it.
-        if dropped { try saveBindings(loaded) }
+        if dropped { try files.save(bindingsSnapshot(loaded)) }
         // Counters that could not be read start again at the back-off limit, kept from now on.
         if loaded.problems.contains(where: { $0.kind == .setAside && $0.file == Self.attemptsFile }) { saveAttempts(loaded) }
         // A migration that was stopped midway is finished; a store other than the configured one
@@ -237,11 +240,12 @@ public final class Engine: @unchecked Sendable {
         resolutions.forgetExited()
         let gone = Set((boundProcesses + boundThreads).filter { !isLive($0) })
         guard !gone.isEmpty else { return false }
-        return state.withLock { state in
+        let snapshot = state.withLock { state in
             state.processBindings = state.processBindings.filter { !gone.contains($0.key) }
             state.threadBindings = state.threadBindings.filter { !gone.contains($0.key) }
-            return (try? saveBindings(state)) != nil
+            return bindingsSnapshot(state)
         }
+        return (try? files.save(snapshot)) != nil
     }
 
     /// Starts the thread that completes locks at the end of their grace period (the daemon does;
@@ -306,13 +310,13 @@ public final class Engine: @unchecked Sendable {
     @discardableResult
     public func register(id: String, upn: String, uid: UInt32? = nil) throws(EngineError) -> Account {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
-        let account = try state.withLock { (state) throws(EngineError) -> Account in
-            if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }) { return existing }
+        let (account, snapshot) = state.withLock { state -> (Account, OrderedStateFile<AccountsFile>.Snapshot?) in
+            if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }) { return (existing, nil) }
             let account = Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
             state.accounts.append(account)
-            try saveAccounts(state)
-            return account
+            return (account, accountsSnapshot(state))
         }
+        if let snapshot { try files.save(snapshot) } else { return account }
         events.emit(.registered, identity: account.upn, "registered \(account.upn)", details: ["id": account.id])
         return account
     }
@@ -366,7 +370,7 @@ public final class Engine: @unchecked Sendable {
             keys = IdentityKeys(stored: stored, machineSecret: secret, classD: d, classBPublic: b)
             keys.install(unlocked)
         }
-        return try state.withLock { (state) throws(EngineError) -> Account in
+        let (account, snapshot) = state.withLock { state in
             var account = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) })
                 ?? Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
             account.policy = policy
@@ -375,24 +379,25 @@ public final class Engine: @unchecked Sendable {
             state.accounts.removeAll { $0.matches(id) || $0.matches(upn) }
             state.accounts.append(account)
             state.keys[Account.canonical(account.id)] = keys
-            try saveAccounts(state)
-            return account
+            return (account, accountsSnapshot(state))
         }
+        try files.save(snapshot)
+        return account
     }
 
     /// Replaces an enrolled account's policy. A change marks its files for re-protection.
     @discardableResult
     public func setPolicy(_ identity: String, _ policy: Policy) throws(EngineError) -> Account {
         try checkLocations(policy)
-        let (account, changed) = try state.withLock { (state) throws(EngineError) -> (Account, Bool) in
+        let (account, changed, snapshot) = try state.withLock { (state) throws(EngineError) in
             guard let index = state.accounts.firstIndex(where: { $0.matches(identity) }) else { throw .unknownAccount(identity) }
             guard let old = state.accounts[index].policy else { throw .notEnrolled(state.accounts[index].upn) }
             let changed = old != policy
             state.accounts[index].policy = policy
             if changed { state.accounts[index].reprotectPending = true }
-            try saveAccounts(state)
-            return (state.accounts[index], changed)
+            return (state.accounts[index], changed, accountsSnapshot(state))
         }
+        try files.save(snapshot)
         if changed {
             events.emit(.policyChanged, identity: account.upn, code: 100, "new policies received for \(account.upn)",
                         details: ["protectionLevel": policy.protectionLevel.description, "fileEncryptionRequired": "\(policy.fileEncryptionRequired)"])
@@ -405,26 +410,29 @@ public final class Engine: @unchecked Sendable {
 
     /// Marks an account's re-protection as done (called by whoever re-protected its files).
     public func reprotectFinished(_ identity: String) throws(EngineError) {
-        try state.withLock { (state) throws(EngineError) in
+        let snapshot = try state.withLock { (state) throws(EngineError) in
             guard let index = state.accounts.firstIndex(where: { $0.matches(identity) }) else { throw .unknownAccount(identity) }
             state.accounts[index].reprotectPending = false
-            try saveAccounts(state)
+            return accountsSnapshot(state)
         }
+        try files.save(snapshot)
     }
 
-    func saveAccounts(_ state: State) throws(EngineError) {
+    /// The accounts as they are now, to write with `files.save` once the lock is released
+    /// (`OrderedStateFile`). Call it under the lock, after the change.
+    func accountsSnapshot(_ state: State) -> OrderedStateFile<AccountsFile>.Snapshot {
         resolutionGeneration.add(1, ordering: .releasing)
         policyGeneration.add(1, ordering: .releasing)
-        try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
+        return accountsFile.snapshot(AccountsFile(accounts: state.accounts))
     }
 
-
-    func saveBindings(_ state: State) throws(EngineError) {
+    /// The bindings as they are now, to write with `files.save` once the lock is released.
+    func bindingsSnapshot(_ state: State) -> OrderedStateFile<Bindings>.Snapshot {
         resolutionGeneration.add(1, ordering: .releasing)
         var bindings = Bindings()
         bindings.processes = state.processBindings.map { .init(task: $0.key, identity: $0.value) }.sorted { $0.task.id < $1.task.id }
         bindings.threads = state.threadBindings.map { .init(task: $0.key, identity: $0.value) }.sorted { $0.task.id < $1.task.id }
-        try files.write(bindings, to: "bindings.json")
+        return bindingsFile.snapshot(bindings)
     }
 
     // MARK: Protection

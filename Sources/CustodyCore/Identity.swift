@@ -16,7 +16,7 @@ extension Engine {
     private func bind(_ task: Int32, to identity: String, thread: Bool) throws(EngineError) {
         let identity = try checkedIdentity(identity)
         guard let start = processes.startTime(of: task) else { throw .noSuchProcess(task) }
-        try state.withLock { (state) throws(EngineError) in
+        let snapshot = state.withLock { state in
             let key = TaskKey(id: task, startTime: start)
             dropExited(&state)
             if thread {
@@ -26,27 +26,30 @@ extension Engine {
                 state.processBindings = state.processBindings.filter { $0.key.id != task }
                 state.processBindings[key] = identity
             }
-            try saveBindings(state)
+            return bindingsSnapshot(state)
         }
+        try files.save(snapshot)
         let kind = thread ? "thread" : "process"
         events.emit(.identityBound, identity: identity, "\(kind) \(task) bound to \(identity)", details: [thread ? "tid" : "pid": "\(task)"])
     }
 
     public func unbindProcess(_ pid: Int32) throws(EngineError) {
-        try state.withLock { (state) throws(EngineError) in
+        let snapshot = state.withLock { state in
             state.processBindings = state.processBindings.filter { $0.key.id != pid }
             dropExited(&state)
-            try saveBindings(state)
+            return bindingsSnapshot(state)
         }
+        try files.save(snapshot)
         events.emit(.identityUnbound, "process \(pid) unbound", details: ["pid": "\(pid)"])
     }
 
     public func unbindThread(_ tid: Int32) throws(EngineError) {
-        try state.withLock { (state) throws(EngineError) in
+        let snapshot = state.withLock { state in
             state.threadBindings = state.threadBindings.filter { $0.key.id != tid }
             dropExited(&state)
-            try saveBindings(state)
+            return bindingsSnapshot(state)
         }
+        try files.save(snapshot)
         events.emit(.identityUnbound, "thread \(tid) unbound", details: ["tid": "\(tid)"])
     }
 

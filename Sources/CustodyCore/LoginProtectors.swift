@@ -112,20 +112,20 @@ extension Engine {
     func saveKeybag(_ stored: StoredKeybag, of account: Account) throws(EngineError) {
         let key = Account.canonical(account.id)
         let current = try? machineKeys.current()
-        try state.withLock { (state) throws(EngineError) in
+        let accounts = try state.withLock { (state) throws(EngineError) -> OrderedStateFile<AccountsFile>.Snapshot? in
             var stored = stored
             if let current, stored.machineKeyID != current.id || stored.machineSecret == nil, let secret = state.keys[key]?.machineSecret {
                 stored = try Keybags.bind(stored, secret: secret, to: current)
             }
             try files.write(stored, to: Self.keybagName(account.id))
             state.keys[key]?.stored = stored
-            if let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) {
-                state.accounts[index].hasPassphrase = stored.passphrase != nil
-                state.accounts[index].hasLoginProtector = stored.loginProtector != nil
-                state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
-                try files.write(AccountsFile(accounts: state.accounts), to: "accounts.json")
-            }
+            guard let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) else { return nil }
+            state.accounts[index].hasPassphrase = stored.passphrase != nil
+            state.accounts[index].hasLoginProtector = stored.loginProtector != nil
+            state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
+            return accountsSnapshot(state)
         }
+        if let accounts { try files.save(accounts) }
     }
 }
 

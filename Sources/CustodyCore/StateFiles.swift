@@ -1,6 +1,7 @@
 import CustodySystem
 import FoundationEssentials
 import Glibc
+import Synchronization
 
 /// JSON state files in the state directory, written atomically: a temporary file in the same
 /// directory, fsync, rename over the old one, fsync the directory. A daemon killed at any point
@@ -138,5 +139,45 @@ struct StateFiles: Sendable {
 
     private static func at(_ path: [CodingKey]) -> String {
         path.isEmpty ? "" : " at " + path.map(\.stringValue).joined(separator: ".")
+    }
+}
+
+/// A state file that changes under the engine's one lock but is written after the lock is
+/// released: every CREATE waits on that lock for its class key, and a write costs two disk
+/// `fsync`s. A change takes a numbered snapshot under the lock (numbers follow the order of the
+/// changes, since the lock orders them); `save` writes it unless a later snapshot is already on
+/// disk, so that a slow writer never puts an older state back.
+final class OrderedStateFile<Value: Encodable>: @unchecked Sendable {
+    let name: String
+    private let taken = Atomic<UInt64>(0)
+    private let written = Mutex<UInt64>(0)
+
+    init(_ name: String) { self.name = name }
+
+    struct Snapshot {
+        fileprivate let number: UInt64
+        fileprivate let value: Value
+        fileprivate let file: OrderedStateFile
+    }
+
+    /// Numbers `value` as the newest state. Call it under the lock that orders the changes.
+    func snapshot(_ value: Value) -> Snapshot {
+        Snapshot(number: taken.add(1, ordering: .relaxed).newValue, value: value, file: self)
+    }
+
+    /// Writes the snapshot, or nothing when a later one is already written.
+    fileprivate func save(_ snapshot: Snapshot, to files: StateFiles) throws(EngineError) {
+        try written.withLock { (last) throws(EngineError) in
+            guard snapshot.number > last else { return }
+            try files.write(snapshot.value, to: name)
+            last = snapshot.number
+        }
+    }
+}
+
+extension StateFiles {
+    /// Writes a snapshot taken under the engine's lock (`OrderedStateFile`).
+    func save<Value>(_ snapshot: OrderedStateFile<Value>.Snapshot) throws(EngineError) {
+        try snapshot.file.save(snapshot, to: self)
     }
 }

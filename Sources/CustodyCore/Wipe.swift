@@ -69,13 +69,14 @@ extension Engine {
         } else {
             dropKeys(key)
         }
-        try state.withLock { (state) throws(EngineError) in
+        let (accounts, bindings) = state.withLock { state in
             state.accounts.removeAll { $0.matches(account.id) }
             state.processBindings = state.processBindings.filter { !account.matches($0.value) }
             state.threadBindings = state.threadBindings.filter { !account.matches($0.value) }
-            try saveAccounts(state)
-            try saveBindings(state)
+            return (accountsSnapshot(state), bindingsSnapshot(state))
         }
+        try files.save(accounts)
+        try files.save(bindings)
         if wipe {
             try files.destroy(Self.wipeJournalName(account.id))
             events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
@@ -130,11 +131,12 @@ extension Engine {
             try deleteFiles(of: account) { files in
                 report(WipeProgress(keysDestroyedSeconds: 0, files: files), of: account, { _ in }, keysGone: false, "wiping \(account.upn)")
             }
-            try state.withLock { (state) throws(EngineError) in
+            let bindings = state.withLock { state in
                 state.processBindings = state.processBindings.filter { !account.matches($0.value) }
                 state.threadBindings = state.threadBindings.filter { !account.matches($0.value) }
-                try saveBindings(state)
+                return bindingsSnapshot(state)
             }
+            try files.save(bindings)
             try files.destroy(Self.wipeJournalName(account.id))
             state.withLock { $0.pendingWipes.removeAll { $0.matches(account.id) } }
             events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
