@@ -399,6 +399,7 @@ public final class Engine: @unchecked Sendable {
         }
         try files.save(snapshot)
         if changed {
+            for volume in volumes { volume.policyChanged(account) }
             events.emit(.policyChanged, identity: account.upn, code: 100, "new policies received for \(account.upn)",
                         details: ["protectionLevel": policy.protectionLevel.description, "fileEncryptionRequired": "\(policy.fileEncryptionRequired)"])
             events.emit(.reprotectRequired, identity: account.upn, "existing files of \(account.upn) need re-protection")

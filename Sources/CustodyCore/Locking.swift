@@ -50,6 +50,7 @@ extension Engine {
         }
         if requested {
             pokeDeadlineTimer()
+            for volume in volumes { volume.lockRequested(account) }
             events.emit(.lockRequested, identity: account.upn, "lock requested for \(account.upn) (\(cause.rawValue)); class A keys go in \(grace) s",
                         details: ["gracePeriod": "\(grace)", "cause": cause.rawValue])
         }
@@ -186,8 +187,8 @@ extension Engine {
     public func processDeadlines() {
         let now = clock.now()
         guard Double(bitPattern: earliestLockDeadline.load(ordering: .acquiring)) <= now else { return }
-        let completed: [(String, Int)] = state.withLock { state in
-            var done: [(String, Int)] = []
+        let completed: [(Account?, String, Int)] = state.withLock { state in
+            var done: [(Account?, String, Int)] = []
             var next = Double.infinity
             for (key, var keys) in state.keys {
                 guard case .locking(let until) = keys.lock else { continue }
@@ -200,13 +201,14 @@ extension Engine {
                 keys.lock = .locked
                 state.keys[key] = keys
                 let revoked = state.openKeys.revoke { $0.identity == key && $0.protectionClass == .complete }
-                let upn = state.accounts.first { $0.matches(key) }?.upn ?? key
-                done.append((upn, revoked))
+                let account = state.accounts.first { $0.matches(key) }
+                done.append((account, account?.upn ?? key, revoked))
             }
             earliestLockDeadline.store(next.bitPattern, ordering: .releasing)
             return done
         }
-        for (upn, revoked) in completed {
+        for (account, upn, revoked) in completed {
+            if let account { for volume in volumes { volume.locked(account) } }
             events.emit(.locked, identity: upn, "locked \(upn): class A and B keys dropped",
                         details: ["revokedFileKeys": "\(revoked)", "classes": "A,B"])
         }

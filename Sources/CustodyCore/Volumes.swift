@@ -19,13 +19,21 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
     /// Returns once the mount has acted on every lock so far (cached plaintext of locked files
     /// dropped from the kernel).
     func settleCaches()
+
+    // What the engine tells every mount, as it happens (the events say the same to observers).
+    /// A lock of `account` was requested: its class A files' dirty pages are written back while
+    /// the keys still exist (the grace period).
+    func lockRequested(_ account: Account)
+    /// The lock of `account` completed: the kernel's cached plaintext of its class A files goes.
+    func locked(_ account: Account)
+    /// `account`'s policy changed: the cached pages of its files go (mappings granted across
+    /// identities fault again and ask), and its existing files are re-protected in the background.
+    func policyChanged(_ account: Account)
+    /// A wipe of `account` starts: the cached pages of its files go.
+    func wipeStarting(_ account: Account)
     /// Cuts the encrypted file at `relativePath` back to its last authentic block
     /// (`Engine.repairFile`), keeping the kernel's view of it coherent; refused while it is open.
     func repair(_ relativePath: String) throws(EngineError) -> RepairOutcome
-}
-
-extension ProtectedVolume {
-    public func settleCaches() {}
 }
 
 /// A path located in a mount: the volume and the path below its mount point.

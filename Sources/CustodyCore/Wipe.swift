@@ -53,6 +53,7 @@ extension Engine {
         let account = try self.account(identity)
         let key = Account.canonical(account.id)
         if wipe {
+            for volume in volumes { volume.wipeStarting(account) }
             events.emit(.wipeStarted, identity: account.upn, code: 102, "wipe received for \(account.upn)")
             // Journaled first: a daemon killed from here on finishes the wipe when it starts again.
             let started = clock.now()
@@ -127,6 +128,7 @@ extension Engine {
     /// gone), then drops the journal. The daemon calls it once every mount is attached.
     public func completePendingWipes() throws(EngineError) {
         for account in pendingWipes {
+            for volume in volumes { volume.wipeStarting(account) }
             events.emit(.wipeStarted, identity: account.upn, code: 102, "completing the interrupted wipe of \(account.upn)")
             try deleteFiles(of: account) { files in
                 report(WipeProgress(keysDestroyedSeconds: 0, files: files), of: account, { _ in }, keysGone: false, "wiping \(account.upn)")

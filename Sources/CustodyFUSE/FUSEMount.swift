@@ -169,12 +169,11 @@ public final class FUSEMount: @unchecked Sendable {
         let pruner = InodePruner(filesystem: filesystem, session: session)
         pruner.start()
         defer { pruner.stop() }
-        let enforcement = engine.map { LockEnforcement(filesystem: filesystem, session: session, engine: $0) }
-        defer { enforcement?.stop() }
+        let enforcement = LockEnforcement(filesystem: filesystem, session: session)
+        defer { enforcement.stop() }
         let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }
-        defer { reprotection?.stop() }
         let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther,
-                                 filesystem: filesystem, session: session, enforcement: enforcement)
+                                 filesystem: filesystem, session: session, enforcement: enforcement, reprotection: reprotection)
         engine?.attach(volume)
         defer { engine?.detach(volume) }
         // A wipe a stopped daemon journaled is finished before requests are served (with several

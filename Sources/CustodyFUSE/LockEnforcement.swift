@@ -4,8 +4,8 @@ import CustodyFormat
 import Dispatch
 import Synchronization
 
-/// Keeps the kernel's caches in step with the engine's locks: when an identity's lock is
-/// requested, its class A files are flushed (dirty pages are written while the keys still exist,
+/// Keeps the kernel's caches in step with the engine's locks (`MountVolume` passes on the
+/// engine's calls): when an identity's lock is requested, its class A files are flushed (dirty pages are written while the keys still exist,
 /// during the grace period); when the lock completes, their cached pages and attributes are
 /// invalidated, so no plaintext is served from the page cache and every later read reaches the
 /// daemon, which refuses it.
@@ -16,45 +16,33 @@ final class LockEnforcement: @unchecked Sendable {
     private let filesystem: MountFileSystem
     private let session: UncheckedSession
     private let queue = DispatchQueue(label: "custody.lock-enforcement")
-    private var subscription: Int?
-    private weak var engine: Engine?
 
     struct UncheckedSession: @unchecked Sendable { let pointer: OpaquePointer }
 
-    init(filesystem: MountFileSystem, session: OpaquePointer, engine: Engine) {
+    init(filesystem: MountFileSystem, session: OpaquePointer) {
         self.filesystem = filesystem
         self.session = UncheckedSession(pointer: session)
-        self.engine = engine
-        subscription = engine.events.subscribe { [weak self] event in
-            guard let self, let identity = event.identity else { return }
-            switch event.kind {
-            case .lockRequested, .locked, .wipeStarted, .policyChanged:
-                self.queue.async { self.invalidate(identity: identity, kind: event.kind) }
-            default:
-                break
-            }
-        }
     }
+
+    /// Flushes the dirty pages of `account`'s class A files (a lock was requested) or drops
+    /// their cached pages (the lock completed).
+    func classAFiles(of account: Account) { queue.async { self.invalidate(account, onlyClassA: true) } }
+
+    /// Drops the cached pages of all `account`'s files: on a wipe, and when its policy changed
+    /// (mappings made across identities then fault again and ask the daemon).
+    func allFiles(of account: Account) { queue.async { self.invalidate(account, onlyClassA: false) } }
 
     /// Returns once every invalidation queued so far has been sent to the kernel.
     func settle() { queue.sync {} }
 
-    func stop() {
-        if let subscription { engine?.events.unsubscribe(subscription) }
-        subscription = nil
-        queue.sync {}
-    }
+    func stop() { queue.sync {} }
 
-    /// Flushes or invalidates the cached data of `identity`'s class A files; on a wipe, and when
-    /// its policy changed (mappings made across identities then fault again and ask the
-    /// daemon), of all its files.
-    private func invalidate(identity: String, kind: EngineEvent.Kind) {
-        let wanted = Account.canonical(identity)
-        let aliases = Set([wanted] + ((try? engine?.account(identity)).flatMap { $0.map { [Account.canonical($0.id), Account.canonical($0.upn)] } } ?? []))
+    private func invalidate(_ account: Account, onlyClassA: Bool) {
+        let aliases: Set<String> = [Account.canonical(account.id), Account.canonical(account.upn)]
         for (id, inode) in filesystem.inodes.snapshot() where inode.isRegularFile {
             let protection = filesystem.protection(of: inode)
             guard let owner = protection.owner, aliases.contains(owner.canonical) else { continue }
-            if kind != .wipeStarted, kind != .policyChanged {
+            if onlyClassA {
                 guard case .encrypted(_, let protectionClass) = protection, protectionClass == .complete else { continue }
             }
             // Offset 0, length 0: every cached page (dirty ones are written back first) and the attributes.

@@ -14,22 +14,18 @@ final class PolicyReprotection: @unchecked Sendable {
     private let filesystem: MountFileSystem
     private weak var engine: Engine?
     private let queue = DispatchQueue(label: "custody.reprotection")
-    private var subscription: Int?
     static let retryInterval: useconds_t = 200_000
     static let retryLimit = 3000
 
     init(filesystem: MountFileSystem, engine: Engine) {
         self.filesystem = filesystem
         self.engine = engine
-        subscription = engine.events.subscribe { [weak self] event in
-            guard let self, event.kind == .reprotectRequired, let identity = event.identity else { return }
-            self.queue.async { self.run(identity) }
-        }
     }
 
-    func stop() {
-        if let subscription { engine?.events.unsubscribe(subscription) }
-        subscription = nil
+    /// Queues the re-protection of `account`'s files (its policy changed); the policy in force
+    /// when it runs is the one applied.
+    func start(for account: Account) {
+        queue.async { self.run(account.id) }
     }
 
     /// Waits until queued re-protections are done (for shutdown and tests).

@@ -13,10 +13,12 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     private let filesystem: MountFileSystem
     private let wipe: MountWipe
     private let enforcement: LockEnforcement?
+    private let reprotection: PolicyReprotection?
 
     init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: MountFileSystem, session: OpaquePointer?,
-         enforcement: LockEnforcement? = nil) {
+         enforcement: LockEnforcement? = nil, reprotection: PolicyReprotection? = nil) {
         self.enforcement = enforcement
+        self.reprotection = reprotection
         self.mountPoint = mountPoint
         self.backingDirectory = backingDirectory
         self.allowsOtherUsers = allowsOtherUsers
@@ -26,6 +28,15 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
 
     /// Waits for the lock enforcement queue: every invalidation for locks so far has been sent.
     func settleCaches() { enforcement?.settle() }
+
+    func lockRequested(_ account: Account) { enforcement?.classAFiles(of: account) }
+    func locked(_ account: Account) { enforcement?.classAFiles(of: account) }
+    func wipeStarting(_ account: Account) { enforcement?.allFiles(of: account) }
+
+    func policyChanged(_ account: Account) {
+        enforcement?.allFiles(of: account)
+        reprotection?.start(for: account)
+    }
 
     func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
         try wipe.wipeFiles(of: account, progress: progress)
