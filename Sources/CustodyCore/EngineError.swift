@@ -4,7 +4,7 @@ import CustodySystem
 
 /// Why the engine refused or failed an operation. Each case has a stable status code (the SDK's
 /// enrollment codes where one applies) and maps to an errno at the FUSE boundary.
-public enum EngineError: Error, Equatable, Sendable, CustomStringConvertible {
+public enum EngineError: ErrnoConvertible, Equatable, Sendable, CustomStringConvertible {
     case unknownAccount(String)
     case alreadyEnrolled(String)
     case notEnrolled(String)

@@ -2,7 +2,7 @@ import CustodySystem
 
 /// Deletes an identity's files during a wipe (each mount is one; see `ProtectedVolume`).
 public protocol WipeHandler: Sendable {
-    func wipeFiles(of account: Account, progress: (_ scanned: Int, _ deleted: Int, _ bytesFreed: UInt64) -> Void) throws
+    func wipeFiles(of account: Account, progress: (_ scanned: Int, _ deleted: Int, _ bytesFreed: UInt64) -> Void) throws(Errno)
 }
 
 /// How far a wipe has come: when the keys were gone (from the start), and the files so far.

@@ -1,3 +1,5 @@
+import CustodySystem
+
 /// Failures of the crypto core. None of them carries key material.
 public enum CryptoError: Error, Equatable, Sendable, CustomStringConvertible {
     /// An AEAD tag did not verify: wrong key, or the data or its associated data changed.
@@ -20,4 +22,9 @@ public enum CryptoError: Error, Equatable, Sendable, CustomStringConvertible {
         case .library(let detail): return "crypto library error: \(detail)"
         }
     }
+}
+
+extension CryptoError: ErrnoConvertible {
+    /// A file system caller sees EIO: whatever failed, the data cannot be served as it is.
+    public var errnoValue: Errno { .ioError }
 }

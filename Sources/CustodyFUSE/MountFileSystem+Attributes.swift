@@ -75,7 +75,7 @@ extension MountFileSystem {
                 func truncate(_ content: ProtectedContent) throws(Errno) {
                     try content.requireWritable()
                     try asOwner(of: inode) { () throws(Errno) in
-                        do throws(FormatError) { try content.file.truncate(to: size) } catch { throw error.errnoValue }
+                        try asErrno { () throws(FormatError) in try content.file.truncate(to: size) }
                     }
                 }
                 if let file, let content = try liveContent(file) {

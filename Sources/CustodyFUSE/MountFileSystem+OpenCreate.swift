@@ -91,10 +91,7 @@ extension MountFileSystem {
                     throw Errno.readOnlyFileSystem
                 }
                 if fi.pointee.flags & O_TRUNC != 0 {
-                    do throws(FormatError) { try content.file.truncate(to: 0) } catch {
-                        releaseContent(content, of: inode)
-                        throw error.errnoValue
-                    }
+                    try asErrno({ () throws(FormatError) in try content.file.truncate(to: 0) }, failed: { _ in releaseContent(content, of: inode) })
                 }
                 fi.pointee.fh = HandleBox.store(OpenFile(content: content, inode: inode, grant: grant))
             } else {

@@ -255,7 +255,7 @@ extension MountFileSystem {
                 try content.requireWritable()
                 if mode & Linux.FALLOC_FL_KEEP_SIZE == 0, end > content.file.size {
                     try asOwner(of: file.inode) { () throws(Errno) in
-                        do throws(FormatError) { try content.file.truncate(to: end) } catch { throw error.errnoValue }
+                        try asErrno { () throws(FormatError) in try content.file.truncate(to: end) }
                     }
                 }
             } else {

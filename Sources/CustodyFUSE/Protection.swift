@@ -149,13 +149,9 @@ extension MountFileSystem {
         guard let engine, let protectionClass = engine.effectiveProtection(for: ownerName) else {
             return (.plain(owner), nil)
         }
-        do throws(EngineError) {
-            let classKey = try engine.classKey(for: ownerName, protectionClass, purpose: .create)
-            return (.encrypted(owner, protectionClass), classKey)
-        } catch {
-            log("create refused for \(ownerName): \(error)")
-            throw error.errnoValue
-        }
+        let classKey = try asErrno({ () throws(EngineError) in try engine.classKey(for: ownerName, protectionClass, purpose: .create) },
+                                   failed: { log("create refused for \(ownerName): \($0)") })
+        return (.encrypted(owner, protectionClass), classKey)
     }
 
     /// The caller's effective identity (FUSE gives the calling thread's ID).
@@ -180,32 +176,22 @@ extension MountFileSystem {
     /// clock, and every new file cost one more SETATTR round trip when it was closed.
     func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?, isNew: Bool = false) throws(Errno) -> ProtectedContent? {
         func writeRecord() throws(Errno) {
-            do throws(FormatError) {
+            try asErrno { () throws(FormatError) in
                 if let record = protection.record { try record.store(on: fd) } else { try OwnerRecord.remove(from: fd) }
-            } catch {
-                throw error.errnoValue
             }
         }
         if isNew { try writeRecord() }
         var content: ProtectedContent?
         if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
             // ProtectedFile.create empties the file itself (unless it is known to be empty).
-            let fileKey: SecretBytes
-            do throws(CryptoError) { fileKey = try SecretBytes.random(count: 32) } catch { throw Errno.ioError }
+            let fileKey = try asErrno { () throws(CryptoError) in try SecretBytes.random(count: 32) }
             let duplicate = try Syscall.dup(fd)
-            let file: ProtectedFile
-            do throws(FormatError) {
-                file = try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: owner, protectionClass: protectionClass,
-                                                classKey: classKey, fileKey: fileKey, storageIsEmpty: isNew)
-            } catch {
-                Syscall.close(duplicate)
-                throw error.errnoValue
-            }
-            let lease: FileKeyLease
-            do throws(EngineError) { lease = try engine.adoptFileKey(fileKey, header: file.header) } catch {
-                Syscall.close(duplicate)
-                throw error.errnoValue
-            }
+            let file = try asErrno({ () throws(FormatError) in
+                try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: owner, protectionClass: protectionClass,
+                                         classKey: classKey, fileKey: fileKey, storageIsEmpty: isNew)
+            }, failed: { _ in Syscall.close(duplicate) })
+            let lease = try asErrno({ () throws(EngineError) in try engine.adoptFileKey(fileKey, header: file.header) },
+                                    failed: { _ in Syscall.close(duplicate) })
             content = ProtectedContent(fd: duplicate, file: file, lease: lease)
         } else if !isNew, try Syscall.fstat(fd).st_size != 0 {
             // Only when there is something to cut: on ext4 a truncate to zero marks the file for
@@ -246,12 +232,9 @@ extension MountFileSystem {
             Syscall.willNeed(fd, offset: 0, length: Self.openReadAhead)
             do throws(Errno) {
                 let storage = DescriptorStorage(fd: fd)
-                let header: FileHeader
-                do throws(FormatError) { header = try ProtectedFile.readHeader(from: storage) } catch {
-                    // The owner record says encrypted: a header that is not one is damage.
-                    noteTampering(error, of: inode, owner: state.protection?.owner?.canonical)
-                    throw error.errnoValue
-                }
+                // The owner record says encrypted: a header that is not one is damage.
+                let header = try asErrno({ () throws(FormatError) in try ProtectedFile.readHeader(from: storage) },
+                                         failed: { noteTampering($0, of: inode, owner: state.protection?.owner?.canonical) })
                 // The owner record names the owner too: a header that names another was changed.
                 if let recorded = state.protection?.owner, recorded.canonical != header.owner.canonical {
                     noteTampering(.headerAuthenticationFailed, of: inode, owner: recorded.canonical)
@@ -274,12 +257,11 @@ extension MountFileSystem {
                     default: throw error.errnoValue
                     }
                 }
-                let file: ProtectedFile
-                do throws(FormatError) { file = try ProtectedFile(storage: storage, header: header, fileKey: lease.fileKey) } catch {
-                    engine.closeFileKey(lease)
-                    noteTampering(error, of: inode, owner: header.owner.display)
-                    throw error.errnoValue
-                }
+                let file = try asErrno({ () throws(FormatError) in try ProtectedFile(storage: storage, header: header, fileKey: lease.fileKey) },
+                                       failed: { error in
+                                           engine.closeFileKey(lease)
+                                           noteTampering(error, of: inode, owner: header.owner.display)
+                                       })
                 let content = ProtectedContent(fd: fd, file: file, lease: lease, readOnly: readOnly)
                 state.content = content
                 return content

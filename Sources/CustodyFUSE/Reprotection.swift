@@ -58,10 +58,8 @@ extension MountFileSystem {
                 do { return try Owner(name) } catch { throw Errno.invalidArgument }
             }
             let protection: Protection = owner.map { .plain($0) } ?? .untracked
-            do throws(FormatError) {
+            try asErrno { () throws(FormatError) in
                 if let record = protection.record { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
-            } catch {
-                throw error.errnoValue
             }
             inode.protectionState.withLock { $0.protection = protection }
             try forEachChild(of: inode) { (child, childID) throws(Errno) in
@@ -119,10 +117,8 @@ extension MountFileSystem {
         }
         if !current.isEncrypted, !wanted.isEncrypted {
             // Between plain forms the bytes stay: only the record changes.
-            do throws(FormatError) {
+            try asErrno { () throws(FormatError) in
                 if let record = wanted.record { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
-            } catch {
-                throw error.errnoValue
             }
             inode.protectionState.withLock { $0.protection = wanted }
             return
@@ -154,14 +150,14 @@ extension MountFileSystem {
         while true {
             let count: Int
             if let source {
-                do throws(FormatError) { count = try source.file.read(into: chunk, at: offset) } catch { throw error.errnoValue }
+                count = try asErrno { () throws(FormatError) in try source.file.read(into: chunk, at: offset) }
             } else {
                 count = try Syscall.pread(plainSource, chunk.baseAddress!, chunk.count, Int64(offset))
             }
             if count == 0 { break }
             let piece = UnsafeRawBufferPointer(rebasing: chunk[0..<count])
             if let target {
-                do throws(FormatError) { try target.file.write(piece, at: offset) } catch { throw error.errnoValue }
+                try asErrno { () throws(FormatError) in try target.file.write(piece, at: offset) }
             } else {
                 try Syscall.pwriteAll(staging, piece.baseAddress!, count, Int64(offset))
             }

@@ -38,7 +38,7 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
         reprotection?.start(for: account)
     }
 
-    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
+    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
         try wipe.wipeFiles(of: account, progress: progress)
     }
 

@@ -23,7 +23,7 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
         var bytesFreed: UInt64 = 0
     }
 
-    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
+    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
         var counts = Counts()
         let root = try filesystem.inodes.inode(InodeTable.rootID)
         try wipe(directory: root.fd, directoryID: InodeTable.rootID, account: account, counts: &counts, progress: progress)
@@ -33,7 +33,7 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
     /// Wipes below the directory `fd`; true when it is left empty.
     @discardableResult
     private func wipe(directory fd: Int32, directoryID: UInt64?, account: Account, counts: inout Counts,
-                      progress: (Int, Int, UInt64) -> Void) throws -> Bool {
+                      progress: (Int, Int, UInt64) -> Void) throws(Errno) -> Bool {
         let names = try Syscall.directoryNames(in: fd)
         var remaining = names.count
         for name in names {

@@ -46,7 +46,7 @@ public enum FormatError: Error, Equatable, Sendable, CustomStringConvertible {
     }
 }
 
-extension FormatError {
+extension FormatError: ErrnoConvertible {
     /// The errno a file system caller sees: an I/O error's own, else EIO.
     public var errnoValue: Errno {
         if case .io(let error) = self { return error }

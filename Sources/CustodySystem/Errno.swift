@@ -52,6 +52,33 @@ public struct Errno: Error, Equatable, Hashable, Sendable, CustomStringConvertib
     public static let readOnlyFileSystem = Errno(EROFS)
 }
 
+/// An error with the errno a file system caller sees for it (`FormatError`, `EngineError`,
+/// `CryptoError`, and `Errno` itself), so that the FUSE boundary bridges them all one way.
+public protocol ErrnoConvertible: Error {
+    var errnoValue: Errno { get }
+}
+
+extension Errno: ErrnoConvertible {
+    @inlinable public var errnoValue: Errno { self }
+}
+
+/// Runs `body` and turns its typed error into the errno it maps to:
+/// `let n = try asErrno { () throws(FormatError) in try file.read(into: buffer, at: 0) }`.
+@inlinable @inline(__always)
+public func asErrno<T, E: ErrnoConvertible>(_ body: () throws(E) -> T) throws(Errno) -> T {
+    do { return try body() } catch { throw error.errnoValue }
+}
+
+/// The same, calling `failed` with the error first (to release what `body` was handed, to log
+/// or count it) before the errno is thrown.
+@inlinable @inline(__always)
+public func asErrno<T, E: ErrnoConvertible>(_ body: () throws(E) -> T, failed: (E) -> Void) throws(Errno) -> T {
+    do { return try body() } catch {
+        failed(error)
+        throw error.errnoValue
+    }
+}
+
 /// Returns `result`, or throws the current errno when it is -1.
 @inlinable @inline(__always)
 public func valueOrErrno<T: FixedWidthInteger>(_ result: T) throws(Errno) -> T {

@@ -1,5 +1,6 @@
 @testable import CustodyCore
 import CustodyCrypto
+import CustodySystem
 import CustodyFormat
 import Foundation
 import XCTest
@@ -112,7 +113,7 @@ final class AccountTests: EngineTestCase {
         var keybagExistedDuringWipe: Bool?
         let keybagPath: String
         init(keybagPath: String) { self.keybagPath = keybagPath }
-        func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws {
+        func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
             keybagExistedDuringWipe = FileManager.default.fileExists(atPath: keybagPath)
             progress(3, 1, 4096)
             wiped.append(account.upn)
