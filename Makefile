@@ -19,7 +19,7 @@ PROMTOOL := .build/tools/promtool
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps pip-deps promtool bench-deps build release static run test soak test-install install uninstall man deb bench bench-format bench-scale bench-wipe fuzz fuzz-http clean
+.PHONY: all deps pip-deps promtool bench-deps build release static run test test-unit soak test-install install uninstall man deb bench bench-format bench-scale bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -81,6 +81,10 @@ test: build pip-deps $(PROMTOOL)
 	bash scripts/checks/ansible-test.sh $(BIN)
 	$(MAKE) --no-print-directory test-install
 	bash scripts/checks/deb-test.sh
+
+# The unit tests alone (no mounts, no daemons, nothing installed): the quick loop while working.
+test-unit: build
+	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS) --skip IntegrationTests
 
 # The mount and lifecycle test classes again and again (scripts/checks/soak.sh; not part of `make test`):
 # SOAK_ROUNDS rounds (default 20), each failure reported with its log.

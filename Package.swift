@@ -75,6 +75,10 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ]),
 
+        // What the tests share (as swift-nio's NIOTestUtils): temporary directories, one
+        // `eventually`, a seeded generator, a process table the test controls. Not a product.
+        .target(name: "CustodyTestSupport", dependencies: ["CustodyCore", "CustodySystem"]),
+
         // libFuzzer target for the format (see `make fuzz`); an ordinary build replays inputs.
         .executableTarget(name: "custody-fuzz", dependencies: ["CustodyFormat", "CustodyCrypto"]),
         // libFuzzer target for the control plane's input (see `make fuzz-http`); an ordinary build replays inputs.
@@ -82,20 +86,20 @@ let package = Package(
         // Throughput of the format (see `make bench-format`).
         .executableTarget(name: "custody-format-bench", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
 
-        .testTarget(name: "CustodySystemTests", dependencies: ["CustodySystem"]),
-        .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyCrypto", "CustodySystem"]),
-        .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
-        .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
-        .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyFUSE", "CustodySystem"]),
-        .testTarget(name: "MountTests", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
-        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyControl", "CustodyCore", "CustodyClient", "CLinux",
+        .testTarget(name: "CustodySystemTests", dependencies: ["CustodyTestSupport", "CustodySystem"]),
+        .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyTestSupport", "CustodyCrypto", "CustodySystem"]),
+        .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyTestSupport", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyTestSupport", "CustodyFUSE", "CustodySystem"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
+        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyTestSupport", "CustodyControl", "CustodyCore", "CustodyClient", "CLinux",
                                                                 .product(name: "NIOCore", package: "swift-nio"),
                                                                 .product(name: "NIOEmbedded", package: "swift-nio"),
                                                                 .product(name: "NIOHTTP1", package: "swift-nio"),
                                                                 .product(name: "Yams", package: "Yams")]),
-        .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTPM", "CustodyCrypto"]),
-        .testTarget(name: "CustodySessionsTests", dependencies: ["CustodySessions", "CustodyCore"]),
-        .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyMetrics", "CustodyCore"]),
-        .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyConfig", "CustodyCore", "CustodyFormat"]),
+        .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTestSupport", "CustodyTPM", "CustodyCrypto"]),
+        .testTarget(name: "CustodySessionsTests", dependencies: ["CustodyTestSupport", "CustodySessions", "CustodyCore"]),
+        .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyTestSupport", "CustodyMetrics", "CustodyCore"]),
+        .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyTestSupport", "CustodyConfig", "CustodyCore", "CustodyFormat"]),
     ]
 )

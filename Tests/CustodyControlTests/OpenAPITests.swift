@@ -3,7 +3,7 @@ import Foundation
 import XCTest
 
 /// docs/openapi.yaml and the served routes are the same set (the live check, that each documented
-/// route answers, is in MountTests/ControlAPITests).
+/// route answers, is in IntegrationTests/ControlAPITests).
 final class OpenAPITests: XCTestCase {
     static var documentPath: String {
         URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()

@@ -4,6 +4,7 @@ import CustodySystem
 import CustodyFormat
 import Foundation
 import XCTest
+import CustodyTestSupport
 
 final class AccountTests: EngineTestCase {
     func testRegisterEnrollListAndCaseInsensitiveLookup() throws {

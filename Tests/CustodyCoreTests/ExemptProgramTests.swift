@@ -2,6 +2,7 @@
 import CustodySystem
 import Foundation
 import XCTest
+import CustodyTestSupport
 
 /// Which processes are the exempt program: each way a process might pass for it fails, with a
 /// reason; the genuine program passes, also after an upgrade replaced its file.
@@ -9,11 +10,11 @@ final class ExemptProgramTests: XCTestCase {
     var directory = ""
 
     override func setUpWithError() throws {
-        directory = try XCTUnwrap(mkdtemp(strdup("/tmp/custody-exempt.XXXXXX")).map { String(cString: $0) })
+        directory = try TemporaryDirectory("custody-exempt").path
         XCTAssertEqual(chmod(directory, 0o755), 0)
     }
 
-    override func tearDown() { _ = system("rm -rf '\(directory)'") }
+    override func tearDown() { TemporaryDirectory.removeTree(directory) }
 
     /// Copies /usr/bin/md5sum to `name` in the temporary directory (root's, like the directory).
     func install(_ name: String) throws -> String {

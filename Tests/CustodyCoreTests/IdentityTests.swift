@@ -3,6 +3,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 final class IdentityTests: EngineTestCase {
     func testPrecedenceThreadProcessAncestorUidPrimaryNone() throws {

@@ -3,6 +3,7 @@ import CustodyCrypto
 import Foundation
 import Synchronization
 import XCTest
+import CustodyTestSupport
 
 /// A sealer standing in for a TPM: it keeps what it sealed in memory. `clear()` forgets it all
 /// (as TPM2_Clear changes the storage seed); another instance is another machine's TPM.

@@ -2,6 +2,7 @@
 import Foundation
 import Synchronization
 import XCTest
+import CustodyTestSupport
 
 /// State files written after the engine's lock is released (`OrderedStateFile`): the file on disk
 /// is the newest state whatever order the writers reach the disk in.

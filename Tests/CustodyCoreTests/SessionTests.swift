@@ -2,7 +2,7 @@
 import XCTest
 
 /// The engine's side of session locking: who locks when a user leaves, returns, or the machine
-/// sleeps (the logind side is in CustodySessionsTests and MountTests/SessionLockTests).
+/// sleeps (the logind side is in CustodySessionsTests and IntegrationTests/SessionLockTests).
 final class SessionTests: EngineTestCase {
     func testLeavingReturningAndSleeping() throws {
         let clock = ManualClock()

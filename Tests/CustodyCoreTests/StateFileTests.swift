@@ -4,6 +4,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// Every file of the state directory, cut short, filled with garbage and removed: what the engine
 /// does at start, and that nothing is lost (the damaged file is kept, in place or set aside, and

@@ -1,6 +1,7 @@
 @testable import CustodyCore
 import Foundation
 import XCTest
+import CustodyTestSupport
 
 /// Wrong passphrases: the back-off survives a restart, and MaxUnlockAttempts can wipe.
 final class UnlockAttemptsTests: EngineTestCase {
@@ -47,8 +48,7 @@ final class UnlockAttemptsTests: EngineTestCase {
         }
         // The wipe runs as a job: its account goes first, its finishing event after.
         let finished = { recorder.withLock { $0.contains { $0.kind == .wipeFinished && $0.identity == "alice@contoso.com" } } }
-        let deadline = Date().addingTimeInterval(5)
-        while (try? engine.account("alice-id")) != nil || !finished(), Date() < deadline { usleep(10_000) }
+        _ = try? eventually("the wipe to finish", timeout: 5) { (try? engine.account("alice-id")) == nil && finished() }
         XCTAssertThrowsError(try engine.account("alice-id"), "wiped")
         XCTAssertNoThrow(try engine.account("bob-id"), "only that identity")
         XCTAssertTrue(recorder.withLock { $0.contains { $0.kind == .unlockAttemptsExceeded && $0.details["action"] == "wipe" } })

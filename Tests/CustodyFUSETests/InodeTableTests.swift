@@ -2,17 +2,17 @@
 import CustodySystem
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 final class InodeTableTests: XCTestCase {
     var directory = ""
 
     override func setUpWithError() throws {
-        var template = Array("/tmp/custody-fuse.XXXXXX".utf8CString)
-        directory = String(cString: try XCTUnwrap(mkdtemp(&template)))
+        directory = try TemporaryDirectory("custody-fuse").path
     }
 
     override func tearDown() {
-        _ = system("rm -rf '\(directory)'")
+        TemporaryDirectory.removeTree(directory)
     }
 
     private func pathFD(_ path: String) throws -> (Int32, stat) {
@@ -119,14 +119,13 @@ final class MountValidationTests: XCTestCase {
     var directory = ""
 
     override func setUpWithError() throws {
-        var template = Array("/tmp/custody-mv.XXXXXX".utf8CString)
-        directory = String(cString: try XCTUnwrap(mkdtemp(&template)))
+        directory = try TemporaryDirectory("custody-mv").path
         XCTAssertEqual(mkdir(directory + "/backing", 0o755), 0)
         XCTAssertEqual(mkdir(directory + "/mnt", 0o755), 0)
     }
 
     override func tearDown() {
-        _ = system("rm -rf '\(directory)'")
+        TemporaryDirectory.removeTree(directory)
     }
 
     private func validate(_ backing: String, _ mountPoint: String, _ options: MountOptions = MountOptions()) -> MountError? {

@@ -4,6 +4,7 @@ import CustodySystem
 import Glibc
 import Synchronization
 import XCTest
+import CustodyTestSupport
 
 final class BlockLayoutTests: XCTestCase {
     func testStoredAndPlaintextSizesAgreeForEverySize() throws {

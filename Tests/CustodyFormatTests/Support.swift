@@ -3,6 +3,7 @@
 import CustodySystem
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 func secretBytes(_ bytes: [UInt8]) throws -> SecretBytes { try bytes.withUnsafeBytes { try SecretBytes(copying: $0) } }
 
@@ -14,19 +15,6 @@ func classBKey(unlocked: Bool = true, id: [UInt8] = [9, 9, 9, 9, 9, 9, 9, 9]) th
     let privateKey = try secretBytes([UInt8](repeating: 0x77, count: 32))
     let publicKey = try X25519.publicKey(for: privateKey)
     return (.agreement(id: id, publicKey: publicKey, privateKey: unlocked ? privateKey : nil), privateKey, publicKey)
-}
-
-/// A seeded generator, so randomized tests print and replay their seed.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }
 
 extension ProtectedFile {

@@ -2,18 +2,18 @@ import CustodyCore
 @testable import CustodyMetrics
 import Foundation
 import XCTest
+import CustodyTestSupport
 
 /// The metrics read off engine events, and the text they render to.
 final class DaemonMetricsTests: XCTestCase {
     var directory = ""
 
     override func setUpWithError() throws {
-        directory = NSTemporaryDirectory() + "custody-metrics-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        directory = try TemporaryDirectory("custody-metrics").path
     }
 
     override func tearDown() {
-        try? FileManager.default.removeItem(atPath: directory)
+        TemporaryDirectory.removeTree(directory)
     }
 
     static func values(_ text: [UInt8]) -> [String: Double] {

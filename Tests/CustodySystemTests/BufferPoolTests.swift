@@ -2,6 +2,7 @@ import XCTest
 import Foundation
 import Synchronization
 @testable import CustodySystem
+import CustodyTestSupport
 
 final class BufferPoolTests: XCTestCase {
     func testBuffersAreReusedAndAtMostKeepAreKept() {
@@ -107,13 +108,13 @@ final class ThreadScratchTests: XCTestCase {
         }
     }
 
-    func testEachThreadHasItsOwnRegion() {
+    func testEachThreadHasItsOwnRegion() throws {
         var mine: UnsafeMutableRawPointer?
         ThreadScratch.withBuffer(byteCount: 64, zeroing: false) { mine = $0.baseAddress }
         let theirs = Mutex<UnsafeMutableRawPointerBox?>(nil)
         let thread = Thread { ThreadScratch.withBuffer(byteCount: 64, zeroing: false) { buffer in theirs.withLock { $0 = UnsafeMutableRawPointerBox(buffer.baseAddress) } } }
         thread.start()
-        while theirs.withLock({ $0 == nil }) { usleep(1000) }
+        try eventually("the other thread's buffer", interval: 0.001) { theirs.withLock { $0 != nil } }
         XCTAssertNotEqual(theirs.withLock { $0?.pointer }, mine)
     }
 }

@@ -1,4 +1,4 @@
-import Glibc
+import CustodyTestSupport
 import XCTest
 
 /// A test case with a temporary directory of its own for each test, removed after it.
@@ -6,11 +6,10 @@ class TemporaryDirectoryTestCase: XCTestCase {
     var directory = ""
 
     override func setUpWithError() throws {
-        var template = Array("/tmp/custody-system.XXXXXX".utf8CString)
-        directory = String(cString: try XCTUnwrap(mkdtemp(&template)))
+        directory = try TemporaryDirectory("custody-system").path
     }
 
     override func tearDown() {
-        _ = system("rm -rf '\(directory)'")
+        TemporaryDirectory.removeTree(directory)
     }
 }

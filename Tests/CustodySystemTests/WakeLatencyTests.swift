@@ -1,6 +1,7 @@
 import Glibc
 import XCTest
 @testable import CustodySystem
+import CustodyTestSupport
 
 /// The boost writes the same 4-byte values to a regular file as it would to `/dev/cpu_dma_latency`,
 /// so the file holds the history of requests it made.
@@ -31,12 +32,7 @@ final class WakeLatencyTests: XCTestCase {
     }
 
     private func waitFor(_ condition: () -> Bool, seconds: Double = 5) -> Bool {
-        let deadline = monotonicSeconds() + seconds
-        while monotonicSeconds() < deadline {
-            if condition() { return true }
-            usleep(1_000)
-        }
-        return condition()
+        (try? eventually("the condition", timeout: seconds, interval: 0.001, condition)) != nil
     }
 
     func testBurstHoldsZeroLatencyAndQuietReleasesIt() throws {

@@ -3,6 +3,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// The control API end to end with curl against a running daemon: every route, the documented
 /// errors, limits and disconnects, authorization of a non-admin user.
@@ -214,11 +215,10 @@ final class ControlAPITests: XCTestCase {
         XCTAssertEqual(started.status, 202, "\(started.json)")
         guard let id = field(started.json, "id") else { return XCTFail("no job id") }
         var job: [String: Any] = [:]
-        let deadline = Date().addingTimeInterval(30)
-        repeat {
+        _ = try? eventually("the job to end", timeout: 30) {
             job = try daemon.apiJSON("GET", "/v1/jobs/\(id)").json
-            usleep(20_000)
-        } while field(job, "state") == "running" && Date() < deadline
+            return field(job, "state") != "running"
+        }
         XCTAssertEqual(field(job, "state"), "succeeded", "\(job)")
         XCTAssertEqual(field(job, "progress.done"), "63", "60 files and 3 directories")
         XCTAssertEqual(field(job, "result.owner"), "alice@contoso.com")
@@ -360,8 +360,7 @@ final class ControlAPITests: XCTestCase {
         let stream = try spawn("curl", ["-s", "-N", "--unix-socket", daemon.socket, "http://localhost/v1/events"], stdoutPath: streamLog)
         children.append(stream)
         try enroll("alice-oid", "alice@contoso.com")
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, !((try? String(contentsOfFile: streamLog, encoding: .utf8)) ?? "").contains("\"enrolled\"") { usleep(20_000) }
+        _ = try? eventually("the stream to deliver") { ((try? String(contentsOfFile: streamLog, encoding: .utf8)) ?? "").contains("\"enrolled\"") }
         XCTAssertTrue(((try? String(contentsOfFile: streamLog, encoding: .utf8)) ?? "").contains(#""kind":"enrolled""#), "the stream delivered the event")
         kill(stream, SIGKILL)
         waitForExit(stream, seconds: 5)

@@ -3,6 +3,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// A mount over a small tmpfs: filling it, removing files, filling it with an encrypted file.
 final class FullDiskTests: XCTestCase {
@@ -202,8 +203,7 @@ final class FullDiskTests: XCTestCase {
         XCTAssertLessThan(freeBytes, UInt64(Self.backingMiB - 14) << 20, "an open file keeps its space")
         kill(holder, SIGKILL)
         waitForExit(holder, seconds: 5)
-        let deadline = Date().addingTimeInterval(2)
-        while Date() < deadline, freeBytes < UInt64(Self.backingMiB - 6) << 20 { usleep(10_000) }
+        _ = try? eventually("the space to come back", timeout: 2) { freeBytes >= UInt64(Self.backingMiB - 6) << 20 }
         XCTAssertGreaterThan(freeBytes, UInt64(Self.backingMiB - 6) << 20, "the space comes back at the last close")
         XCTAssertTrue(daemon.isMounted)
     }

@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// Ending a mount in the middle of work: a mixed workload runs from both CPUs (creates, writes,
 /// fsyncs, reads, listings, removals) and the mount is ended by `fusermount3 -u`, SIGTERM and
@@ -117,8 +118,7 @@ final class UnmountStressTests: XCTestCase {
                 workers.append(try spawn("python3", [script, daemon.mountPoint, journal, "\(cpu)"], stderrPath: daemon.root + "/workload\(cpu).err"))
             }
             // In the middle: once each CPU has fsync'd a few files, and a little later.
-            let deadline = Date().addingTimeInterval(20)
-            while Date() < deadline, !journals.allSatisfy({ Self.synced(journal: $0).count >= 3 }) { usleep(5_000) }
+            _ = try? eventually("three fsyncs per CPU", timeout: 20, interval: 0.005) { journals.allSatisfy({ Self.synced(journal: $0).count >= 3 }) }
             usleep(UInt32.random(in: 0...100_000))
 
             switch way {

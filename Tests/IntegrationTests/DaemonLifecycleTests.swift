@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// The command line and lifecycle of `custodyd`: clear errors and exit codes before mounting,
 /// clean unmounts on signals and on `fusermount3 -u`.
@@ -119,11 +120,10 @@ final class DaemonLifecycleTests: XCTestCase {
         XCTAssertEqual(rmdir(daemon.mnt("d")), 0)
         // Make the kernel forget what it looked up; every descriptor below the root must close.
         try mustRun(["sh", "-c", "echo 2 > /proc/sys/vm/drop_caches"])
-        let deadline = Date().addingTimeInterval(5)
         var remaining = try backingDescriptors(daemon)
-        while !remaining.isEmpty, Date() < deadline {
-            usleep(50_000)
+        _ = try? eventually("the descriptors to close", timeout: 5, interval: 0.05) {
             remaining = try backingDescriptors(daemon)
+            return remaining.isEmpty
         }
         XCTAssertEqual(remaining, [], "descriptors left open after forget and release")
     }

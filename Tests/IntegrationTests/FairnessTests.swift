@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// A shared mount serves its users side by side: while one user's fsyncs wait for a slow disk,
 /// another user's requests from the same CPU are answered at once, through the request rings as
@@ -189,8 +190,7 @@ final class FairnessTests: XCTestCase {
             }
             // The disk is slow once both programs' fsyncs take their time; the reader's cached
             // attributes (1 s) have expired by then.
-            let deadline = Date().addingTimeInterval(30)
-            while Date() < deadline, fsyncTimes().count < 4 { usleep(50_000) }
+            _ = try? eventually("four fsyncs", timeout: 30) { fsyncTimes().count >= 4 }
             usleep(1_100_000)
             let before = fsyncTimes().count
             let metricsBefore = MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)
@@ -255,8 +255,7 @@ final class FairnessTests: XCTestCase {
                 MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)[#"custody_fuse_requests_total{op="write"}"#] ?? 0
             }
             // The write-back is under way, and the reader's cached attributes have expired.
-            let deadline = Date().addingTimeInterval(30)
-            while Date() < deadline, try writes() < 8 { usleep(100_000) }
+            try eventually("eight writes", timeout: 30, interval: 0.1) { try writes() >= 8 }
             usleep(1_100_000)
             let before = MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)
             let result = try measure(daemon, as: reader, count: count, name: name)
@@ -275,8 +274,7 @@ final class FairnessTests: XCTestCase {
                     try XCTUnwrap(MetricsTests.parse(try daemon.api("GET", "/v1/metrics").body)["custody_fuse_ring_handoffs_total"]) - handedOff
                 }
                 XCTAssertGreaterThanOrEqual(try handedOffSince(), 20, "\(name): creates on the slow store went to workers")
-                let releases = Date().addingTimeInterval(10)
-                while Date() < releases, try handedOffSince() < 40 { usleep(50_000) }
+                _ = try? eventually("\(name): closes handed off") { try handedOffSince() >= 40 }
                 XCTAssertGreaterThanOrEqual(try handedOffSince(), 40, "\(name): closes on the slow store went to workers")
             }
             // A killed program that a throttled write still holds is reaped once the disk is free.

@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// A backing store on a read-only file system (a mounted backup, a snapshot, install media), or
 /// one remounted read-only while served (ext4's `errors=remount-ro`): files read, encrypted ones
@@ -40,11 +41,10 @@ final class ReadOnlyStoreTests: XCTestCase {
 
     /// Remounts the backing store read-only (retrying while the daemon still closes handles).
     func remountReadOnly(_ daemon: MountedDaemon) throws {
-        let deadline = Date().addingTimeInterval(10)
         var result = try runCommand(["mount", "-o", "remount,ro", daemon.backing])
-        while result.status != 0, Date() < deadline {
-            usleep(100_000)
-            result = try runCommand(["mount", "-o", "remount,ro", daemon.backing])
+        _ = try? eventually("the store to remount read-only", interval: 0.1) {
+            if result.status != 0 { result = try runCommand(["mount", "-o", "remount,ro", daemon.backing]) }
+            return result.status == 0
         }
         XCTAssertEqual(result.status, 0, result.error)
     }

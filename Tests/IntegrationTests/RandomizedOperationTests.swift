@@ -4,6 +4,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// fsx-style: a seeded sequence of mixed operations applied both to the mount and to a plain
 /// reference directory. After each step the results (value or errno) must match, and so must the

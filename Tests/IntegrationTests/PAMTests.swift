@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// pam_custody.so with pamtester, against a PAM service the test writes (pam_unix + the module)
 /// and a user whose password it sets with chpasswd.
@@ -147,8 +148,7 @@ final class PAMTests: XCTestCase {
         process.standardError = process.standardOutput
         try process.run()
         // Open once it asks for the password.
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, !((try? String(contentsOfFile: output, encoding: .utf8)) ?? "").contains("assword") { usleep(20_000) }
+        _ = try? eventually("the password prompt") { ((try? String(contentsOfFile: output, encoding: .utf8)) ?? "").contains("assword") }
         XCTAssertTrue(((try? String(contentsOfFile: output, encoding: .utf8)) ?? "").contains("assword"), "the session opened")
         return (process, input)
     }

@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// A `custodyd` serving a fresh temporary backing directory at a fresh mount point.
 /// Always unmounted and stopped (by PID) in `stop()`, which tests call from `tearDown`/`defer`.
@@ -138,17 +139,13 @@ struct HarnessError: Error, CustomStringConvertible {
 /// Waits for a child; true when it exited (and was reaped) within the time.
 @discardableResult
 func waitForExit(_ pid: pid_t, seconds: Double, status: UnsafeMutablePointer<Int32>? = nil) -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
     var result: Int32 = 0
-    while Date() < deadline {
+    let exited = (try? eventually("process \(pid) to exit", timeout: seconds) {
         let reaped = waitpid(pid, &result, WNOHANG)
-        if reaped == pid || (reaped == -1 && errno == ECHILD) {
-            status?.pointee = result
-            return true
-        }
-        usleep(10_000)
-    }
-    return false
+        return reaped == pid || (reaped == -1 && errno == ECHILD)
+    }) != nil
+    if exited { status?.pointee = result }
+    return exited
 }
 
 /// What a wait status says, for messages: "exited with status N" or "was killed by SIGNAME".
@@ -159,11 +156,7 @@ func describeExit(_ status: Int32) -> String {
     return "was killed by \(name)\(status & 0x80 != 0 ? " (core dumped)" : "")"
 }
 
-func makeTemporaryDirectory(_ prefix: String) throws -> String {
-    var template = Array("/tmp/\(prefix).XXXXXX".utf8CString)
-    guard let created = mkdtemp(&template) else { throw HarnessError("mkdtemp: \(Errno.current)") }
-    return String(cString: created)
-}
+func makeTemporaryDirectory(_ prefix: String) throws -> String { try TemporaryDirectory(prefix).path }
 
 /// Starts a program with stdout and stderr sent to files (or /dev/null), with this process's
 /// environment plus `environment`.
@@ -278,19 +271,6 @@ func errnoOf(_ body: () throws -> Void) -> Int32? {
         return error.rawValue
     } catch {
         return -1
-    }
-}
-
-/// A small seeded generator (SplitMix64), so randomized tests can print and replay their seed.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 

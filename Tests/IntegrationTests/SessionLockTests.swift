@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// Protection that follows the login session: a private `dbus-daemon` stands in for the system
 /// bus and python3-dbusmock's logind template for logind; the daemon follows it over sd-bus.
@@ -45,20 +46,12 @@ final class SessionLockTests: XCTestCase {
             </busconfig>
             """.write(toFile: work + "/bus.conf", atomically: true, encoding: .utf8)
         processes.append(try spawn("dbus-daemon", ["--config-file=\(work!)/bus.conf", "--nofork", "--nopidfile"], stderrPath: work + "/bus.log"))
-        try waitFor("the bus") { access(socket, F_OK) == 0 }
+        try eventually("the bus") { access(socket, F_OK) == 0 }
         processes.append(try spawn("/usr/bin/python3", ["-m", "dbusmock", "--system", "--template", "logind"],
                                    stdoutPath: work + "/logind.log", stderrPath: work + "/logind.log",
                                    environment: ["DBUS_SYSTEM_BUS_ADDRESS": address]))
-        try waitFor("logind's mock") { (try? self.call("/org/freedesktop/login1", "org.freedesktop.login1.Manager.ListSessions"))?.status == 0 }
+        try eventually("logind's mock") { (try? self.call("/org/freedesktop/login1", "org.freedesktop.login1.Manager.ListSessions"))?.status == 0 }
         setenv("DBUS_SYSTEM_BUS_ADDRESS", address, 1)
-    }
-
-    func waitFor(_ what: String, seconds: Double = 10, _ condition: () -> Bool) throws {
-        let deadline = Date().addingTimeInterval(seconds)
-        while !condition() {
-            guard Date() < deadline else { throw HarnessError("\(what) did not come up within \(seconds) s") }
-            usleep(20_000)
-        }
     }
 
     @discardableResult
@@ -76,7 +69,7 @@ final class SessionLockTests: XCTestCase {
     func lockState(_ identity: String) throws -> String { try daemon.lockState(identity) }
 
     func waitForLock(_ identity: String, _ state: String, seconds: Double = 5) throws {
-        try waitFor("\(identity) \(state)", seconds: seconds) { (try? self.lockState(identity)) == state }
+        try eventually("\(identity) \(state)", timeout: seconds) { (try? self.lockState(identity)) == state }
     }
 
     func start() throws -> (owner: UInt32, other: UInt32) {
@@ -86,7 +79,7 @@ final class SessionLockTests: XCTestCase {
         try mustCall("/org/freedesktop/login1", "org.freedesktop.DBus.Mock.AddSession", ["c1", "seat0", "\(owner)", "custody-test", "true"])
         // The test reads the users' files back as root, exempt from the transfer rules.
         daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--allow-other", "--lock-grace-period", "1", "--transfer-exempt-uid", "0"])
-        try waitFor("the daemon to follow logind") { self.daemon.log.contains("following logind") }
+        try eventually("the daemon to follow logind") { self.daemon.log.contains("following logind") }
         let passphrase = #""passphrase": "correct horse""#
         for (id, upn, level, user, secret) in [("alice-oid", Self.alice, "complete", "custody-test", true), ("bob-oid", Self.bob, "untilFirstAuth", "custody-test", false),
                                                ("carol-oid", Self.carol, "complete", "custody-test2", false),
@@ -154,14 +147,14 @@ final class SessionLockTests: XCTestCase {
         try mustCall("/org/freedesktop/login1", "org.freedesktop.DBus.Mock.EmitSignal",
                      ["org.freedesktop.login1.Manager", "PrepareForSleep", "b", "[<true>]"])
         // No grace period before a suspend: locked, and the inhibitor released, at once.
-        try waitFor("the inhibitor to be released", seconds: 2) { (try? self.inhibitors())?.contains("custodyd") == false }
+        try eventually("the inhibitor to be released", timeout: 2) { (try? self.inhibitors())?.contains("custodyd") == false }
         XCTAssertEqual(try lockState(Self.alice), "locked", "keys are gone before the inhibitor is released")
         XCTAssertEqual(try lockState(Self.carol), "locked", "suspend locks every identity")
         XCTAssertEqual(errnoOf { _ = try readFile(self.daemon.mnt("a.txt")) }, EACCES)
         XCTAssertTrue(try daemon.api("GET", "/v1/events?follow=false").body.contains(#""cause":"suspend""#))
         try mustCall("/org/freedesktop/login1", "org.freedesktop.DBus.Mock.EmitSignal",
                      ["org.freedesktop.login1.Manager", "PrepareForSleep", "b", "[<false>]"])
-        try waitFor("the inhibitor to be taken again", seconds: 2) { (try? self.inhibitors())?.contains("custodyd") == true }
+        try eventually("the inhibitor to be taken again", timeout: 2) { (try? self.inhibitors())?.contains("custodyd") == true }
     }
 
     func testTheLastLogoutLocks() throws {

@@ -4,6 +4,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// Re-protection of existing files when an identity's policy changes.
 final class PolicyReprotectionTests: XCTestCase {
@@ -12,14 +13,6 @@ final class PolicyReprotectionTests: XCTestCase {
     override func tearDown() {
         daemon?.destroy()
         daemon = nil
-    }
-
-    func waitUntil(_ what: String, seconds: Double = 30, _ condition: () -> Bool) {
-        let deadline = Date().addingTimeInterval(seconds)
-        while !condition() {
-            if Date() > deadline { return XCTFail("timed out waiting until \(what)") }
-            usleep(50_000)
-        }
     }
 
     func putPolicy(_ json: String) throws {
@@ -40,19 +33,19 @@ final class PolicyReprotectionTests: XCTestCase {
 
         try putPolicy(#"{"fileEncryptionRequired": true, "protectionLevel": "untilFirstAuth"}"#)
         let others = names.filter { $0 != "doc7.txt" }
-        waitUntil("the files not in use are encrypted") { others.allSatisfy { xattr(daemon.mnt($0), "user.custody.encrypted") == "1" } }
+        try eventually("the files not in use are encrypted", timeout: 30) { others.allSatisfy { xattr(daemon.mnt($0), "user.custody.encrypted") == "1" } }
         XCTAssertEqual(xattr(daemon.mnt("doc7.txt"), "user.custody.encrypted"), "0", "the open file waits")
         try Syscall.pwriteAll(writer, "after\n", 6, 0)
         close(writer)
-        waitUntil("the file in use is encrypted once closed") { xattr(daemon.mnt("doc7.txt"), "user.custody.encrypted") == "1" }
+        try eventually("the file in use is encrypted once closed", timeout: 30) { xattr(daemon.mnt("doc7.txt"), "user.custody.encrypted") == "1" }
         XCTAssertEqual(try readFile(daemon.mnt("doc7.txt")), bytes("MARKER-POLICY doc7.txt\nbefore\nafter\n"), "no write was lost")
         XCTAssertEqual(try runCommand(["grep", "-rl", "MARKER-POLICY", daemon.backing]).output, "")
-        waitUntil("the account is no longer marked") { (try? self.daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":false"#)) == true }
+        try eventually("the account is no longer marked", timeout: 30) { (try? self.daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":false"#)) == true }
 
         // Another level: the key is rewrapped, the content is not re-encrypted.
         let before = try readFile(daemon.back("doc3.txt"))
         try putPolicy(#"{"fileEncryptionRequired": true, "protectionLevel": "none"}"#)
-        waitUntil("the class changed") { names.allSatisfy { xattr(daemon.mnt($0), "user.custody.class") == "none" } }
+        try eventually("the class changed", timeout: 30) { names.allSatisfy { xattr(daemon.mnt($0), "user.custody.class") == "none" } }
         let after = try readFile(daemon.back("doc3.txt"))
         XCTAssertTrue(Array(before[512...]) == Array(after[512...]), "the ciphertext after the header is unchanged")
         XCTAssertFalse(Array(before[0..<512]) == Array(after[0..<512]), "the header is new")
@@ -61,7 +54,7 @@ final class PolicyReprotectionTests: XCTestCase {
 
         // Encryption off: everything plain again, still Alice's.
         try putPolicy(#"{"fileEncryptionRequired": false}"#)
-        waitUntil("the files are plain") { names.allSatisfy { xattr(daemon.mnt($0), "user.custody.encrypted") == "0" } }
+        try eventually("the files are plain", timeout: 30) { names.allSatisfy { xattr(daemon.mnt($0), "user.custody.encrypted") == "0" } }
         XCTAssertEqual(try readFile(daemon.back("doc7.txt")), bytes("MARKER-POLICY doc7.txt\nbefore\nafter\n"))
         XCTAssertEqual(xattr(daemon.mnt("doc7.txt"), "user.custody.owner"), "alice@contoso.com")
         XCTAssertEqual(try runCommand(["find", daemon.backing, "-name", ".custody-reprotect-*"]).output, "")
@@ -79,8 +72,8 @@ final class PolicyReprotectionTests: XCTestCase {
         XCTAssertEqual(try runCommand(["grep", "-rl", "MARKER-BYTES", daemon.backing]).output.split(separator: "\n").count, 9)
 
         try putPolicy(#"{"fileEncryptionRequired": true, "protectionLevel": "untilFirstAuth"}"#)
-        waitUntil("every file is encrypted") { (try? runCommand(["grep", "-rl", "MARKER-BYTES", daemon.backing]).output) == "" }
-        waitUntil("the account is no longer marked") { (try? self.daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":false"#)) == true }
+        try eventually("every file is encrypted", timeout: 30) { (try? runCommand(["grep", "-rl", "MARKER-BYTES", daemon.backing]).output) == "" }
+        try eventually("the account is no longer marked", timeout: 30) { (try? self.daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":false"#)) == true }
         XCTAssertEqual(try mustRun(["sh", "-c", "cd '\(daemon.backing)' && find . | sort | od -An -c"]), listing, "the same names, nothing more")
         let contents = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && \(names) && cat \"$latin1/$mark.txt\" \"$mark/$latin1.txt\" \"$latin1.txt\""])
         XCTAssertEqual(contents, "MARKER-BYTES\nMARKER-BYTES\nMARKER-BYTES\n")

@@ -4,6 +4,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// Lock enforcement through a real mount, driven over the control socket.
 final class LockMountTests: XCTestCase {
@@ -46,34 +47,21 @@ final class LockMountTests: XCTestCase {
 
     /// Waits until the status shows `identity` locked (the grace period is over).
     func waitUntilLocked(_ identity: String, seconds: Double = 10) throws {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
+        try eventually("\(identity) locked", timeout: seconds) {
             let account = try daemon.api("GET", "/v1/status").body
-            if account.contains(#""lock":"locked""#), account.contains(identity) { return }
-            usleep(20_000)
+            return account.contains(#""lock":"locked""#) && account.contains(identity)
         }
-        XCTFail("\(identity) did not lock within \(seconds) s")
     }
 
-    /// Waits (briefly) until `body` yields `expected`: the mount invalidates cached pages right after
-    /// the lock completes, from a queue of its own.
-    func eventually(_ expected: Int32?, seconds: Double = 3, _ body: () -> Int32?) -> Int32? {
-        let deadline = Date().addingTimeInterval(seconds)
+    /// The errno `body` ends with once it is `expected`, or the last one after a few seconds: the
+    /// mount invalidates cached pages right after the lock completes, from a queue of its own.
+    func errnoEventually(_ expected: Int32?, _ body: () -> Int32?) -> Int32? {
         var last = body()
-        while last != expected, Date() < deadline {
-            usleep(10_000)
+        _ = try? eventually("errno \(expected.map(String.init) ?? "none")", timeout: 3) {
             last = body()
+            return last == expected
         }
         return last
-    }
-
-    func waitForFile(_ path: String, seconds: Double = 30) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if FileManager.default.fileExists(atPath: path) { return true }
-            usleep(20_000)
-        }
-        return false
     }
 
     func testClassAHandlesFailAfterTheGracePeriodAndNoPlaintextStaysCached() throws {
@@ -99,8 +87,8 @@ final class LockMountTests: XCTestCase {
 
         try waitUntilLocked("alice@contoso.com")
         // The same handle, the same (previously cached) pages: refused, not served from the cache.
-        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pread(fd, &buffer, 64, 0) } }, EACCES)
-        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pread(big, &buffer, 64, 100_000) } }, EACCES)
+        XCTAssertEqual(errnoEventually(EACCES) { errnoOf { _ = try Syscall.pread(fd, &buffer, 64, 0) } }, EACCES)
+        XCTAssertEqual(errnoEventually(EACCES) { errnoOf { _ = try Syscall.pread(big, &buffer, 64, 100_000) } }, EACCES)
         XCTAssertEqual(errnoOf { _ = try Syscall.open(self.daemon.mnt("secret.txt"), O_RDONLY) }, EACCES, "new opens are refused")
         XCTAssertEqual(errnoOf { try writeFile(self.daemon.mnt("new.txt"), bytes("x")) }, nil, "a caller with no identity still creates plain files")
         XCTAssertEqual(try Syscall.lstat(daemon.mnt("secret.txt")).st_size, 14, "metadata stays visible")
@@ -126,7 +114,7 @@ final class LockMountTests: XCTestCase {
             { cat created.txt 2>/dev/null && echo REOPENED-CREATED || echo DENIED-CREATED; }
             """
         }
-        XCTAssertTrue(waitForFile(root + "/ready1"), "the shell opened its files")
+        try eventually("the shell to open its files", timeout: 30) { access(root + "/ready1", F_OK) == 0 }
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/carol@contoso.com/lock").status, 200)
         try waitUntilLocked("carol@contoso.com")
         XCTAssertTrue(FileManager.default.createFile(atPath: root + "/go1", contents: Data()))
@@ -252,7 +240,7 @@ final class LockMountTests: XCTestCase {
         defer { close(fd) }
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock").status, 200)
         try waitUntilLocked("alice@contoso.com")
-        XCTAssertEqual(eventually(EACCES) { errnoOf { _ = try Syscall.pwrite(fd, "zzzzzzzz", 8, 100) } }, EACCES, "a write that needs the old page fails")
+        XCTAssertEqual(errnoEventually(EACCES) { errnoOf { _ = try Syscall.pwrite(fd, "zzzzzzzz", 8, 100) } }, EACCES, "a write that needs the old page fails")
         let page = [UInt8](repeating: UInt8(ascii: "q"), count: 4096)
         for offset in [4096, 8192, 65536] {
             let written = page.withUnsafeBytes { pwrite(fd, $0.baseAddress, 4096, off_t(offset)) }

@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// custodyd as a system service, without a running systemd: readiness, status and watchdog pings
 /// on a datagram socket passed as NOTIFY_SOCKET, socket activation through
@@ -106,12 +107,9 @@ final class ServiceTests: XCTestCase {
     var log: String { (try? String(contentsOfFile: root + "/custodyd.log", encoding: .utf8)) ?? "" }
 
     func waitForMount(_ mountPoint: String, present: Bool = true, seconds: Double = 15) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if (MountTable.entry(at: mountPoint)?.fileSystemType == "fuse.custody") == present { return true }
-            usleep(20_000)
-        }
-        return false
+        (try? eventually("\(mountPoint) \(present ? "mounted" : "unmounted")", timeout: seconds) {
+            (MountTable.entry(at: mountPoint)?.fileSystemType == "fuse.custody") == present
+        }) != nil
     }
 
     func api(_ method: String, _ path: String, _ body: String? = nil, socket: String? = nil) throws -> (Int, String) {
@@ -177,8 +175,7 @@ final class ServiceTests: XCTestCase {
         let socketPath = root + "/activated.sock"
         try startDaemon(["-l", socketPath, MountedDaemon.binary, "--state", root + "/state", mount.0, mount.1], program: "systemd-socket-activate")
         // systemd-socket-activate starts the daemon at the first connection, which it then serves.
-        let deadline = Date().addingTimeInterval(10)
-        while !FileManager.default.fileExists(atPath: socketPath), Date() < deadline { usleep(20_000) }
+        _ = try? eventually("the activation socket") { access(socketPath, F_OK) == 0 }
         XCTAssertEqual(try api("GET", "/v1/status", socket: socketPath).0, 200, log)
         XCTAssertTrue(waitForMount(mount.1), log)
         let (status, body) = try api("GET", "/v1/status", socket: socketPath)

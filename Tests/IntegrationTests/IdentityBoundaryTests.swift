@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// The identity boundary at run time (docs/identity.md, "Transfers"): every row of the table is
 /// a real process, started with `custodyctl run --identity` or by a user made with `useradd`,
@@ -187,8 +188,7 @@ final class IdentityBoundaryTests: XCTestCase {
         let process = try spawn(MountedDaemon.tool("custodyctl"), ["run", "--socket", daemon.socket, "--identity", identity, "--",
                                                                    "sh", "-c", "cd '\(daemon.mountPoint)' && exec /usr/bin/python3 '\(work!)/handle.py' > '\(out)' 2>&1"])
         children.append(process)
-        let deadline = Date().addingTimeInterval(10)
-        while !FileManager.default.fileExists(atPath: ready), Date() < deadline { usleep(20_000) }
+        _ = try? eventually("the child to be ready") { access(ready, F_OK) == 0 }
         try meanwhile()
         FileManager.default.createFile(atPath: gate, contents: nil)
         XCTAssertTrue(waitForExit(process, seconds: 10))

@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// Keys and plaintext never reach the disk through a core dump: the daemon crashes (a test-only
 /// trigger) while a class A file is open and unlocked, with `core_pattern` and its limits set so
@@ -25,13 +26,10 @@ final class CoreDumpTests: XCTestCase {
     }
 
     func waitForDump(in directory: String, seconds: Double) -> [String] {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
+        (try? eventually("a core dump in \(directory)", timeout: seconds) { () -> [String]? in
             let found = dumps(in: directory)
-            if !found.isEmpty { return found }
-            usleep(50_000)
-        }
-        return []
+            return found.isEmpty ? nil : found
+        }) ?? []
     }
 
     func testACrashWhileUnlockedWritesNoCoreDump() throws {

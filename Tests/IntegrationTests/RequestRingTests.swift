@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// Per-CPU request rings (FUSE over io_uring, `RequestRings`): requests reach the daemon through
 /// them when the kernel offers them, the same operations give the same results through
@@ -32,8 +33,7 @@ final class RequestRingTests: XCTestCase {
     func start(_ arguments: [String] = []) throws -> MountedDaemon {
         let daemon = try MountedDaemon(extraArguments: arguments)
         daemons.append(daemon)
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, !daemon.log.contains("requests through") { usleep(20_000) }
+        _ = try? eventually("the daemon to say how it serves") { daemon.log.contains("requests through") }
         return daemon
     }
 
@@ -229,8 +229,7 @@ final class RequestRingTests: XCTestCase {
         _ = waitForExit(hog, seconds: 5)
         hogs = []
         // The hold ends (1 s) and the threads go back to idle priority.
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, threads(of: daemon.pid).contains(where: { $0.cpus == "0" && $0.policy == 0 }) { usleep(100_000) }
+        _ = try? eventually("the threads back at idle priority", interval: 0.1) { !threads(of: daemon.pid).contains(where: { $0.cpus == "0" && $0.policy == 0 }) }
         XCTAssertFalse(threads(of: daemon.pid).contains { $0.cpus == "0" && $0.policy == 0 }, "\(threads(of: daemon.pid))")
     }
 
@@ -310,8 +309,7 @@ final class RequestRingTests: XCTestCase {
         usleep(500_000)
         XCTAssertLessThan(resident() - before, 12 << 10, "resident KiB after the burst: \(resident()), before: \(before)")
         // Workers idle for 10 s end; one stays.
-        let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline, workers() > 1 { usleep(200_000) }
+        _ = try? eventually("idle workers to end", timeout: 20, interval: 0.2) { workers() <= 1 }
         XCTAssertEqual(workers(), 1, "workers left after 10 s without work")
         for round in 0..<3 { XCTAssertEqual(try readFile(daemon.mnt("big\(round)")).count, 256 << 20) }
     }

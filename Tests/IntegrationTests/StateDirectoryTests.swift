@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// The daemon over a state directory that is damaged or does not match the files it protects:
 /// it mounts, serves what it can, and says what it could not use (log, events, status); the
@@ -50,12 +51,10 @@ final class StateDirectoryTests: XCTestCase {
 
         // The status says what was set aside, which keybag no account names, and whose files
         // the mount holds (the owner census runs beside the mount's start).
-        let deadline = Date().addingTimeInterval(10)
         var found: [[String: Any]] = []
-        while Date() < deadline {
+        _ = try? eventually("the owner census", interval: 0.1) {
             found = try problems(daemon)
-            if found.contains(where: { $0["kind"] as? String == "unknownOwner" }) { break }
-            usleep(100_000)
+            return found.contains(where: { $0["kind"] as? String == "unknownOwner" })
         }
         let kinds = found.compactMap { $0["kind"] as? String }
         XCTAssertEqual(kinds.filter { $0 == "setAside" }.count, 2, "\(found)")

@@ -3,6 +3,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// What a crash leaves is reported as a torn write, never as tampering, and can be cut back to its
 /// last authentic block; every kind of tampering (a header field, a block) reaches the event and
@@ -111,8 +112,7 @@ final class CrashDamageTests: XCTestCase {
         for round in 0..<3 {
             let file = "stream\(round).bin", synced = daemon.root + "/synced\(round)"
             let program = try spawn("/usr/bin/python3", ["-c", writer, daemon.mnt(file), synced])
-            let deadline = Date().addingTimeInterval(20)
-            while Date() < deadline, !FileManager.default.fileExists(atPath: synced) { usleep(10_000) }
+            _ = try? eventually("the writer's first fsync", timeout: 20) { access(synced, F_OK) == 0 }
             usleep(UInt32(50_000 + round * 70_000))
             daemon.killHard()
             kill(program, SIGKILL)

@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 import Synchronization
 import XCTest
+import CustodyTestSupport
 
 /// What the mount does for speed that a user can observe from outside: the wake-up latency bound
 /// during bursts, the mount's read-ahead, and write-behind of large writes.
@@ -49,8 +50,7 @@ final class SpeedFeatureTests: XCTestCase {
         let seen = boundsDuringBurst(daemon, seconds: 1.0)
         XCTAssertTrue(seen.contains(0), "a burst of lookups holds a zero bound (saw \(Set(seen)))")
         // Quiet: released within a few milliseconds (allow for a slow machine).
-        let deadline = monotonicSeconds() + 2
-        while currentLatencyBound() == 0, monotonicSeconds() < deadline { usleep(1_000) }
+        _ = try? eventually("the latency bound released", timeout: 2, interval: 0.001) { currentLatencyBound() != 0 }
         XCTAssertEqual(currentLatencyBound(), before, "released once requests stop")
     }
 
@@ -88,11 +88,10 @@ final class SpeedFeatureTests: XCTestCase {
         try mustRun(["dd", "if=/dev/zero", "of=\(daemon.mnt("stream"))", "bs=1M", "count=64", "status=none"])
         XCTAssertEqual(try Syscall.lstat(daemon.back("stream")).st_size, 64 << 20)
         // Without write-behind the backing file's 64 MiB would stay dirty for the kernel's 30 s.
-        let deadline = monotonicSeconds() + 3
         var dirty = try dirtyKiB() - baseline
-        while dirty > 16 << 10, monotonicSeconds() < deadline {
-            usleep(50_000)
+        _ = try? eventually("the write-back to start", timeout: 3, interval: 0.05) {
             dirty = try dirtyKiB() - baseline
+            return dirty <= 16 << 10
         }
         XCTAssertLessThan(dirty, 16 << 10, "the backing file's write-back started as the data arrived")
     }
@@ -427,8 +426,7 @@ final class SpeedFeatureTests: XCTestCase {
 
         // Reading the first file: the next `window` files are fetched, the rest is not.
         XCTAssertEqual(try readFile(daemon.mnt("tree/\(names[0])")).count, 64 << 10)
-        let deadline = monotonicSeconds() + 5
-        while try !firstPageCached(daemon.back("tree/\(names[window])")), monotonicSeconds() < deadline { usleep(10_000) }
+        _ = try? eventually("the read-ahead window fetched", timeout: 5) { try firstPageCached(daemon.back("tree/\(names[window])")) }
         for index in 1...window { XCTAssertTrue(try firstPageCached(daemon.back("tree/\(names[index])")), "\(index) fetched") }
         usleep(200_000)
         for index in (window + 2)..<40 { XCTAssertFalse(try firstPageCached(daemon.back("tree/\(names[index])")), "\(index) not fetched") }

@@ -2,6 +2,7 @@ import CustodySystem
 import Foundation
 import Glibc
 import XCTest
+import CustodyTestSupport
 
 /// The control plane runs in a process of its own (the control front): nothing sent to the
 /// socket, and no crash of that process, reaches the mounts.
@@ -71,11 +72,9 @@ final class ControlFrontTests: XCTestCase {
     /// Seconds until the socket answers a status request with 200 (nil after `limit`).
     func secondsUntilServing(limit: Double = 10) -> Double? {
         let start = Date()
-        while Date().timeIntervalSince(start) < limit {
-            if (try? daemon.api("GET", "/v1/status").status) == 200 { return Date().timeIntervalSince(start) }
-            usleep(5_000)
+        return try? eventually("the socket to serve", timeout: limit, interval: 0.005) {
+            (try? daemon.api("GET", "/v1/status").status) == 200 ? Date().timeIntervalSince(start) : nil
         }
-        return nil
     }
 
     func post(_ path: String, _ body: String) -> String {
@@ -218,8 +217,7 @@ final class ControlFrontTests: XCTestCase {
     func testTheFrontEndsWithTheDaemon() throws {
         let pid = try front()
         daemon.killHard()
-        let deadline = Date().addingTimeInterval(5)
-        while Date() < deadline, kill(pid, 0) == 0 { usleep(10_000) }
+        _ = try? eventually("the front to go", timeout: 5) { kill(pid, 0) != 0 }
         XCTAssertNotEqual(kill(pid, 0), 0, "the front (\(pid)) is gone")
         XCTAssertNotEqual((try? daemon.api("GET", "/v1/status").status) ?? 0, 200)
     }
@@ -313,8 +311,7 @@ final class ControlFrontTests: XCTestCase {
             """.utf8), mode: 0o755)
         let crowd = try spawn("/usr/bin/python3", [script, daemon.socket], stdoutPath: report, stderrPath: report)
         defer { kill(crowd, SIGKILL); waitForExit(crowd, seconds: 5) }
-        let connected = Date().addingTimeInterval(20)
-        while Date() < connected, !((try? String(contentsOfFile: report, encoding: .utf8)) ?? "").contains("connected") { usleep(20_000) }
+        _ = try? eventually("the crowd to connect", timeout: 20) { ((try? String(contentsOfFile: report, encoding: .utf8)) ?? "").contains("connected") }
         // While the crowd waits: requests of a normal client, each answered well within a second.
         var slowest = 0.0
         for _ in 0..<40 {
@@ -410,8 +407,7 @@ final class ControlFrontTests: XCTestCase {
         defer { kill(stream, SIGKILL); waitForExit(stream, seconds: 5) }
         usleep(300_000)
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "a-oid", "upn": "a@contoso.com", "enroll": false}"#).status, 201)
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, !((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("registered") { usleep(20_000) }
+        _ = try? eventually("the event in the log") { ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("registered") }
         XCTAssertTrue(((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains(#""kind":"registered""#))
     }
 }
