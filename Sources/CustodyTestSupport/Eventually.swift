@@ -10,12 +10,14 @@ public struct TimedOut: Error, CustomStringConvertible {
 /// after `timeout` seconds. The one way tests wait for something that happens on another thread
 /// or in another process: a daemon coming up, a lock completing, a file appearing.
 public func eventually(_ what: String, timeout: Double = 10, interval: Double = 0.01, _ condition: () throws -> Bool) throws {
-    _ = try eventually(what, timeout: timeout, interval: interval) { try condition() ? true : nil }
+    _ = try eventualValue(what, timeout: timeout, interval: interval) { try condition() ? true : nil }
 }
 
-/// Polls `body` until it yields a value, and returns it; throws `TimedOut` naming `what`.
+/// Polls `body` until it yields a value, and returns it; throws `TimedOut` naming `what`. (A name
+/// of its own: were it an overload of `eventually`, a closure answering `false` would be taken
+/// for a value.)
 @discardableResult
-public func eventually<T>(_ what: String, timeout: Double = 10, interval: Double = 0.01, _ body: () throws -> T?) throws -> T {
+public func eventualValue<T>(_ what: String, timeout: Double = 10, interval: Double = 0.01, _ body: () throws -> T?) throws -> T {
     let deadline = monotonicSeconds() + timeout
     while true {
         if let value = try body() { return value }

@@ -72,7 +72,7 @@ final class ControlFrontTests: XCTestCase {
     /// Seconds until the socket answers a status request with 200 (nil after `limit`).
     func secondsUntilServing(limit: Double = 10) -> Double? {
         let start = Date()
-        return try? eventually("the socket to serve", timeout: limit, interval: 0.005) {
+        return try? eventualValue("the socket to serve", timeout: limit, interval: 0.005) {
             (try? daemon.api("GET", "/v1/status").status) == 200 ? Date().timeIntervalSince(start) : nil
         }
     }

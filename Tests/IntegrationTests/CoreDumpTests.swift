@@ -26,7 +26,7 @@ final class CoreDumpTests: XCTestCase {
     }
 
     func waitForDump(in directory: String, seconds: Double) -> [String] {
-        (try? eventually("a core dump in \(directory)", timeout: seconds) { () -> [String]? in
+        (try? eventualValue("a core dump in \(directory)", timeout: seconds) { () -> [String]? in
             let found = dumps(in: directory)
             return found.isEmpty ? nil : found
         }) ?? []
