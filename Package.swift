@@ -6,7 +6,7 @@ let package = Package(
     products: [
         .executable(name: "custodyd", targets: ["custodyd"]),
         .executable(name: "custodyctl", targets: ["custodyctl"]),
-        .library(name: "CustodyClient", targets: ["CustodyClient"]),
+        .library(name: "CustodyClient", targets: ["CustodyClient", "CustodyAPI"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
@@ -44,7 +44,7 @@ let package = Package(
         .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md); the front that faces
         // clients speaks HTTP with SwiftNIO (NIOHTTP1).
-        .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
+        .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyAPI", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
                                                        .product(name: "NIOCore", package: "swift-nio"),
                                                        .product(name: "NIOPosix", package: "swift-nio"),
                                                        .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -62,11 +62,14 @@ let package = Package(
         // The daemon's configuration file (custody.toml): typed, checked, with line numbers in errors.
         .target(name: "CustodyConfig", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", .product(name: "TOMLKit", package: "TOMLKit")]),
 
+        // The control API's routes and documents, shared by the daemon, the client library and
+        // custodyctl (no dependencies: a client depends on nothing else to speak it).
+        .target(name: "CustodyAPI"),
         // The client library: the SDK's managers over the control socket (no crypto, no FUSE).
-        .target(name: "CustodyClient"),
+        .target(name: "CustodyClient", dependencies: ["CustodyAPI"]),
 
         .executableTarget(name: "custodyctl", dependencies: [
-            "CLinux", "CustodyClient", "CustodyCrypto", "CustodySystem",
+            "CLinux", "CustodyAPI", "CustodyClient", "CustodyCrypto", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
@@ -92,7 +95,7 @@ let package = Package(
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyTestSupport", "CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "IntegrationTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
-        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyTestSupport", "CustodyControl", "CustodyCore", "CustodyClient", "CLinux",
+        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyTestSupport", "CustodyControl", "CustodyAPI", "CustodyCore", "CustodyClient", "CLinux",
                                                                 .product(name: "NIOCore", package: "swift-nio"),
                                                                 .product(name: "NIOEmbedded", package: "swift-nio"),
                                                                 .product(name: "NIOHTTP1", package: "swift-nio"),

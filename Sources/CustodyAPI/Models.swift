@@ -1,5 +1,5 @@
-/// The client's view of the API's documents (docs/api.md, docs/openapi.yaml). They are decoded
-/// leniently: fields a newer daemon adds are ignored.
+/// The API's documents (docs/api.md, docs/openapi.yaml), as the daemon writes them and clients
+/// read them. Clients decode them leniently: fields a newer daemon adds are ignored.
 
 /// An account's policy (the SDK's policy settings).
 public struct CustodyPolicy: Codable, Equatable, Sendable {
@@ -42,6 +42,14 @@ public struct CustodyAccount: Codable, Equatable, Sendable {
     public var uid: UInt32?
     public var hasPassphrase: Bool?
     public var reprotectPending: Bool?
+
+    public init(id: String, upn: String, enrolled: Bool, policy: CustodyPolicy? = nil, uid: UInt32? = nil) {
+        self.id = id
+        self.upn = upn
+        self.enrolled = enrolled
+        self.policy = policy
+        self.uid = uid
+    }
     /// unlocked, locking or locked (in status answers).
     public var lock: String?
     /// The owner's login password unlocks it too.
@@ -58,6 +66,11 @@ public struct CustodyAccount: Codable, Equatable, Sendable {
 public struct CustodyMount: Codable, Equatable, Sendable {
     public var mountPoint: String
     public var backing: String
+
+    public init(mountPoint: String, backing: String) {
+        self.mountPoint = mountPoint
+        self.backing = backing
+    }
 }
 
 public struct CustodyStatus: Codable, Equatable, Sendable {
@@ -169,17 +182,104 @@ public struct LocationAnswer: Codable, Equatable, Sendable {
     public var location: String
     public var account: String?
     public var allowed: Bool
+
+    public init(location: String, account: String?, allowed: Bool) {
+        self.location = location
+        self.account = account
+        self.allowed = allowed
+    }
 }
 
+/// `GET /v1/locations`.
+public struct LocationList: Codable, Equatable, Sendable {
+    public var locations: [LocationSummary]
+}
+
+/// The identity a process (or thread) acts as, and where it comes from (`binding`, `parent`,
+/// `uid`, `primary`, `none`).
 public struct ProcessIdentity: Codable, Equatable, Sendable {
     public var pid: Int32
     public var identity: String?
     public var source: String
+
+    public init(pid: Int32, identity: String?, source: String) {
+        self.pid = pid
+        self.identity = identity
+        self.source = source
+    }
 }
 
+/// An identity's lock state: unlocked, locking (in its grace period) or locked.
 public struct LockState: Codable, Equatable, Sendable {
     public var identity: String
     public var lock: String
+
+    public init(identity: String, lock: String) {
+        self.identity = identity
+        self.lock = lock
+    }
+}
+
+/// `POST /v1/unlock`: the caller's identities that need a passphrase and stay locked.
+public struct UnlockAllResult: Codable, Equatable, Sendable {
+    public var stillLocked: [String]
+
+    public init(stillLocked: [String]) { self.stillLocked = stillLocked }
+}
+
+/// `POST /v1/files/is-encrypted`.
+public struct EncryptedAnswer: Codable, Equatable, Sendable {
+    public var path: String
+    public var encrypted: Bool
+
+    public init(path: String, encrypted: Bool) {
+        self.path = path
+        self.encrypted = encrypted
+    }
+}
+
+/// What a repair did (`POST /v1/files/repair`).
+public struct RepairResult: Codable, Equatable, Sendable {
+    public var path: String
+    public var repaired: Bool
+    /// nil: the stored length was one no file can have.
+    public var sizeBefore: UInt64?
+    public var sizeAfter: UInt64
+    public var firstDamagedBlock: UInt64?
+
+    public init(path: String, repaired: Bool, sizeBefore: UInt64?, sizeAfter: UInt64, firstDamagedBlock: UInt64?) {
+        self.path = path
+        self.repaired = repaired
+        self.sizeBefore = sizeBefore
+        self.sizeAfter = sizeAfter
+        self.firstDamagedBlock = firstDamagedBlock
+    }
+}
+
+/// The data routes' answer: bytes in base64, and as a string when they are UTF-8 (unprotect).
+public struct DataResult: Codable, Equatable, Sendable {
+    public var data: String
+    public var string: String?
+    public var size: Int
+
+    public init(data: String, string: String?, size: Int) {
+        self.data = data
+        self.string = string
+        self.size = size
+    }
+}
+
+/// What closing a login session did (`POST /v1/login/lock`).
+public struct SessionClosed: Codable, Equatable, Sendable {
+    /// The identities that lock (after their grace period): none while other sessions are open.
+    public var locking: [String]
+    /// The user's other login sessions still open (PAM's, and logind's where it is followed).
+    public var otherSessions: Int
+
+    public init(locking: [String], otherSessions: Int) {
+        self.locking = locking
+        self.otherSessions = otherSessions
+    }
 }
 
 /// The result of a wipe (code 104 UnenrollmentSuccess).
@@ -187,10 +287,21 @@ public struct WipeResult: Codable, Equatable, Sendable {
     public var identity: String
     public var code: Int
     public var result: String
+    /// From the start of the wipe until the identity's keys were gone (its data unreadable).
     public var keysDestroyedSeconds: Double
     public var scanned: Int
     public var deleted: Int
     public var bytesFreed: UInt64
+
+    public init(identity: String, code: Int, result: String, keysDestroyedSeconds: Double, scanned: Int, deleted: Int, bytesFreed: UInt64) {
+        self.identity = identity
+        self.code = code
+        self.result = result
+        self.keysDestroyedSeconds = keysDestroyedSeconds
+        self.scanned = scanned
+        self.deleted = deleted
+        self.bytesFreed = bytesFreed
+    }
 }
 
 /// A long operation run by the daemon (wipe, recursive protect).

@@ -1,3 +1,4 @@
+@_exported import CustodyAPI
 import FoundationEssentials
 import Glibc
 
@@ -74,6 +75,13 @@ public struct ControlClient: Sendable {
         let (status, headers, rest) = try Self.parseHead(bytes)
         let body = headers["transfer-encoding"] == "chunked" ? Self.dechunk(rest) : rest
         return ControlResponse(status: status, body: body)
+    }
+
+    /// Sends a request to `endpoint` (with its path parameter and query) and decodes a
+    /// successful answer as `T`; error answers throw `.server`.
+    public func call<T: Decodable>(_ endpoint: Endpoint, _ parameter: String = "", query: [(String, String)] = [],
+                                   json: (any Encodable)? = nil, as type: T.Type = T.self) throws(CustodyClientError) -> T {
+        try call(endpoint.method, endpoint.path(parameter, query: query), json: json, as: type)
     }
 
     /// Sends a request and decodes a successful answer as `T`; error answers throw `.server`.
@@ -185,17 +193,6 @@ public struct ControlClient: Sendable {
             if sent <= 0 { throw .badResponse("the daemon closed the connection") }
             offset += sent
         }
-    }
-
-    /// Escapes one path segment or query value (an identity) for a URL: everything but
-    /// letters, digits and `-._~@`.
-    public static func escapeComponent(_ text: String) -> String {
-        var out = ""
-        for byte in text.utf8 {
-            let safe = (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || "-._~@".utf8.contains(byte)
-            out += safe ? String(UnicodeScalar(byte)) : "%" + (byte < 16 ? "0" : "") + String(byte, radix: 16, uppercase: true)
-        }
-        return out
     }
 
     /// Escapes what may not appear in a request target (spaces, controls, non-ASCII, `#`, `%`).

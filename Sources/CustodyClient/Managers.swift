@@ -19,31 +19,6 @@ func offload<T: Sendable>(_ body: @escaping @Sendable () throws(CustodyClientErr
     return try result.get()
 }
 
-struct PathBody: Encodable { var path: String }
-struct ProtectBody: Encodable {
-    var path: String
-    var identity: String?
-    var wait: Bool?
-    func encode(to encoder: Encoder) throws {
-        var container = encoder.container(keyedBy: CodingKeys.self)
-        try container.encode(path, forKey: .path)
-        try container.encode(identity, forKey: .identity)  // null removes the owner
-        try container.encodeIfPresent(wait, forKey: .wait)
-    }
-    enum CodingKeys: String, CodingKey { case path, identity, wait }
-}
-struct PathIdentityBody: Encodable { var path: String; var identity: String }
-struct DecryptBody: Encodable { var path: String; var copyPath: String? }
-struct DataBody: Encodable { var identity: String?; var data: String }
-struct EnrollBody: Encodable {
-    var id: String
-    var upn: String
-    var enroll: Bool
-    var policy: CustodyPolicy?
-    var passphrase: String?
-    var uid: UInt32?
-}
-
 /// File protection: owners of files in mounts, encrypted copies anywhere.
 public struct FileProtectionManager: Sendable {
     public let client: ControlClient
@@ -56,22 +31,21 @@ public struct FileProtectionManager: Sendable {
     public func protect(_ path: String, identity: String?) async throws(CustodyClientError) -> FileProtectionInfo {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/files/protect", json: ProtectBody(path: path, identity: identity), as: FileProtectionInfo.self)
+            try client.call(Endpoint.protectFile, json: ProtectRequest(path: path, identity: identity), as: FileProtectionInfo.self)
         }
     }
 
     public func protectionInfo(_ path: String) async throws(CustodyClientError) -> FileProtectionInfo {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/files/info", json: PathBody(path: path), as: FileProtectionInfo.self)
+            try client.call(Endpoint.fileInfo, json: PathRequest(path: path), as: FileProtectionInfo.self)
         }
     }
 
     public func isFileEncrypted(_ path: String) async throws(CustodyClientError) -> Bool {
-        struct Answer: Decodable { var encrypted: Bool }
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/files/is-encrypted", json: PathBody(path: path), as: Answer.self).encrypted
+            try client.call(Endpoint.isEncrypted, json: PathRequest(path: path), as: EncryptedAnswer.self).encrypted
         }
     }
 
@@ -80,7 +54,7 @@ public struct FileProtectionManager: Sendable {
     public func encryptFile(_ path: String, forAccountId account: String) async throws(CustodyClientError) -> FileProtectionInfo {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/files/encrypt", json: PathIdentityBody(path: path, identity: account), as: FileProtectionInfo.self)
+            try client.call(Endpoint.encryptFile, json: PathIdentityRequest(path: path, identity: account), as: FileProtectionInfo.self)
         }
     }
 
@@ -89,7 +63,7 @@ public struct FileProtectionManager: Sendable {
     public func decryptFile(_ path: String, toCopyPath copyPath: String) async throws(CustodyClientError) -> FileProtectionInfo {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/files/decrypt", json: DecryptBody(path: path, copyPath: copyPath), as: FileProtectionInfo.self)
+            try client.call(Endpoint.decryptFile, json: DecryptRequest(path: path, copyPath: copyPath), as: FileProtectionInfo.self)
         }
     }
 
@@ -98,7 +72,7 @@ public struct FileProtectionManager: Sendable {
     public func decryptFile(_ path: String) async throws(CustodyClientError) -> FileProtectionInfo {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/files/decrypt", json: DecryptBody(path: path, copyPath: nil), as: FileProtectionInfo.self)
+            try client.call(Endpoint.decryptFile, json: DecryptRequest(path: path, copyPath: nil), as: FileProtectionInfo.self)
         }
     }
 
@@ -106,13 +80,11 @@ public struct FileProtectionManager: Sendable {
     public func canReceiveSharedFile(_ path: String, identity: String) async throws(CustodyClientError) -> SharingDecision {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/files/can-receive", json: PathIdentityBody(path: path, identity: identity), as: SharingDecision.self)
+            try client.call(Endpoint.canReceive, json: PathIdentityRequest(path: path, identity: identity), as: SharingDecision.self)
         }
     }
 }
 
-struct LocationBody: Encodable { var location: String; var account: String? }
-struct LocationList: Decodable { var locations: [LocationSummary] }
 
 /// The policy questions about locations (IntuneMAMPolicy's `isSaveToAllowedForLocation` and
 /// `isOpenFromAllowedForLocation`), and where a path is.
@@ -125,7 +97,7 @@ public struct PolicyManager: Sendable {
     public func isSaveToAllowed(location: String, account: String?) async throws(CustodyClientError) -> Bool {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/locations/save-to-allowed", json: LocationBody(location: location, account: account), as: LocationAnswer.self).allowed
+            try client.call(Endpoint.saveToAllowed, json: LocationQuery(location: location, account: account), as: LocationAnswer.self).allowed
         }
     }
 
@@ -137,7 +109,7 @@ public struct PolicyManager: Sendable {
     public func isOpenFromAllowed(location: String, account: String?) async throws(CustodyClientError) -> Bool {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/locations/open-from-allowed", json: LocationBody(location: location, account: account), as: LocationAnswer.self).allowed
+            try client.call(Endpoint.openFromAllowed, json: LocationQuery(location: location, account: account), as: LocationAnswer.self).allowed
         }
     }
 
@@ -149,16 +121,15 @@ public struct PolicyManager: Sendable {
     public func location(of path: String) async throws(CustodyClientError) -> PathLocation {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/locations/classify", json: PathBody(path: path), as: PathLocation.self)
+            try client.call(Endpoint.classify, json: PathRequest(path: path), as: PathLocation.self)
         }
     }
 
     /// Every location; with `account`, what its policy allows in each.
     public func locations(account: String? = nil) async throws(CustodyClientError) -> [LocationSummary] {
         let client = self.client
-        let query = account.map { "?account=" + ControlClient.escapeComponent($0) } ?? ""
         return try await offload { () throws(CustodyClientError) in
-            try client.call("GET", "/v1/locations" + query, as: LocationList.self).locations
+            try client.call(Endpoint.locations, query: account.map { [("account", $0)] } ?? [], as: LocationList.self).locations
         }
     }
 }
@@ -169,13 +140,11 @@ public struct DataProtectionManager: Sendable {
 
     public init(client: ControlClient = ControlClient()) { self.client = client }
 
-    struct DataAnswer: Decodable { var data: String; var string: String? }
-
     /// Managed identity: encrypted; unmanaged: tagged with the identity, bytes plain.
     public func protect(_ data: [UInt8], identity: String) async throws(CustodyClientError) -> [UInt8] {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            let answer = try client.call("POST", "/v1/data/protect", json: DataBody(identity: identity, data: Data(data).base64EncodedString()), as: DataAnswer.self)
+            let answer = try client.call(Endpoint.protectData, json: DataRequest(identity: identity, data: Data(data).base64EncodedString()), as: DataResult.self)
             guard let bytes = Data(base64Encoded: answer.data) else { throw .badResponse("data is not base64") }
             return Array(bytes)
         }
@@ -185,7 +154,7 @@ public struct DataProtectionManager: Sendable {
     public func unprotect(_ data: [UInt8]) async throws(CustodyClientError) -> [UInt8] {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            let answer = try client.call("POST", "/v1/data/unprotect", json: DataBody(identity: nil, data: Data(data).base64EncodedString()), as: DataAnswer.self)
+            let answer = try client.call(Endpoint.unprotectData, json: DataRequest(identity: nil, data: Data(data).base64EncodedString()), as: DataResult.self)
             guard let bytes = Data(base64Encoded: answer.data) else { throw .badResponse("data is not base64") }
             return Array(bytes)
         }
@@ -202,7 +171,7 @@ public struct DataProtectionManager: Sendable {
     public func protectionInfo(_ data: [UInt8]) async throws(CustodyClientError) -> DataProtectionInfo {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/data/info", json: DataBody(identity: nil, data: Data(data).base64EncodedString()), as: DataProtectionInfo.self)
+            try client.call(Endpoint.dataInfo, json: DataRequest(identity: nil, data: Data(data).base64EncodedString()), as: DataProtectionInfo.self)
         }
     }
 }
@@ -218,7 +187,7 @@ public struct EnrollmentManager: Sendable {
                                          uid: UInt32? = nil) async throws(CustodyClientError) -> CustodyAccount {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/accounts", json: EnrollBody(id: id, upn: upn, enroll: true, policy: policy, passphrase: passphrase, uid: uid),
+            try client.call(Endpoint.enroll, json: EnrollRequest(id: id, upn: upn, enroll: true, policy: policy, passphrase: passphrase, uid: uid),
                             as: CustodyAccount.self)
         }
     }
@@ -228,7 +197,7 @@ public struct EnrollmentManager: Sendable {
     public func registerAccount(id: String, upn: String, uid: UInt32? = nil) async throws(CustodyClientError) -> CustodyAccount {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            try client.call("POST", "/v1/accounts", json: EnrollBody(id: id, upn: upn, enroll: false, uid: uid), as: CustodyAccount.self)
+            try client.call(Endpoint.enroll, json: EnrollRequest(id: id, upn: upn, enroll: false, uid: uid), as: CustodyAccount.self)
         }
     }
 
@@ -238,15 +207,14 @@ public struct EnrollmentManager: Sendable {
     public func deRegisterAndUnenrollAccount(_ identity: String, withWipe wipe: Bool) async throws(CustodyClientError) -> WipeResult? {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in
-            let path = "/v1/accounts/\(identity)" + (wipe ? "?wipe=true" : "")
-            if wipe { return try client.call("DELETE", path, as: WipeResult.self) }
-            _ = try client.call("DELETE", path, as: ControlClient.Empty.self)
+            if wipe { return try client.call(Endpoint.deregister, identity, query: [("wipe", "true")], as: WipeResult.self) }
+            _ = try client.call(Endpoint.deregister, identity, as: ControlClient.Empty.self)
             return nil
         }
     }
 
     public func registeredAccounts() async throws(CustodyClientError) -> [CustodyAccount] {
         let client = self.client
-        return try await offload { () throws(CustodyClientError) in try client.call("GET", "/v1/accounts", as: [CustodyAccount].self) }
+        return try await offload { () throws(CustodyClientError) in try client.call(Endpoint.accounts, as: [CustodyAccount].self) }
     }
 }

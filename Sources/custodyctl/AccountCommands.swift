@@ -8,7 +8,7 @@ struct Status: ParsableCommand {
     @OptionGroup var global: Global
 
     func run() throws {
-        let response = try request(global, "GET", "/v1/status")
+        let response = try request(global, Endpoint.status)
         let status = try decode(CustodyStatus.self, response)
         show(response, global) {
             var lines = ["custodyd \(status.version)"]
@@ -134,25 +134,21 @@ struct Enroll: ParsableCommand {
     @OptionGroup var passphraseOptions: PassphraseOptions
 
     func run() throws {
-        var body: [String: JSONBody] = ["id": .string(id), "upn": .string(upn), "enroll": .bool(!registerOnly)]
+        var body = EnrollRequest(id: id, upn: upn, enroll: !registerOnly, uid: uid, user: user)
         if !registerOnly {
-            var policy: [String: JSONBody] = ["fileEncryptionRequired": .bool(!noEncryption), "canShareWithOtherIdentities": .bool(share),
-                                              "canReceiveFromUnmanaged": .bool(!refuseUnmanaged),
-                                              "fileProviderEncryptionRequired": .bool(fileProviderEncryption)]
-            if let level { policy["protectionLevel"] = .string(level) }
-            if let send { policy["sendToOtherIdentities"] = .string(send) }
-            if let receive { policy["receiveFromOtherIdentities"] = .string(receive) }
-            if let names = saveTo.flatMap(locationList) { policy["saveToLocations"] = .array(names.map(JSONBody.string)) }
-            if let names = openFrom.flatMap(locationList) { policy["openFromLocations"] = .array(names.map(JSONBody.string)) }
-            body["policy"] = .object(policy)
+            var policy = CustodyPolicy(fileEncryptionRequired: !noEncryption, protectionLevel: level, fileProviderEncryptionRequired: fileProviderEncryption,
+                                       canShareWithOtherIdentities: share, canReceiveFromUnmanaged: !refuseUnmanaged)
+            policy.sendToOtherIdentities = send
+            policy.receiveFromOtherIdentities = receive
+            policy.saveToLocations = saveTo.flatMap(locationList)
+            policy.openFromLocations = openFrom.flatMap(locationList)
+            body.policy = policy
             let wanted = passphrase || passphraseOptions.passphraseFile != nil || passphraseOptions.passphraseStdin
             if wanted, let secret = try passphraseOptions.read(prompt: "Passphrase for \(upn): ", required: true) {
-                body["passphrase"] = .string(secret)
+                body.passphrase = secret
             }
         }
-        if let uid { body["uid"] = .int(Int(uid)) }
-        if let user { body["user"] = .string(user) }
-        let response = try request(global, "POST", "/v1/accounts", body)
+        let response = try request(global, Endpoint.enroll, body: body)
         let account = try decode(CustodyAccount.self, response)
         show(response, global) { (account.enrolled ? "enrolled" : "registered") + describe(account).dropFirst(1) }
     }
@@ -165,11 +161,11 @@ struct Accounts: ParsableCommand {
 
     func run() throws {
         if let identity {
-            let response = try request(global, "GET", "/v1/accounts/\(segment(identity))")
+            let response = try request(global, Endpoint.account, identity)
             let account = try decode(CustodyAccount.self, response)
             show(response, global) { describe(account).trimmingPrefix("  ") }
         } else {
-            let response = try request(global, "GET", "/v1/accounts")
+            let response = try request(global, Endpoint.accounts)
             let accounts = try decode([CustodyAccount].self, response)
             show(response, global) { accounts.isEmpty ? "no accounts" : accounts.map(describe).joined(separator: "\n") }
         }
@@ -193,7 +189,7 @@ struct Deregister: ParsableCommand {
             try runWipe(global: global, identity: identity, noWait: false, deregisterRoute: true)
             return
         }
-        let response = try request(global, "DELETE", "/v1/accounts/\(segment(identity))")
+        let response = try request(global, Endpoint.deregister, identity)
         show(response, global) { "deregistered \(identity) (keys kept sealed)" }
     }
 }
@@ -219,8 +215,7 @@ struct PolicyCommand: ParsableCommand {
     @Flag(help: "Wait until the account's existing files are re-protected (a progress bar on a terminal).") var wait = false
 
     func run() throws {
-        let path = "/v1/accounts/\(segment(identity))/policy"
-        let current = try request(global, "GET", path)
+        let current = try request(global, Endpoint.policy, identity)
         var policy = try decode(CustodyPolicy.self, current)
         let changing = level != nil || encryption != nil || share != nil || receiveUnmanaged != nil || fileProviderEncryption != nil
             || send != nil || receive != nil || saveTo != nil || openFrom != nil
@@ -251,7 +246,7 @@ struct PolicyCommand: ParsableCommand {
         policy.canShareWithOtherIdentities = nil
         policy.canReceiveFromUnmanaged = nil
         let before = wait ? try lastEventSequence(global) : 0
-        let response = try request(global, "PUT", path, document: policy)
+        let response = try request(global, Endpoint.setPolicy, identity, body: policy)
         let account = try decode(CustodyAccount.self, response)
         show(response, global) { "policy of \(account.upn) set\n" + (account.policy.map(describePolicy) ?? "") }
         if wait { try waitForReprotection(of: account.upn, after: before) }
@@ -264,7 +259,7 @@ struct PolicyCommand: ParsableCommand {
         var frame = 0
         var outcome = ""
         try perform { () throws(CustodyClientError) in
-            try global.client.stream("/v1/events?after=\(sequence)") { line in
+            try global.client.stream(Endpoint.events.path(query: [("after", String(sequence))])) { line in
                 guard let event = try? JSONDecoder().decode(CustodyEvent.self, from: Data(line.utf8)), event.identity == upn else { return true }
                 let done = Double(event.details["done"] ?? "") ?? 0
                 let total = Double(event.details["total"] ?? "") ?? 0
@@ -326,11 +321,11 @@ struct Lock: ParsableCommand {
 
     func run() throws {
         if all {
-            let response = try request(global, "POST", "/v1/lock")
+            let response = try request(global, Endpoint.lockAll)
             show(response, global) { "locking every account" }
             return
         }
-        let response = try request(global, "POST", "/v1/accounts/\(segment(identity ?? ""))/lock")
+        let response = try request(global, Endpoint.lock, identity ?? "")
         let state = try decode(LockState.self, response)
         show(response, global) { "\(state.identity): \(state.lock)" }
     }
@@ -349,20 +344,15 @@ struct Unlock: ParsableCommand {
 
     func run() throws {
         if all {
-            let response = try request(global, "POST", "/v1/unlock")
-            struct Answer: Decodable { var stillLocked: [String] }
-            let answer = try decode(Answer.self, response)
+            let response = try request(global, Endpoint.unlockAll)
+            let answer = try decode(UnlockAllResult.self, response)
             show(response, global) { answer.stillLocked.isEmpty ? "unlocked" : "still locked (need a passphrase): " + answer.stillLocked.joined(separator: ", ") }
             return
         }
         let identity = self.identity ?? ""
-        let path = "/v1/accounts/\(segment(identity))"
-        let account = try decode(CustodyAccount.self, try request(global, "GET", path))
-        var body: [String: JSONBody] = [:]
-        if let secret = try passphraseOptions.read(prompt: "Passphrase for \(account.upn): ", required: account.hasPassphrase == true) {
-            body["passphrase"] = .string(secret)
-        }
-        let response = try request(global, "POST", path + "/unlock", body)
+        let account = try decode(CustodyAccount.self, try request(global, Endpoint.account, identity))
+        let secret = try passphraseOptions.read(prompt: "Passphrase for \(account.upn): ", required: account.hasPassphrase == true)
+        let response = try request(global, Endpoint.unlock, identity, body: UnlockRequest(passphrase: secret))
         let state = try decode(LockState.self, response)
         show(response, global) { "\(state.identity): \(state.lock)" }
     }
@@ -372,7 +362,7 @@ struct Unlock: ParsableCommand {
 func lastEventSequence(_ global: Global) throws -> UInt64 {
     var last: UInt64 = 0
     try perform { () throws(CustodyClientError) in
-        try global.client.stream("/v1/events?follow=false") { line in
+        try global.client.stream(Endpoint.events.path(query: [("follow", "false")])) { line in
             if let event = try? JSONDecoder().decode(CustodyEvent.self, from: Data(line.utf8)) { last = event.sequence }
             return true
         }
@@ -396,12 +386,12 @@ struct Passphrase: ParsableCommand {
     }
 
     func run() throws {
-        var body: [String: JSONBody] = [:]
+        var body = PassphraseRequest()
         if oldFile != nil || hasPassphrase {
-            body["old"] = .string(try PassphraseOptions.read(file: oldFile, prompt: "Current passphrase for \(identity): "))
+            body.old = try PassphraseOptions.read(file: oldFile, prompt: "Current passphrase for \(identity): ")
         }
-        if !remove { body["new"] = .string(try PassphraseOptions.read(file: newFile, prompt: "New passphrase for \(identity): ")) }
-        let response = try request(global, "POST", "/v1/accounts/\(segment(identity))/passphrase", body)
+        if !remove { body.new = try PassphraseOptions.read(file: newFile, prompt: "New passphrase for \(identity): ") }
+        let response = try request(global, Endpoint.passphrase, identity, body: body)
         let account = try decode(CustodyAccount.self, response)
         show(response, global) { remove ? "passphrase of \(account.upn) removed" : "passphrase of \(account.upn) set" }
     }
@@ -427,7 +417,7 @@ struct Protector: ParsableCommand {
             options.passphraseFile = passwordFile
             options.passphraseStdin = passwordStdin
             let password = try options.read(prompt: "Login password of the owner of \(identity): ", required: true) ?? ""
-            let response = try request(global, "POST", "/v1/accounts/\(segment(identity))/login-protector", ["password": .string(password)])
+            let response = try request(global, Endpoint.addLoginProtector, identity, body: ProtectorRequest(password: password))
             let account = try decode(CustodyAccount.self, response)
             show(response, global) { "\(account.upn): the login password unlocks it too" }
         }
@@ -439,7 +429,7 @@ struct Protector: ParsableCommand {
         @Argument(help: "The account (ID or UPN).") var identity: String
 
         func run() throws {
-            let response = try request(global, "DELETE", "/v1/accounts/\(segment(identity))/login-protector")
+            let response = try request(global, Endpoint.removeLoginProtector, identity)
             show(response, global) { "\(identity): the login password no longer unlocks it" }
         }
     }

@@ -105,8 +105,9 @@ func show(_ response: ControlResponse, _ global: Global, _ text: () -> String) {
     }
 }
 
-/// Sends a request and checks its status; returns the answer.
-func request(_ global: Global, _ method: String, _ path: String, _ body: [String: JSONBody]? = nil) throws -> ControlResponse {
+/// Sends a request (with a body, one of CustodyAPI's request documents) and checks its status;
+/// returns the answer.
+func request(_ global: Global, _ method: String, _ path: String, body: (any Encodable)? = nil) throws -> ControlResponse {
     try perform { () throws(CustodyClientError) in
         let bytes = try body.map { (value) throws(CustodyClientError) in try ControlClient.encode(value) }
         let response = try global.client.send(method, path, body: bytes)
@@ -115,41 +116,20 @@ func request(_ global: Global, _ method: String, _ path: String, _ body: [String
     }
 }
 
-/// A request whose body is any Encodable document (a whole policy, for example).
-func request(_ global: Global, _ method: String, _ path: String, document: some Encodable & Sendable) throws -> ControlResponse {
-    try perform { () throws(CustodyClientError) in
-        let bytes = try ControlClient.encode(document)
-        let response = try global.client.send(method, path, body: bytes)
-        try ControlClient.check(response)
-        return response
-    }
+/// A request to `endpoint`, with its path parameter (an identity, a process or job ID) and query.
+func request(_ global: Global, _ endpoint: Endpoint, _ parameter: String, query: [(String, String)] = [],
+             body: (any Encodable)? = nil) throws -> ControlResponse {
+    try request(global, endpoint.method, endpoint.path(parameter, query: query), body: body)
+}
+
+/// A request to an `endpoint` without a path parameter.
+func request(_ global: Global, _ endpoint: Endpoint, query: [(String, String)] = [], body: (any Encodable)? = nil) throws -> ControlResponse {
+    try request(global, endpoint.method, endpoint.path(query: query), body: body)
 }
 
 func decode<T: Decodable>(_ type: T.Type, _ response: ControlResponse) throws -> T {
     try perform { () throws(CustodyClientError) in
         do { return try JSONDecoder().decode(T.self, from: Data(response.body)) } catch { throw .badResponse("\(error)") }
-    }
-}
-
-/// A JSON value for request bodies.
-enum JSONBody: Encodable {
-    case string(String)
-    case int(Int)
-    case bool(Bool)
-    case null
-    case object([String: JSONBody])
-    case array([JSONBody])
-
-    func encode(to encoder: Encoder) throws {
-        var container = encoder.singleValueContainer()
-        switch self {
-        case .string(let value): try container.encode(value)
-        case .int(let value): try container.encode(value)
-        case .bool(let value): try container.encode(value)
-        case .null: try container.encodeNil()
-        case .object(let value): try container.encode(value)
-        case .array(let value): try container.encode(value)
-        }
     }
 }
 
@@ -162,8 +142,8 @@ func absolute(_ path: String) -> String {
     return (cwd == "/" ? "" : cwd) + "/" + path
 }
 
+
 /// Escapes one path segment (an identity) for a URL.
-func segment(_ text: String) -> String { ControlClient.escapeComponent(text) }
 
 func humanBytes(_ count: UInt64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"]

@@ -29,15 +29,14 @@ struct Protect: ParsableCommand {
 
     func run() throws {
         let path = absolute(self.path)
-        let body: [String: JSONBody] = ["path": .string(path), "identity": identity.map(JSONBody.string) ?? .null, "wait": .bool(false)]
-        let started = try request(global, "POST", "/v1/files/protect", body)
+        let started = try request(global, Endpoint.protectFile, body: ProtectRequest(path: path, identity: identity, wait: false))
         let job = try decode(CustodyJob.self, started)
         let total = countObjects(path)
         let finished = try follow(job, global) { progress in
             let done = progress["done"] ?? 0
             return (total > 0 ? Double(done) / Double(total) : nil, "\(done)/\(total) files and directories")
         }
-        let response = try request(global, "GET", "/v1/jobs/\(finished.id)")
+        let response = try request(global, Endpoint.job, String(finished.id))
         struct Result: Decodable { var result: FileProtectionInfo }
         let result = try decode(Result.self, response).result
         show(response, global) { describe(result) }
@@ -67,7 +66,7 @@ struct Info: ParsableCommand {
     @Argument(help: "A file or directory (in a mount or anywhere).") var path: String
 
     func run() throws {
-        let response = try request(global, "POST", "/v1/files/info", ["path": .string(absolute(path))])
+        let response = try request(global, Endpoint.fileInfo, body: PathRequest(path: absolute(path)))
         let info = try decode(FileProtectionInfo.self, response)
         show(response, global) { describe(info) }
     }
@@ -80,7 +79,7 @@ struct EncryptFile: ParsableCommand {
     @Argument(help: "The account (ID or UPN).") var identity: String
 
     func run() throws {
-        let response = try request(global, "POST", "/v1/files/encrypt", ["path": .string(absolute(path)), "identity": .string(identity)])
+        let response = try request(global, Endpoint.encryptFile, body: PathIdentityRequest(path: absolute(path), identity: identity))
         let info = try decode(FileProtectionInfo.self, response)
         show(response, global) { "encrypted " + describe(info) }
     }
@@ -98,9 +97,7 @@ struct DecryptFile: ParsableCommand {
     }
 
     func run() throws {
-        var body: [String: JSONBody] = ["path": .string(absolute(path))]
-        if let copyPath { body["copyPath"] = .string(absolute(copyPath)) }
-        let response = try request(global, "POST", "/v1/files/decrypt", body)
+        let response = try request(global, Endpoint.decryptFile, body: DecryptRequest(path: absolute(path), copyPath: copyPath.map(absolute)))
         let info = try decode(FileProtectionInfo.self, response)
         show(response, global) { "decrypted to " + describe(info) }
     }
@@ -112,9 +109,8 @@ struct IsEncrypted: ParsableCommand {
     @Argument(help: "The file.") var path: String
 
     func run() throws {
-        let response = try request(global, "POST", "/v1/files/is-encrypted", ["path": .string(absolute(path))])
-        struct Answer: Decodable { var path: String; var encrypted: Bool }
-        let answer = try decode(Answer.self, response)
+        let response = try request(global, Endpoint.isEncrypted, body: PathRequest(path: absolute(path)))
+        let answer = try decode(EncryptedAnswer.self, response)
         show(response, global) { answer.encrypted ? "\(answer.path): encrypted" : "\(answer.path): not encrypted" }
         if !answer.encrypted { throw ExitCode(Exit.no) }
     }
@@ -134,9 +130,8 @@ struct Repair: ParsableCommand {
     @Argument(help: "The file (in a mount, or a stored file outside one).") var path: String
 
     func run() throws {
-        let response = try request(global, "POST", "/v1/files/repair", ["path": .string(absolute(path))])
-        struct Answer: Decodable { var path: String; var repaired: Bool; var sizeBefore: UInt64?; var sizeAfter: UInt64; var firstDamagedBlock: UInt64? }
-        let answer = try decode(Answer.self, response)
+        let response = try request(global, Endpoint.repairFile, body: PathRequest(path: absolute(path)))
+        let answer = try decode(RepairResult.self, response)
         show(response, global) {
             guard answer.repaired else { return "\(answer.path): whole, nothing to repair (\(answer.sizeAfter) bytes)" }
             let before = answer.sizeBefore.map { "\($0) bytes" } ?? "a torn length"
@@ -153,7 +148,7 @@ struct CanReceive: ParsableCommand {
     @Argument(help: "The receiving identity.") var identity: String
 
     func run() throws {
-        let response = try request(global, "POST", "/v1/files/can-receive", ["path": .string(absolute(path)), "identity": .string(identity)])
+        let response = try request(global, Endpoint.canReceive, body: PathIdentityRequest(path: absolute(path), identity: identity))
         let decision = try decode(SharingDecision.self, response)
         show(response, global) { (decision.allowed ? "yes: " : "no: ") + decision.reason }
         if !decision.allowed { throw ExitCode(Exit.no) }
@@ -209,7 +204,6 @@ func emit(_ bytes: [UInt8], to path: String?) throws {
     }
 }
 
-struct DataAnswer: Decodable { var data: String; var string: String?; var size: Int }
 
 func base64Bytes(_ text: String) throws -> [UInt8] {
     guard let data = Data(base64Encoded: text) else {
@@ -231,8 +225,8 @@ struct ProtectData: ParsableCommand {
 
     func run() throws {
         let bytes = try input.read()
-        let response = try request(global, "POST", "/v1/data/protect", ["identity": .string(identity), "data": .string(Data(bytes).base64EncodedString())])
-        let answer = try decode(DataAnswer.self, response)
+        let response = try request(global, Endpoint.protectData, body: DataRequest(identity: identity, data: Data(bytes).base64EncodedString()))
+        let answer = try decode(DataResult.self, response)
         if global.json { print(response.text); return }
         if base64 { print(answer.data) } else { try emit(try base64Bytes(answer.data), to: out) }
     }
@@ -250,8 +244,8 @@ struct UnprotectData: ParsableCommand {
     func run() throws {
         var bytes = try readBytes(from: input)
         if base64 { bytes = try base64Bytes(String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: " \n\r\t")) }
-        let response = try request(global, "POST", "/v1/data/unprotect", ["data": .string(Data(bytes).base64EncodedString())])
-        let answer = try decode(DataAnswer.self, response)
+        let response = try request(global, Endpoint.unprotectData, body: DataRequest(data: Data(bytes).base64EncodedString()))
+        let answer = try decode(DataResult.self, response)
         if global.json { print(response.text); return }
         try emit(try base64Bytes(answer.data), to: out)
     }
@@ -264,7 +258,7 @@ struct DataInfo: ParsableCommand {
 
     func run() throws {
         let bytes = try readBytes(from: input)
-        let response = try request(global, "POST", "/v1/data/info", ["data": .string(Data(bytes).base64EncodedString())])
+        let response = try request(global, Endpoint.dataInfo, body: DataRequest(data: Data(bytes).base64EncodedString()))
         let info = try decode(DataProtectionInfo.self, response)
         show(response, global) {
             guard info.isProtected else { return "not protected" }

@@ -23,7 +23,7 @@ struct Run: ParsableCommand {
     func run() throws {
         let arguments = command.first == "--" ? Array(command.dropFirst()) : command
         guard let program = arguments.first else { throw ValidationError("give a command to run after --") }
-        _ = try request(global, "POST", "/v1/bindings", ["pid": .int(Int(getpid())), "identity": .string(identity)])
+        _ = try request(global, Endpoint.bind, body: BindRequest(pid: getpid(), identity: identity))
         try confine()
         let cArguments = arguments.map { strdup($0) } + [nil]
         execvp(program, cArguments)
@@ -36,9 +36,8 @@ struct Run: ParsableCommand {
 
     /// Applies the identity's save-to locations (see the discussion above).
     func confine() throws {
-        let response = try request(global, "GET", "/v1/locations?account=" + segment(identity))
-        struct List: Decodable { var locations: [LocationSummary] }
-        let locations = try decode(List.self, response).locations
+        let response = try request(global, Endpoint.locations, query: [("account", identity)])
+        let locations = try decode(LocationList.self, response).locations
         guard locations.contains(where: { $0.name == "LocalDrive" && $0.saveToAllowed == false }) else { return }
         var writable = locations.filter { $0.saveToAllowed == true && $0.name != "LocalDrive" && !$0.neverMatches }.flatMap(\.paths)
         if let mount = locations.first(where: { $0.name == "AccountDocument" && $0.saveToAllowed == true })?.paths.first {
@@ -69,7 +68,7 @@ struct Bind: ParsableCommand {
     @Flag(help: "Bind only this thread (TID), not the process.") var thread = false
 
     func run() throws {
-        let response = try request(global, "POST", "/v1/bindings", [thread ? "tid" : "pid": .int(Int(pid)), "identity": .string(identity)])
+        let response = try request(global, Endpoint.bind, body: thread ? BindRequest(tid: pid, identity: identity) : BindRequest(pid: pid, identity: identity))
         let resolved = try decode(ProcessIdentity.self, response)
         show(response, global) { "\(thread ? "thread" : "process") \(resolved.pid) acts as \(resolved.identity ?? "no identity")" }
     }
@@ -81,7 +80,7 @@ struct Unbind: ParsableCommand {
     @Argument(help: "The process ID.") var pid: Int32
 
     func run() throws {
-        let response = try request(global, "DELETE", "/v1/bindings/\(pid)")
+        let response = try request(global, Endpoint.unbind, String(pid))
         show(response, global) { "process \(pid) unbound" }
     }
 }
@@ -93,7 +92,7 @@ struct Identity: ParsableCommand {
 
     func run() throws {
         let pid = self.pid ?? getppid()
-        let response = try request(global, "GET", "/v1/processes/\(pid)/identity")
+        let response = try request(global, Endpoint.processIdentity, String(pid))
         let resolved = try decode(ProcessIdentity.self, response)
         show(response, global) { "process \(resolved.pid): \(resolved.identity ?? "no identity") (\(resolved.source))" }
     }

@@ -13,7 +13,7 @@ func follow(_ job: CustodyJob, _ global: Global, _ render: ([String: UInt64]) ->
         if terminal { drawBar(render(current.progress), frame: frame) }
         frame += 1
         usleep(100_000)
-        current = try decode(CustodyJob.self, try request(global, "GET", "/v1/jobs/\(job.id)"))
+        current = try decode(CustodyJob.self, try request(global, Endpoint.job, String(job.id)))
     }
     if terminal {
         drawBar(render(current.progress), frame: frame, final: current.state == "succeeded")
@@ -41,8 +41,8 @@ func drawBar(_ state: (Double?, String), frame: Int, final: Bool = false) {
 }
 
 func runWipe(global: Global, identity: String, noWait: Bool, deregisterRoute: Bool) throws {
-    let path = deregisterRoute ? "/v1/accounts/\(segment(identity))?wipe=true&wait=false" : "/v1/accounts/\(segment(identity))/wipe?wait=false"
-    let started = try request(global, deregisterRoute ? "DELETE" : "POST", path)
+    let started = deregisterRoute ? try request(global, Endpoint.deregister, identity, query: [("wipe", "true"), ("wait", "false")])
+        : try request(global, Endpoint.wipe, identity, query: [("wait", "false")])
     let job = try decode(CustodyJob.self, started)
     if noWait {
         show(started, global) { "wipe of \(job.target) started: job \(job.id) (custodyctl jobs \(job.id))" }
@@ -53,7 +53,7 @@ func runWipe(global: Global, identity: String, noWait: Bool, deregisterRoute: Bo
         if progress["keysDestroyedMicroseconds"] != nil { text = "keys destroyed; " + text }
         return (nil, text)
     }
-    let response = try request(global, "GET", "/v1/jobs/\(finished.id)")
+    let response = try request(global, Endpoint.job, String(finished.id))
     struct Answer: Decodable { var result: WipeResult }
     let result = try decode(Answer.self, response).result
     show(response, global) {
@@ -92,16 +92,16 @@ struct Jobs: ParsableCommand {
 
     func run() throws {
         guard let id else {
-            let response = try request(global, "GET", "/v1/jobs")
+            let response = try request(global, Endpoint.jobs)
             let jobs = try decode([CustodyJob].self, response)
             show(response, global) { jobs.isEmpty ? "no jobs" : jobs.map(describe).joined(separator: "\n") }
             return
         }
-        var response = try request(global, "GET", "/v1/jobs/\(id)")
+        var response = try request(global, Endpoint.job, String(id))
         var job = try decode(CustodyJob.self, response)
         if wait, job.state == "running" {
             job = try follow(job, global) { progress in (nil, progress.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")) }
-            response = try request(global, "GET", "/v1/jobs/\(id)")
+            response = try request(global, Endpoint.job, String(id))
         }
         show(response, global) { describe(job) }
         if job.state == "failed" { throw ExitCode(Exit.failed) }
@@ -126,7 +126,7 @@ struct Events: ParsableCommand {
     func run() throws {
         var printed = 0
         try perform { () throws(CustodyClientError) in
-            try global.client.stream("/v1/events?after=\(new ? "latest" : String(after))&follow=\(!noFollow)") { line in
+            try global.client.stream(Endpoint.events.path(query: [("after", new ? "latest" : String(after)), ("follow", String(!noFollow))])) { line in
                 if global.json {
                     print(line)
                 } else if let event = try? JSONDecoder().decode(CustodyEvent.self, from: Data(line.utf8)) {
@@ -149,7 +149,7 @@ struct Diagnose: ParsableCommand {
     @Option(help: ArgumentHelp("Where to write the bundle (- for standard output).", valueName: "file")) var out: String?
 
     func run() throws {
-        let response = try request(global, "GET", "/v1/diagnostics")
+        let response = try request(global, Endpoint.diagnostics)
         var bundle = response.body
         // The client's side: its own version, and whether it reached the daemon as root.
         let client = ",\n  \"client\" : { \"custodyctl\" : \"\(Custodyctl.configuration.version)\", \"uid\" : \"\(geteuid())\" }\n}"

@@ -12,10 +12,8 @@ struct Locations: ParsableCommand {
     @Option(help: ArgumentHelp("The account whose policy to show (ID or UPN).", valueName: "identity")) var account: String?
 
     func run() throws {
-        let query = account.map { "?account=" + segment($0) } ?? ""
-        let response = try request(global, "GET", "/v1/locations" + query)
-        struct List: Decodable { var locations: [LocationSummary] }
-        let list = try decode(List.self, response)
+        let response = try request(global, Endpoint.locations, query: account.map { [("account", $0)] } ?? [])
+        let list = try decode(LocationList.self, response)
         show(response, global) {
             list.locations.map { location in
                 var line = location.name + ": " + (location.neverMatches ? "(never on Linux)" : location.paths.isEmpty ? "(none)" : location.paths.joined(separator: ", "))
@@ -34,7 +32,7 @@ struct Locate: ParsableCommand {
     @Argument(help: "The path.") var path: String
 
     func run() throws {
-        let response = try request(global, "POST", "/v1/locations/classify", ["path": .string(absolute(path))])
+        let response = try request(global, Endpoint.classify, body: PathRequest(path: absolute(path)))
         let located = try decode(PathLocation.self, response)
         show(response, global) { "\(located.path): \(located.location) (under \(located.under))" }
     }
@@ -48,7 +46,7 @@ struct SaveToAllowed: ParsableCommand {
     var location: String
     @Option(help: ArgumentHelp("The account (ID or UPN); without it, no identity.", valueName: "identity")) var account: String?
 
-    func run() throws { try ask(global, "/v1/locations/save-to-allowed", location, account, "saving \(account ?? "unmanaged")'s data to") }
+    func run() throws { try ask(global, Endpoint.saveToAllowed, location, account, "saving \(account ?? "unmanaged")'s data to") }
 }
 
 struct OpenFromAllowed: ParsableCommand {
@@ -58,13 +56,11 @@ struct OpenFromAllowed: ParsableCommand {
     @Argument(help: "The location.") var location: String
     @Option(help: ArgumentHelp("The account (ID or UPN); without it, no identity.", valueName: "identity")) var account: String?
 
-    func run() throws { try ask(global, "/v1/locations/open-from-allowed", location, account, "opening into \(account ?? "unmanaged") from") }
+    func run() throws { try ask(global, Endpoint.openFromAllowed, location, account, "opening into \(account ?? "unmanaged") from") }
 }
 
-private func ask(_ global: Global, _ route: String, _ location: String, _ account: String?, _ what: String) throws {
-    var body: [String: JSONBody] = ["location": .string(location)]
-    if let account { body["account"] = .string(account) }
-    let response = try request(global, "POST", route, body)
+private func ask(_ global: Global, _ endpoint: Endpoint, _ location: String, _ account: String?, _ what: String) throws {
+    let response = try request(global, endpoint, body: LocationQuery(location: location, account: account))
     let answer = try decode(LocationAnswer.self, response)
     show(response, global) { "\(answer.allowed ? "yes" : "no"): \(what) \(answer.location) is \(answer.allowed ? "allowed" : "blocked")" }
     if !answer.allowed { throw ExitCode(Exit.no) }

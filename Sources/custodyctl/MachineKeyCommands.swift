@@ -13,7 +13,7 @@ struct MachineKeyCommand: ParsableCommand {
         @OptionGroup var global: Global
 
         func run() throws {
-            let response = try request(global, "GET", "/v1/machine-key")
+            let response = try request(global, Endpoint.machineKey)
             let key = try decode(CustodyMachineKey.self, response)
             show(response, global) { describe(key).joined(separator: "\n") }
         }
@@ -32,9 +32,7 @@ struct MachineKeyCommand: ParsableCommand {
         }
 
         func run() throws {
-            var body: [String: JSONBody] = ["to": .string(to)]
-            if !pcr.isEmpty { body["pcrs"] = .array(pcr.map { .int($0) }) }
-            let response = try request(global, "POST", "/v1/machine-key/migrate", body)
+            let response = try request(global, Endpoint.migrateMachineKey, body: MigrateRequest(to: to, pcrs: pcr.isEmpty ? nil : pcr))
             let key = try decode(CustodyMachineKey.self, response)
             show(response, global) { (["machine key moved"] + describe(key)).joined(separator: "\n") }
         }
@@ -46,7 +44,7 @@ struct MachineKeyCommand: ParsableCommand {
         @OptionGroup var global: Global
 
         func run() throws {
-            let response = try request(global, "POST", "/v1/machine-key/reset")
+            let response = try request(global, Endpoint.resetMachineKey)
             let key = try decode(CustodyMachineKey.self, response)
             show(response, global) {
                 (["new machine key"] + describe(key) + (key.stranded.isEmpty ? [] : ["next: custodyctl recover ACCOUNT --new-passphrase-file FILE, for each of them"])).joined(separator: "\n")

@@ -45,7 +45,7 @@ struct RecoveryKeyCommand: ParsableCommand {
         @Argument(help: "The account (ID or UPN).") var identity: String
 
         func run() throws {
-            let response = try request(global, "DELETE", "/v1/accounts/\(segment(identity))/recovery-key")
+            let response = try request(global, Endpoint.removeRecoveryKey, identity)
             show(response, global) { "\(identity): no recovery key any more" }
         }
     }
@@ -116,28 +116,27 @@ struct Recover: ParsableCommand {
 
     func run() throws {
         let key = try PassphraseOptions.read(file: recoveryKeyFile, prompt: "Recovery key for \(identity): ")
-        var body: [String: JSONBody] = ["recoveryKey": .string(key)]
+        var body = RecoverRequest(recoveryKey: key, removePassphrase: removePassphrase ? true : nil)
         if newPassphraseFile != nil || newPassphrase {
-            body["newPassphrase"] = .string(try PassphraseOptions.read(file: newPassphraseFile, prompt: "New passphrase for \(identity): "))
+            body.newPassphrase = try PassphraseOptions.read(file: newPassphraseFile, prompt: "New passphrase for \(identity): ")
         }
-        if removePassphrase { body["removePassphrase"] = .bool(true) }
-        let response = try request(global, "POST", "/v1/accounts/\(segment(identity))/recover", body)
+        let response = try request(global, Endpoint.recover, identity, body: body)
         let account = try decode(CustodyAccount.self, response)
-        show(response, global) { "\(account.upn): unlocked with its recovery key" + (body["newPassphrase"] != nil ? "; new passphrase set" : "") }
+        show(response, global) { "\(account.upn): unlocked with its recovery key" + (body.newPassphrase != nil ? "; new passphrase set" : "") }
     }
 }
 
 /// Creates a recovery key through the daemon; prints it (`show`), writes the escrow.
 func createRecoveryKey(_ global: Global, _ identity: String, publicKeyFile: String?, escrowOut: String?, show shown: Bool) throws {
-    var body: [String: JSONBody] = ["show": .bool(shown)]
+    var body = RecoveryKeyRequest(show: shown)
     if let publicKeyFile {
         guard let text = readTextFile(publicKeyFile) else {
             printError("cannot read \(publicKeyFile)")
             throw ExitCode(Exit.failed)
         }
-        body["escrowPublicKey"] = .string(text.trimmingWhitespace())
+        body.escrowPublicKey = text.trimmingWhitespace()
     }
-    let response = try request(global, "POST", "/v1/accounts/\(segment(identity))/recovery-key", body)
+    let response = try request(global, Endpoint.createRecoveryKey, identity, body: body)
     struct Answer: Decodable { var identity: String; var recoveryKey: String?; var escrow: EscrowFile? }
     let answer = try decode(Answer.self, response)
     var escrowText: String?

@@ -1,3 +1,4 @@
+import CustodyAPI
 import CustodyCore
 import CustodyCrypto
 import CustodyFormat
@@ -140,7 +141,7 @@ struct ControlAPI: Sendable {
     // MARK: Routes
 
     /// Every route served, as method and path (from `table`, in `RouteTable.swift`).
-    public static var routes: [RouteSpec] { table.map(\.spec) }
+    public static var routes: [Endpoint] { table.map(\.endpoint) }
 
     func route(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         // The front has checked it; the daemon checks again rather than trust another process.
@@ -155,7 +156,7 @@ struct ControlAPI: Sendable {
     static func match(_ request: HTTPRequest) throws(Failure) -> (Route, [String: String]) {
         var allowed: [String] = []
         for route in table {
-            guard let parameters = route.spec.match(request.path) else { continue }
+            guard let parameters = route.endpoint.match(request.path) else { continue }
             if route.method == request.method { return (route, parameters) }
             allowed.append(route.method)
         }
@@ -183,9 +184,9 @@ struct ControlAPI: Sendable {
     /// anything, so malformed requests are answered without reaching the daemon. The route and
     /// its parameters.
     @discardableResult
-    static func check(_ request: HTTPRequest) throws(Failure) -> (RouteSpec, [String: String]) {
+    static func check(_ request: HTTPRequest) throws(Failure) -> (Endpoint, [String: String]) {
         let (route, parameters) = try checkedRoute(request)
-        return (route.spec, parameters)
+        return (route.endpoint, parameters)
     }
 
     /// `check`, answering the route itself.
@@ -241,9 +242,9 @@ struct ControlAPI: Sendable {
         var machineKey = engine.machineKeyStatus(counter: false)
         machineKey.stranded = machineKey.stranded.filter { upn in accounts.contains { $0.upn == upn } }
         return StatusView(version: Self.version,
-                   mounts: engine.volumes.map { MountView(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },
+                   mounts: engine.volumes.map { CustodyMount(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },
                    accounts: accounts.map { account in
-                       var view = AccountView(account)
+                       var view = CustodyAccount(account)
                        if account.isEnrolled {
                            view.unavailable = engine.unavailability(of: account)
                            view.lock = (try? engine.lockStatus(account.id))?.name ?? (view.unavailable != nil ? "unavailable" : nil)
@@ -276,15 +277,16 @@ struct ControlAPI: Sendable {
             if let uid, uid != entry.pointee.pw_uid { throw Self.badRequest("user \(user) is uid \(entry.pointee.pw_uid), not \(uid)") }
             uid = entry.pointee.pw_uid
         }
+        let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) } ?? Policy()
         return try run { () throws(EngineError) in
             let account: Account
             if body.enroll ?? true {
                 let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
-                account = try engine.enroll(id: body.id, upn: body.upn, policy: body.policy ?? Policy(), passphrase: passphrase, uid: uid)
+                account = try engine.enroll(id: body.id, upn: body.upn, policy: policy, passphrase: passphrase, uid: uid)
             } else {
                 account = try engine.register(id: body.id, upn: body.upn, uid: uid)
             }
-            return json(AccountView(account), status: 201)
+            return json(CustodyAccount(account), status: 201)
         }
     }
 
@@ -305,7 +307,7 @@ struct ControlAPI: Sendable {
             } catch {
                 throw Self.failure(error)
             }
-            return JSONValue.of(WipeView(identity: account.upn, code: 104, result: "UnenrollmentSuccess",
+            return JSONValue.of(WipeResult(identity: account.upn, code: 104, result: "UnenrollmentSuccess",
                                          keysDestroyedSeconds: last.keysDestroyedSeconds, scanned: last.files.scanned,
                                          deleted: last.files.deleted, bytesFreed: last.files.bytesFreed))
         }
@@ -332,79 +334,22 @@ struct ControlAPI: Sendable {
         return try run { () throws(EngineError) in
             if let pid = body.pid { try engine.bindProcess(pid, to: body.identity) } else { try engine.bindThread(task, to: body.identity) }
             let resolved = engine.resolve(thread: task, uid: caller.uid)
-            return json(IdentityView(pid: task, identity: resolved.identity, source: resolved.source.description), status: 201)
+            return json(ProcessIdentity(pid: task, identity: resolved.identity, source: resolved.source.description), status: 201)
         }
     }
 }
 
 // MARK: Bodies
 
-struct EnrollRequest: Decodable {
-    var id: String
-    var upn: String
-    var enroll: Bool?
-    var policy: Policy?
-    var passphrase: String?
-    var uid: UInt32?
-    /// The local user by name, instead of `uid`.
-    var user: String?
-}
 
-struct UnlockRequest: Decodable { var passphrase: String? }
-/// The current passphrase (absent when there is none) and the new one (absent: remove it).
-struct PassphraseRequest: Decodable { var old: String?; var new: String? }
 
-struct BindRequest: Decodable {
-    var pid: Int32?
-    var tid: Int32?
-    var identity: String
-}
 
-struct AccountView: Encodable {
-    var id: String
-    var upn: String
-    var enrolled: Bool
-    var policy: Policy?
-    var uid: UInt32?
-    var hasPassphrase: Bool
-    var hasLoginProtector: Bool
-    var hasRecoveryKey: Bool
-    var reprotectPending: Bool
-    var lock: String?
-    /// Why an enrolled identity cannot be opened (its machine key or its keybag).
-    var unavailable: String?
-    /// Wrong passphrases (or login passwords) in a row, and the wait before the next attempt.
-    var failedUnlockAttempts: Int?
-    var retryAfterSeconds: Double?
 
-    init(_ account: Account) {
-        id = account.id
-        upn = account.upn
-        enrolled = account.isEnrolled
-        policy = account.policy
-        uid = account.uid
-        hasPassphrase = account.hasPassphrase
-        hasLoginProtector = account.hasLoginProtector ?? false
-        hasRecoveryKey = account.hasRecoveryKey ?? false
-        reprotectPending = account.reprotectPending
-    }
-}
-
-struct WipeView: Encodable {
-    var identity: String
-    var code: Int
-    var result: String
-    /// From the start of the wipe until the identity's keys were gone (its data unreadable).
-    var keysDestroyedSeconds: Double
-    var scanned: Int
-    var deleted: Int
-    var bytesFreed: UInt64
-}
 
 struct StatusView: Encodable {
     var version: String
-    var mounts: [MountView]
-    var accounts: [AccountView]
+    var mounts: [CustodyMount]
+    var accounts: [CustodyAccount]
     /// Where the machine key is kept, a warning when it is a file, and the caller's identities
     /// that cannot be opened.
     var machineKey: MachineKeyStatus
@@ -412,30 +357,7 @@ struct StatusView: Encodable {
     var stateProblems: [StateProblem]
 }
 
-struct MigrateRequest: Decodable {
-    /// "tpm2" or "file".
-    var to: String
-    /// SHA-256 PCRs to bind a TPM-sealed key to (absent: the configured `tpm2-pcrs`).
-    var pcrs: [Int]?
-}
 
-struct MountView: Encodable {
-    var mountPoint: String
-    var backing: String
-}
 
-struct LockView: Encodable {
-    var identity: String
-    var lock: String
-    init(identity: String, status: LockStatus) {
-        self.identity = identity
-        self.lock = status.name
-    }
-}
 
-struct IdentityView: Encodable {
-    var pid: Int32
-    var identity: String?
-    var source: String
-}
 

@@ -1,3 +1,4 @@
+import CustodyAPI
 import CLinux
 import CustodyCore
 import CustodyFormat
@@ -14,31 +15,6 @@ import Synchronization
 // system credentials (the thread's fsuid, fsgid and groups), so the daemon never reads or writes
 // a file for them that they could not themselves.
 
-struct PathRequest: Decodable { var path: String }
-/// What a repair did (`POST /v1/files/repair`).
-struct RepairView: Encodable {
-    var path: String
-    var repaired: Bool
-    /// nil: the stored length was one no file can have.
-    var sizeBefore: UInt64?
-    var sizeAfter: UInt64
-    var firstDamagedBlock: UInt64?
-}
-struct ProtectRequest: Decodable {
-    var path: String
-    /// nil (or null): remove the owner.
-    var identity: String?
-    var wait: Bool?
-}
-struct EncryptRequest: Decodable { var path: String; var identity: String }
-struct DecryptRequest: Decodable { var path: String; var copyPath: String? }
-struct DataRequest: Decodable {
-    var identity: String?
-    /// Base64 bytes.
-    var data: String?
-    /// A string, protected as its UTF-8 bytes.
-    var string: String?
-}
 
 /// A path from a request, made absolute and normalized, and where it lives.
 struct LocatedPath {
@@ -131,7 +107,7 @@ extension ControlAPI {
         return text.replacingAll(of: backing + "/", with: mount + "/").replacingAll(of: backing, with: mount)
     }
 
-    func info(of located: LocatedPath, _ caller: Caller) throws(Failure) -> FileProtectionInfo {
+    func info(of located: LocatedPath, _ caller: Caller) throws(Failure) -> CustodyCore.FileProtectionInfo {
         try asCaller(caller) { () throws(Failure) in
             try engineCall(naming: [located]) { () throws(EngineError) in
                 try engine.protectionInfo(ofStoredPath: located.stored, shownAs: located.path, mountPoint: located.volume?.volume.mountPoint)
@@ -140,7 +116,7 @@ extension ControlAPI {
     }
 
     /// The info of a path the caller can read.
-    func readableInfo(_ body: PathRequest, _ caller: Caller) throws(Failure) -> FileProtectionInfo {
+    func readableInfo(_ body: PathRequest, _ caller: Caller) throws(Failure) -> CustodyCore.FileProtectionInfo {
         let located = try locate(body.path, caller)
         try checkAccess(located.path, R_OK, caller, "read")
         return try info(of: located, caller)
@@ -198,7 +174,7 @@ extension ControlAPI {
 
     // MARK: encrypt and decrypt
 
-    func encryptFile(_ body: EncryptRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+    func encryptFile(_ body: PathIdentityRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         try authorizeIdentity(caller, body.identity, "encrypt files")
         let located = try locate(body.path, caller)
         try checkAccess(located.path, R_OK | W_OK, caller, "encrypt")
@@ -261,11 +237,11 @@ extension ControlAPI {
             if let volumePath = located.volume { return try volumePath.volume.repair(volumePath.relativePath) }
             return try engine.repairFile(storedPath: located.path)
         }
-        return json(RepairView(path: located.path, repaired: outcome.repaired, sizeBefore: outcome.sizeBefore, sizeAfter: outcome.sizeAfter,
+        return json(RepairResult(path: located.path, repaired: outcome.repaired, sizeBefore: outcome.sizeBefore, sizeAfter: outcome.sizeAfter,
                                firstDamagedBlock: outcome.firstDamagedBlock))
     }
 
-    func canReceive(_ body: EncryptRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+    func canReceive(_ body: PathIdentityRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let located = try locate(body.path, caller)
         try checkAccess(located.path, R_OK, caller, "read")
         var decision = try asCaller(caller) { () throws(Failure) in
@@ -298,7 +274,7 @@ extension ControlAPI {
         try authorizeIdentity(caller, identity, "protect data")
         let bytes = try Self.decodeData(body)
         let protected = try engineCall { () throws(EngineError) in try engine.protectData(bytes, for: identity) }
-        return json(DataView(data: Data(protected).base64EncodedString(), string: nil, size: protected.count))
+        return json(DataResult(data: Data(protected).base64EncodedString(), string: nil, size: protected.count))
     }
 
     func unprotectData(_ body: DataRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
@@ -306,7 +282,7 @@ extension ControlAPI {
         let info = try engineCall { () throws(EngineError) in try engine.dataProtectionInfo(bytes) }
         if let owner = info.owner { try authorizeIdentity(caller, owner, "unprotect data") }
         let plain = try engineCall { () throws(EngineError) in try engine.unprotectData(bytes) }
-        return json(DataView(data: Data(plain).base64EncodedString(), string: String(validating: plain, as: UTF8.self), size: plain.count))
+        return json(DataResult(data: Data(plain).base64EncodedString(), string: String(validating: plain, as: UTF8.self), size: plain.count))
     }
 
     // MARK: events
@@ -355,11 +331,6 @@ extension ControlAPI {
     }
 }
 
-struct DataView: Encodable {
-    var data: String
-    var string: String?
-    var size: Int
-}
 
 /// Open event streams per user.
 final class StreamCounter: Sendable {

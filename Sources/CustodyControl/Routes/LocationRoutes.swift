@@ -1,20 +1,11 @@
+import CustodyAPI
 import CustodyCore
 import CustodySystem
 
 // The location routes: the SDK's `isSaveToAllowedForLocation` and
 // `isOpenFromAllowedForLocation`, the locations this machine has, and the location of a path.
 
-struct LocationQuery: Decodable {
-    var location: String
-    /// The account asked about (object ID or UPN); absent: no identity.
-    var account: String?
-}
 
-struct LocationAnswer: Encodable {
-    var location: String
-    var account: String?
-    var allowed: Bool
-}
 
 extension ControlAPI {
     static func checkLocation(_ body: LocationQuery) throws(Failure) -> Location {

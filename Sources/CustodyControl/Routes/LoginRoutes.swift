@@ -1,3 +1,4 @@
+import CustodyAPI
 import CustodyCore
 import CustodySystem
 import Glibc
@@ -6,19 +7,6 @@ import Glibc
 // unlocks the user's identities with its password (their login protectors), a password change
 // rewraps the protectors, a logout locks.
 
-struct ProtectorRequest: Decodable { var password: String }
-struct LoginRequest: Decodable {
-    /// The local user by name; administrators only (others act for themselves).
-    var user: String?
-    var password: String
-    /// Unlocked identities of the user without a login protector get one.
-    var addProtectors: Bool?
-}
-struct PasswordChangeRequest: Decodable { var user: String?; var old: String?; var new: String }
-/// A login session opened or closed (PAM): `session` is the PID of the process that opened it
-/// (PAM closes it from the same one), `loginSession` its logind ID (`XDG_SESSION_ID`) where it has
-/// one. A close without `session` locks at once.
-struct LogoutRequest: Decodable { var user: String?; var session: Int32?; var loginSession: String? }
 
 extension ControlAPI {
     /// The uid a login route acts for: the caller's own, or (administrators) the named user's.
@@ -33,7 +21,7 @@ extension ControlAPI {
     func addLoginProtector(_ identity: String, _ body: ProtectorRequest) throws(Failure) -> HTTPResponse {
         return try run { () throws(EngineError) in
             try engine.addLoginProtector(identity, password: try Self.secret(body.password))
-            return json(AccountView(try engine.account(identity)))
+            return json(CustodyAccount(try engine.account(identity)))
         }
     }
 
@@ -67,15 +55,15 @@ extension ControlAPI {
     }
 
     /// A login session closed: the user's identities lock when it was the user's last session.
-    func logout(_ body: LogoutRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+    func logout(_ body: SessionRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let uid = try loginUser(body.user, caller)
         let accounts = engine.accounts(ofUser: uid)
         let remaining = engine.loginSessionClosed(uid: uid, pid: body.session, loginSession: body.loginSession)
-        return json(SessionView(locking: remaining == 0 ? accounts.map(\.upn) : [], otherSessions: remaining))
+        return json(SessionClosed(locking: remaining == 0 ? accounts.map(\.upn) : [], otherSessions: remaining))
     }
 
     /// A login session opened (PAM's open_session), counted until it closes.
-    func sessionOpened(_ body: LogoutRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
+    func sessionOpened(_ body: SessionRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let uid = try loginUser(body.user, caller)
         guard let pid = body.session else { throw Self.badRequest("give the session: the PID of the process that opened it") }
         return try run { () throws(EngineError) in
@@ -85,10 +73,3 @@ extension ControlAPI {
     }
 }
 
-/// What closing a login session did.
-struct SessionView: Encodable {
-    /// The identities that lock (after their grace period): none while other sessions are open.
-    var locking: [String]
-    /// The user's other login sessions still open (PAM's, and logind's where it is followed).
-    var otherSessions: Int
-}

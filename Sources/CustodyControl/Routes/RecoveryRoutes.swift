@@ -1,22 +1,11 @@
+import CustodyAPI
 import CustodyCore
 import FoundationEssentials
 
 // Recovery keys over the socket: create (optionally escrowed to an administrator's public key),
 // remove, and recover (unlock, and reset the passphrase). An account's owner or an administrator.
 
-struct RecoveryKeyRequest: Decodable {
-    /// An administrator's public key (base64, 32 bytes): the answer carries the key sealed to it.
-    var escrowPublicKey: String?
-    /// Show the key in the answer (default true); false with an escrow: only the sealed copy.
-    var show: Bool?
-}
 
-struct RecoverRequest: Decodable {
-    var recoveryKey: String
-    /// The new passphrase; absent keeps the current one (unless `removePassphrase`).
-    var newPassphrase: String?
-    var removePassphrase: Bool?
-}
 
 struct RecoveryKeyView: Encodable {
     var identity: String
@@ -53,7 +42,7 @@ extension ControlAPI {
             let key = try RecoveryKey(parsing: body.recoveryKey)
             let passphrase = try body.newPassphrase.map { (text) throws(EngineError) in try Self.secret(text) }
             try engine.recover(identity, with: key, newPassphrase: passphrase, removePassphrase: body.removePassphrase ?? false)
-            return json(AccountView(try engine.account(identity)))
+            return json(CustodyAccount(try engine.account(identity)))
         }
     }
 }

@@ -1,3 +1,4 @@
+import CustodyAPI
 import CustodyCore
 import CustodySystem
 
@@ -42,8 +43,8 @@ struct RouteRequest {
 /// the daemon's dispatch and the tests read that one list (as OpenSSH's monitor reads
 /// `mon_dispatch_proto20`).
 struct Route: Sendable {
-    let method: String
-    let pattern: String
+    let endpoint: Endpoint
+    var method: String { endpoint.method }
     let access: Access
     /// What a caller who may not is told it may not do ("enroll accounts"); `{identity}` is the
     /// path's identity.
@@ -52,14 +53,11 @@ struct Route: Sendable {
     let check: @Sendable (HTTPRequest, [String: String]) throws(ControlAPI.Failure) -> Void
     let serve: @Sendable (ControlAPI, RouteRequest) throws(ControlAPI.Failure) -> HTTPResponse
 
-    var spec: RouteSpec { RouteSpec(method, pattern) }
-
     /// A route without a body (one sent is ignored).
-    init(_ method: String, _ pattern: String, _ access: Access, _ action: String = "",
+    init(_ endpoint: Endpoint, _ access: Access, _ action: String = "",
          check: @escaping @Sendable (HTTPRequest, [String: String]) throws(ControlAPI.Failure) -> Void = { _, _ in },
          serve: @escaping @Sendable (ControlAPI, RouteRequest) throws(ControlAPI.Failure) -> HTTPResponse) {
-        self.method = method
-        self.pattern = pattern
+        self.endpoint = endpoint
         self.access = access
         self.action = action
         self.check = check
@@ -68,10 +66,10 @@ struct Route: Sendable {
 
     /// A route whose body is a `Body`: decoded (400 when it is not one), checked by `check`, and
     /// handed to `serve`.
-    static func with<Body: Decodable>(_ method: String, _ pattern: String, _ access: Access, _ action: String = "", body: Body.Type,
+    static func with<Body: Decodable>(_ endpoint: Endpoint, _ access: Access, _ action: String = "", body: Body.Type,
                                       check: @escaping @Sendable (Body) throws(ControlAPI.Failure) -> Void = { _ in },
                                       serve: @escaping @Sendable (ControlAPI, RouteRequest, Body) throws(ControlAPI.Failure) -> HTTPResponse) -> Route {
-        Route(method, pattern, access, action,
+        Route(endpoint, access, action,
               check: { (request, _) throws(ControlAPI.Failure) in try check(try ControlAPI.decode(Body.self, request)) },
               serve: { (api, request) throws(ControlAPI.Failure) in try serve(api, request, try ControlAPI.decode(Body.self, request.http)) })
     }
@@ -92,52 +90,58 @@ extension ControlAPI {
     static let table: [Route] = accountRoutes + loginRoutes + machineRoutes + fileRoutes + otherRoutes
 
     static let accountRoutes: [Route] = [
-        Route("GET", "/v1/status", .filtered) { (api, r) throws(Failure) in api.json(api.status(for: r.caller)) },
-        Route("GET", "/v1/accounts", .filtered) { (api, r) throws(Failure) in
-            api.json(api.engine.accounts().filter { r.caller.isAdmin || $0.uid == r.caller.uid }.map(AccountView.init))
+        Route(.status, .filtered) { (api, r) throws(Failure) in api.json(api.status(for: r.caller)) },
+        Route(.accounts, .filtered) { (api, r) throws(Failure) in
+            api.json(api.engine.accounts().filter { r.caller.isAdmin || $0.uid == r.caller.uid }.map { CustodyAccount($0) })
         },
-        .with("POST", "/v1/accounts", .admin, "enroll accounts", body: EnrollRequest.self,
-              check: { (body) throws(Failure) in if let passphrase = body.passphrase { try checkPassphrase(passphrase) } },
+        .with(.enroll, .admin, "enroll accounts", body: EnrollRequest.self,
+              check: { (body) throws(Failure) in
+                  if let passphrase = body.passphrase { try checkPassphrase(passphrase) }
+                  if let policy = body.policy { _ = try Self.policy(policy) }
+              },
               serve: { (api, _, body) throws(Failure) in try api.enroll(body) }),
-        Route("GET", "/v1/accounts/{identity}", .filtered) { (api, r) throws(Failure) in
-            try api.run { () throws(EngineError) in api.json(AccountView(try api.visibleAccount(r.identity, r.caller))) }
+        Route(.account, .filtered) { (api, r) throws(Failure) in
+            try api.run { () throws(EngineError) in api.json(CustodyAccount(try api.visibleAccount(r.identity, r.caller))) }
         },
-        Route("DELETE", "/v1/accounts/{identity}", .admin, "deregister {identity}") { (api, r) throws(Failure) in
+        Route(.deregister, .admin, "deregister {identity}") { (api, r) throws(Failure) in
             if r.flag("wipe", default: false) { return try api.wipe(r.identity, wait: r.flag("wait", default: true), by: r.caller) }
             return try api.run { () throws(EngineError) in
                 try api.engine.deregister(r.identity, wipe: false)
                 return HTTPResponse(status: 204, body: [])
             }
         },
-        Route("POST", "/v1/accounts/{identity}/wipe", .admin, "wipe {identity}") { (api, r) throws(Failure) in
+        Route(.wipe, .admin, "wipe {identity}") { (api, r) throws(Failure) in
             try api.wipe(r.identity, wait: r.flag("wait", default: true), by: r.caller)
         },
-        Route("GET", "/v1/accounts/{identity}/policy", .filtered) { (api, r) throws(Failure) in
+        Route(.policy, .filtered) { (api, r) throws(Failure) in
             try api.run { () throws(EngineError) in
                 let account = try api.visibleAccount(r.identity, r.caller)
                 guard let policy = account.policy else { throw .notEnrolled(account.upn) }
                 return api.json(policy)
             }
         },
-        .with("PUT", "/v1/accounts/{identity}/policy", .admin, "change the policy of {identity}", body: Policy.self) { (api, r, policy) throws(Failure) in
-            try api.run { () throws(EngineError) in api.json(AccountView(try api.engine.setPolicy(r.identity, policy))) }
-        },
-        Route("POST", "/v1/accounts/{identity}/lock", .accountOwner, "lock {identity}") { (api, r) throws(Failure) in
+        .with(.setPolicy, .admin, "change the policy of {identity}", body: CustodyPolicy.self,
+              check: { (document) throws(Failure) in _ = try Self.policy(document) },
+              serve: { (api, r, document) throws(Failure) in
+                  let policy = try Self.policy(document)
+                  return try api.run { () throws(EngineError) in api.json(CustodyAccount(try api.engine.setPolicy(r.identity, policy))) }
+              }),
+        Route(.lock, .accountOwner, "lock {identity}") { (api, r) throws(Failure) in
             try api.run { () throws(EngineError) in
                 try api.engine.lock(r.identity)
-                return api.json(LockView(identity: r.identity, status: try api.engine.lockStatus(r.identity)))
+                return api.json(LockState(identity: r.identity, lock: try api.engine.lockStatus(r.identity).name))
             }
         },
-        .with("POST", "/v1/accounts/{identity}/unlock", .accountOwner, "unlock {identity}", body: UnlockRequest.self,
+        .with(.unlock, .accountOwner, "unlock {identity}", body: UnlockRequest.self,
               check: { (body) throws(Failure) in if let passphrase = body.passphrase { try checkPassphrase(passphrase) } },
               serve: { (api, r, body) throws(Failure) in
                   try api.run { () throws(EngineError) in
                       let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
                       try api.engine.unlock(r.identity, passphrase: passphrase)
-                      return api.json(LockView(identity: r.identity, status: try api.engine.lockStatus(r.identity)))
+                      return api.json(LockState(identity: r.identity, lock: try api.engine.lockStatus(r.identity).name))
                   }
               }),
-        .with("POST", "/v1/accounts/{identity}/passphrase", .accountOwner, "change the passphrase of {identity}", body: PassphraseRequest.self,
+        .with(.passphrase, .accountOwner, "change the passphrase of {identity}", body: PassphraseRequest.self,
               check: { (body) throws(Failure) in
                   if let old = body.old { try checkPassphrase(old) }
                   if let new = body.new { try checkPassphrase(new) }
@@ -147,43 +151,43 @@ extension ControlAPI {
                       let old = try body.old.map { (text) throws(EngineError) in try Self.secret(text) }
                       let new = try body.new.map { (text) throws(EngineError) in try Self.secret(text) }
                       try api.engine.changePassphrase(r.identity, old: old, new: new)
-                      return api.json(AccountView(try api.engine.account(r.identity)))
+                      return api.json(CustodyAccount(try api.engine.account(r.identity)))
                   }
               }),
-        .with("POST", "/v1/accounts/{identity}/login-protector", .accountOwner, "set the login protector of {identity}", body: ProtectorRequest.self,
+        .with(.addLoginProtector, .accountOwner, "set the login protector of {identity}", body: ProtectorRequest.self,
               check: { (body) throws(Failure) in try checkPassphrase(body.password) },
               serve: { (api, r, body) throws(Failure) in try api.addLoginProtector(r.identity, body) }),
-        Route("DELETE", "/v1/accounts/{identity}/login-protector", .accountOwner, "remove the login protector of {identity}") { (api, r) throws(Failure) in
+        Route(.removeLoginProtector, .accountOwner, "remove the login protector of {identity}") { (api, r) throws(Failure) in
             try api.removeLoginProtector(r.identity)
         },
-        .with("POST", "/v1/accounts/{identity}/recovery-key", .accountOwner, "create a recovery key for {identity}", body: RecoveryKeyRequest.self,
+        .with(.createRecoveryKey, .accountOwner, "create a recovery key for {identity}", body: RecoveryKeyRequest.self,
               check: { (body) throws(Failure) in _ = try escrowKey(body) },
               serve: { (api, r, body) throws(Failure) in try api.createRecoveryKey(r.identity, body) }),
-        Route("DELETE", "/v1/accounts/{identity}/recovery-key", .accountOwner, "remove the recovery key of {identity}") { (api, r) throws(Failure) in
+        Route(.removeRecoveryKey, .accountOwner, "remove the recovery key of {identity}") { (api, r) throws(Failure) in
             try api.removeRecoveryKey(r.identity)
         },
-        .with("POST", "/v1/accounts/{identity}/recover", .accountOwner, "recover {identity}", body: RecoverRequest.self,
+        .with(.recover, .accountOwner, "recover {identity}", body: RecoverRequest.self,
               check: { (body) throws(Failure) in if let new = body.newPassphrase { try checkPassphrase(new) } },
               serve: { (api, r, body) throws(Failure) in try api.recover(r.identity, body) }),
     ]
 
     static let loginRoutes: [Route] = [
-        .with("POST", "/v1/login/unlock", .loginUser, body: LoginRequest.self,
+        .with(.loginUnlock, .loginUser, body: LoginRequest.self,
               check: { (body) throws(Failure) in try checkPassphrase(body.password) },
               serve: { (api, r, body) throws(Failure) in try api.login(body, r.caller) }),
-        .with("POST", "/v1/login/password", .loginUser, body: PasswordChangeRequest.self,
+        .with(.loginPassword, .loginUser, body: PasswordChangeRequest.self,
               check: { (body) throws(Failure) in
                   try checkPassphrase(body.new)
                   if let old = body.old { try checkPassphrase(old) }
               },
               serve: { (api, r, body) throws(Failure) in try api.loginPasswordChanged(body, r.caller) }),
-        .with("POST", "/v1/login/open", .loginUser, body: LogoutRequest.self,
+        .with(.loginOpen, .loginUser, body: SessionRequest.self,
               check: { (body) throws(Failure) in
                   guard let session = body.session else { throw badRequest("give the session: the PID of the process that opened it") }
                   if session <= 0 { throw badRequest("session must be a process ID (1 or more)") }
               },
               serve: { (api, r, body) throws(Failure) in try api.sessionOpened(body, r.caller) }),
-        .with("POST", "/v1/login/lock", .loginUser, body: LogoutRequest.self,
+        .with(.loginLock, .loginUser, body: SessionRequest.self,
               check: { (body) throws(Failure) in
                   if let session = body.session, session <= 0 { throw badRequest("session must be a process ID (1 or more)") }
               },
@@ -191,29 +195,29 @@ extension ControlAPI {
     ]
 
     static let machineRoutes: [Route] = [
-        Route("GET", "/v1/machine-key", .admin, "see the machine key") { (api, _) throws(Failure) in api.json(api.engine.machineKeyStatus()) },
-        .with("POST", "/v1/machine-key/migrate", .admin, "move the machine key", body: MigrateRequest.self,
+        Route(.machineKey, .admin, "see the machine key") { (api, _) throws(Failure) in api.json(api.engine.machineKeyStatus()) },
+        .with(.migrateMachineKey, .admin, "move the machine key", body: MigrateRequest.self,
               check: { (body) throws(Failure) in _ = try migration(body) },
               serve: { (api, _, body) throws(Failure) in
                   let (store, pcrs) = try Self.migration(body)
                   return try api.run { () throws(EngineError) in api.json(try api.engine.migrateMachineKey(to: store, pcrs: pcrs)) }
               }),
-        Route("POST", "/v1/machine-key/reset", .admin, "replace the machine key") { (api, _) throws(Failure) in
+        Route(.resetMachineKey, .admin, "replace the machine key") { (api, _) throws(Failure) in
             try api.run { () throws(EngineError) in api.json(try api.engine.resetMachineKey()) }
         },
-        Route("POST", "/v1/lock", .admin, "lock every account") { (api, _) throws(Failure) in
+        Route(.lockAll, .admin, "lock every account") { (api, _) throws(Failure) in
             api.engine.lockAll()
             return api.json(api.status())
         },
-        Route("POST", "/v1/unlock", .admin, "unlock every account") { (api, _) throws(Failure) in
-            api.json(["stillLocked": api.engine.unlockAll()])
+        Route(.unlockAll, .admin, "unlock every account") { (api, _) throws(Failure) in
+            api.json(UnlockAllResult(stillLocked: api.engine.unlockAll()))
         },
-        .with("POST", "/v1/bindings", .processOwner, body: BindRequest.self,
+        .with(.bind, .processOwner, body: BindRequest.self,
               check: { (body) throws(Failure) in
                   guard (body.pid == nil) != (body.tid == nil) else { throw badRequest("give exactly one of pid and tid") }
               },
               serve: { (api, r, body) throws(Failure) in try api.bind(body, r.caller) }),
-        Route("DELETE", "/v1/bindings/{pid}", .processOwner) { (api, r) throws(Failure) in
+        Route(.unbind, .processOwner) { (api, r) throws(Failure) in
             let pid = try Self.processID(r.parameters["pid"] ?? "")
             try api.authorizeProcess(r.caller, pid, "unbind process \(pid)")
             return try api.run { () throws(EngineError) in
@@ -221,54 +225,54 @@ extension ControlAPI {
                 return HTTPResponse(status: 204, body: [])
             }
         },
-        Route("GET", "/v1/processes/{pid}/identity", .processOwner) { (api, r) throws(Failure) in
+        Route(.processIdentity, .processOwner) { (api, r) throws(Failure) in
             let pid = try Self.processID(r.parameters["pid"] ?? "")
             let processes = LinuxProcessTable()
             guard processes.startTime(of: pid) != nil else { throw Self.failure(.noSuchProcess(pid)) }
             // Whose identity a process works as is its owner's business (and the administrators').
             try api.authorizeProcess(r.caller, pid, "read the identity of process \(pid)")
             let resolved = api.engine.resolve(thread: pid, uid: processes.uid(of: pid) ?? 0)
-            return api.json(IdentityView(pid: pid, identity: resolved.identity, source: resolved.source.description))
+            return api.json(ProcessIdentity(pid: pid, identity: resolved.identity, source: resolved.source.description))
         },
     ]
 
     static let fileRoutes: [Route] = [
-        .with("POST", "/v1/files/info", .fileReader, body: PathRequest.self) { (api, r, body) throws(Failure) in
+        .with(.fileInfo, .fileReader, body: PathRequest.self) { (api, r, body) throws(Failure) in
             var info = try api.readableInfo(body, r.caller)
             info.owner = api.visibleOwner(info.owner, to: r.caller)
             return api.json(info)
         },
-        .with("POST", "/v1/files/is-encrypted", .fileReader, body: PathRequest.self) { (api, r, body) throws(Failure) in
+        .with(.isEncrypted, .fileReader, body: PathRequest.self) { (api, r, body) throws(Failure) in
             let info = try api.readableInfo(body, r.caller)
-            return api.json(["path": JSONValue.string(info.path), "encrypted": .bool(info.encrypted)])
+            return api.json(EncryptedAnswer(path: info.path, encrypted: info.encrypted))
         },
-        .with("POST", "/v1/files/protect", .fileWriter, body: ProtectRequest.self) { (api, r, body) throws(Failure) in try api.protect(body, r.caller) },
-        .with("POST", "/v1/files/encrypt", .fileReaderWriter, body: EncryptRequest.self,
+        .with(.protectFile, .fileWriter, body: ProtectRequest.self) { (api, r, body) throws(Failure) in try api.protect(body, r.caller) },
+        .with(.encryptFile, .fileReaderWriter, body: PathIdentityRequest.self,
               check: { (body) throws(Failure) in guard !body.identity.isEmpty else { throw badRequest("identity must not be empty") } },
               serve: { (api, r, body) throws(Failure) in try api.encryptFile(body, r.caller) }),
-        .with("POST", "/v1/files/decrypt", .fileReader, body: DecryptRequest.self) { (api, r, body) throws(Failure) in try api.decryptFile(body, r.caller) },
-        .with("POST", "/v1/files/can-receive", .fileReader, body: EncryptRequest.self,
+        .with(.decryptFile, .fileReader, body: DecryptRequest.self) { (api, r, body) throws(Failure) in try api.decryptFile(body, r.caller) },
+        .with(.canReceive, .fileReader, body: PathIdentityRequest.self,
               check: { (body) throws(Failure) in guard !body.identity.isEmpty else { throw badRequest("identity must not be empty") } },
               serve: { (api, r, body) throws(Failure) in try api.canReceive(body, r.caller) }),
-        .with("POST", "/v1/files/repair", .admin, "repair files", body: PathRequest.self) { (api, r, body) throws(Failure) in try api.repairFile(body, r.caller) },
-        Route("GET", "/v1/locations", .anyone) { (api, r) throws(Failure) in api.locations(r.http, r.caller) },
-        .with("POST", "/v1/locations/classify", .anyone, body: PathRequest.self) { (api, r, body) throws(Failure) in try api.classify(body, r.caller) },
-        .with("POST", "/v1/locations/save-to-allowed", .anyone, body: LocationQuery.self,
+        .with(.repairFile, .admin, "repair files", body: PathRequest.self) { (api, r, body) throws(Failure) in try api.repairFile(body, r.caller) },
+        Route(.locations, .anyone) { (api, r) throws(Failure) in api.locations(r.http, r.caller) },
+        .with(.classify, .anyone, body: PathRequest.self) { (api, r, body) throws(Failure) in try api.classify(body, r.caller) },
+        .with(.saveToAllowed, .anyone, body: LocationQuery.self,
               check: { (body) throws(Failure) in _ = try checkLocation(body) },
               serve: { (api, r, body) throws(Failure) in try api.locationAnswer(body, r.caller, saving: true) }),
-        .with("POST", "/v1/locations/open-from-allowed", .anyone, body: LocationQuery.self,
+        .with(.openFromAllowed, .anyone, body: LocationQuery.self,
               check: { (body) throws(Failure) in _ = try checkLocation(body) },
               serve: { (api, r, body) throws(Failure) in try api.locationAnswer(body, r.caller, saving: false) }),
-        .with("POST", "/v1/data/protect", .ownAccounts, body: DataRequest.self,
+        .with(.protectData, .ownAccounts, body: DataRequest.self,
               check: { (body) throws(Failure) in
                   _ = try decodeData(body)
                   if body.identity?.isEmpty ?? true { throw badRequest("missing field identity") }
               },
               serve: { (api, r, body) throws(Failure) in try api.protectData(body, r.caller) }),
-        .with("POST", "/v1/data/unprotect", .ownAccounts, body: DataRequest.self,
+        .with(.unprotectData, .ownAccounts, body: DataRequest.self,
               check: { (body) throws(Failure) in _ = try decodeData(body) },
               serve: { (api, r, body) throws(Failure) in try api.unprotectData(body, r.caller) }),
-        .with("POST", "/v1/data/info", .filtered, body: DataRequest.self,
+        .with(.dataInfo, .filtered, body: DataRequest.self,
               check: { (body) throws(Failure) in _ = try decodeData(body) },
               serve: { (api, r, body) throws(Failure) in
                   let bytes = try Self.decodeData(body)
@@ -281,15 +285,15 @@ extension ControlAPI {
     ]
 
     static let otherRoutes: [Route] = [
-        Route("GET", "/v1/jobs", .filtered) { (api, r) throws(Failure) in api.json(api.jobs.visible(to: r.caller).map(\.snapshot)) },
-        Route("GET", "/v1/jobs/{id}", .filtered) { (api, r) throws(Failure) in
+        Route(.jobs, .filtered) { (api, r) throws(Failure) in api.json(api.jobs.visible(to: r.caller).map(\.snapshot)) },
+        Route(.job, .filtered) { (api, r) throws(Failure) in
             guard let id = Int(r.parameters["id"] ?? ""), let job = api.jobs.job(id), r.caller.isAdmin || job.startedBy == r.caller.uid else {
                 throw Failure(status: 404, code: 404, name: "UnknownJob", message: "no job \(r.parameters["id"] ?? "")")
             }
             return api.json(job.snapshot)
         },
-        Route("GET", "/v1/events", .filtered) { (api, r) throws(Failure) in try api.events(r.http, r.caller) },
-        Route("GET", "/v1/diagnostics", .admin, "read the diagnostics") { (api, _) throws(Failure) in api.diagnosticsBundle() },
-        Route("GET", "/v1/metrics", .filtered) { (api, r) throws(Failure) in api.metricsAnswer(r.caller) },
+        Route(.events, .filtered) { (api, r) throws(Failure) in try api.events(r.http, r.caller) },
+        Route(.diagnostics, .admin, "read the diagnostics") { (api, _) throws(Failure) in api.diagnosticsBundle() },
+        Route(.metrics, .filtered) { (api, r) throws(Failure) in api.metricsAnswer(r.caller) },
     ]
 }

@@ -1,16 +1,7 @@
-/// One route of the control API: a method and a path pattern whose `{name}` segments match any
-/// one segment.
-public struct RouteSpec: Sendable, Hashable, CustomStringConvertible {
-    public let method: String
-    public let pattern: String
+import CustodyAPI
 
-    init(_ method: String, _ pattern: String) {
-        self.method = method
-        self.pattern = pattern
-    }
-
-    public var description: String { "\(method) \(pattern)" }
-
+/// Routes match request paths here, in the daemon and its front; clients only build paths.
+extension Endpoint {
     /// The values of the pattern's parameters when `path` (as sent, escapes kept) matches it,
     /// else nil. Segments are split before escapes are decoded, so "%2F" stays inside one.
     func match(_ path: String) -> [String: String]? {
