@@ -71,24 +71,6 @@ public final class Engine: @unchecked Sendable {
     let loginSessions = LoginSessions()
     let tamperEvents = EventRateLimiter()
 
-    enum Lock: Equatable { case locked, unlocked, locking(until: Double) }
-
-    struct IdentityKeys {
-        var stored: StoredKeybag
-        /// The keybag's machine secret (unwrapped with the machine key at start): every wrap derives from it.
-        var machineSecret: SecretBytes
-        var classD: (id: [UInt8], key: AESGCMKey)
-        var classBPublic: (id: [UInt8], publicKey: [UInt8])
-        /// Class A and the class B private key: only while unlocked (or in the grace period).
-        var classA: (id: [UInt8], key: AESGCMKey)?
-        var classBPrivate: SecretBytes?
-        /// Class C: from the first unlock until the daemon stops.
-        var classC: (id: [UInt8], key: AESGCMKey)?
-        var lock: Lock = .locked
-        var failures = 0
-        var retryAt: Double = 0
-    }
-
     struct Bindings: Codable {
         var version = 1
         var processes: [Binding] = []
@@ -106,7 +88,7 @@ public final class Engine: @unchecked Sendable {
         /// Wipes journaled by a daemon that stopped before they finished: completed first thing.
         var pendingWipes: [Account] = []
         /// Enrolled accounts' keys, by canonical object ID.
-        var keys: [String: IdentityKeys] = [:]
+        var keys: [String: Keyring] = [:]
         var processBindings: [TaskKey: String] = [:]
         var threadBindings: [TaskKey: String] = [:]
         var openKeys = OpenFileKeys()
@@ -172,7 +154,7 @@ public final class Engine: @unchecked Sendable {
                     loaded.stranded[Account.canonical(account.id)] = reason
                     continue
                 }
-                var keys = try Self.loadKeys(stored, machineSecret: secret, file: files.path(name))
+                var keys = try Keyring.load(stored, machineSecret: secret, file: files.path(name))
                 if stored.passphrase == nil {
                     // Nothing to prove: an identity without a passphrase starts unlocked.
                     let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: nil, file: files.path(name))
@@ -273,14 +255,6 @@ public final class Engine: @unchecked Sendable {
 
     func pokeDeadlineTimer() { timer.withLock { $0?.poke() } }
 
-    static func loadKeys(_ stored: StoredKeybag, machineSecret: SecretBytes, file: String) throws(EngineError) -> IdentityKeys {
-        guard let b = stored.classes["B"], let publicKey = b.publicKey, publicKey.count == 32 else {
-            throw .corruptState(file: file, reason: "class B public key is missing")
-        }
-        let d = try Keybags.unlockMachineClass(stored, machineSecret: machineSecret, file: file)
-        return IdentityKeys(stored: stored, machineSecret: machineSecret, classD: d, classBPublic: (Array(b.id), Array(publicKey)))
-    }
-
     static func keybagName(_ id: String) -> String {
         let digest = Array(Account.canonical(id).utf8).withUnsafeBytes { sha256($0) }
         let hex: String = hexString(digest.prefix(16))
@@ -357,17 +331,17 @@ public final class Engine: @unchecked Sendable {
         // A keybag kept from an earlier enrollment (deregistered without wipe) is reused, so that
         // enrolling the same account again restores access to its files.
         let name = Self.keybagName(id)
-        var keys: IdentityKeys
+        var keys: Keyring
         if let kept = try files.read(StoredKeybag.self, from: name) {
             let secret = try Self.machineSecret(kept, keys: machineKeys, file: files.path(name))
-            keys = try Self.loadKeys(kept, machineSecret: secret, file: files.path(name))
+            keys = try Keyring.load(kept, machineSecret: secret, file: files.path(name))
             keys.install(try Keybags.unlock(kept, machineSecret: secret, passphrase: passphrase, file: files.path(name)))
         } else {
             var (stored, unlocked, d, b, secret) = try Keybags.create(identity: Account.canonical(id), passphrase: passphrase,
                                                                        cost: settings.passphraseCost, machine: try machineKeys.current())
             stored.passphraseGate = makeGate(passphrase, salt: stored.salt, identity: stored.identity)
             try files.write(stored, to: name)
-            keys = IdentityKeys(stored: stored, machineSecret: secret, classD: d, classBPublic: b)
+            keys = Keyring(stored: stored, machineSecret: secret, classD: d, classBPublic: b)
             keys.install(unlocked)
         }
         let (account, snapshot) = state.withLock { state in
@@ -503,17 +477,6 @@ public final class Engine: @unchecked Sendable {
     public func openFileKeyCount(identity: String? = nil) -> Int {
         let key = identity.map { (try? self.account($0)).map { Account.canonical($0.id) } ?? Account.canonical($0) }
         return state.withLock { state in state.openKeys.count { key == nil || $0.identity == key } }
-    }
-}
-
-extension Engine.IdentityKeys {
-    mutating func install(_ unlocked: ClassKeys) {
-        classA = unlocked.complete
-        classBPrivate = unlocked.completeUnlessOpenPrivate
-        classC = unlocked.untilFirstAuthentication
-        lock = .unlocked
-        failures = 0
-        retryAt = 0
     }
 }
 

@@ -17,7 +17,7 @@ struct StoredKeybag: Codable, Equatable {
     var salt: Data
     /// Argon2id parameters when the identity has a passphrase; nil when it unlocks on authorization alone.
     var passphrase: Argon2Parameters?
-    /// "A", "B", "C", "D".
+    /// By Apple's letter: "A", "B", "C", "D" (`self[.complete]` and so on in code).
     var classes: [String: WrappedKey]
     /// Classes A, B (private) and C wrapped once more, under the owner's login password (see
     /// `KeyProtector`); nil when there is none.
@@ -60,13 +60,6 @@ struct KeyProtector: Codable, Equatable {
         view.recoveryProtector = nil
         return view
     }
-}
-
-/// Class keys unwrapped in memory.
-struct ClassKeys {
-    var complete: (id: [UInt8], key: AESGCMKey)?
-    var completeUnlessOpenPrivate: SecretBytes?
-    var untilFirstAuthentication: (id: [UInt8], key: AESGCMKey)?
 }
 
 /// Creating, unwrapping and rewrapping keybags.
@@ -165,24 +158,24 @@ enum Keybags {
     }
 
     /// Binds a wrap to its identity, class and key ID, so that wraps cannot be moved between slots.
-    static func context(_ identity: String, _ letter: String, _ id: Data) -> [UInt8] {
-        Array("custody/v1/keybag|\(identity)|\(letter)|".utf8) + Array(id)
+    static func context(_ identity: String, _ slot: ProtectionClass, _ id: Data) -> [UInt8] {
+        Array("custody/v1/keybag|\(identity)|\(slot.letter)|".utf8) + Array(id)
     }
 
-    static func wrap(_ key: SecretBytes, identity: String, letter: String, id: Data, with kek: AESGCMKey) throws(EngineError) -> Data {
+    static func wrap(_ key: SecretBytes, identity: String, _ slot: ProtectionClass, id: Data, with kek: AESGCMKey) throws(EngineError) -> Data {
         do {
-            return Data(try context(identity, letter, id).withBytes { (aad) throws(CryptoError) in try KeyWrap.wrap(key, with: kek, context: aad) })
+            return Data(try context(identity, slot, id).withBytes { (aad) throws(CryptoError) in try KeyWrap.wrap(key, with: kek, context: aad) })
         } catch {
             throw .crypto(error)
         }
     }
 
-    static func unwrap(_ wrapped: StoredKeybag.WrappedKey?, identity: String, letter: String, with kek: AESGCMKey, file: String) throws(EngineError) -> SecretBytes {
-        guard let wrapped else { throw .corruptState(file: file, reason: "class \(letter) key is missing") }
+    static func unwrap(_ wrapped: StoredKeybag.WrappedKey?, identity: String, _ slot: ProtectionClass, with kek: AESGCMKey, file: String) throws(EngineError) -> SecretBytes {
+        guard let wrapped else { throw .corruptState(file: file, reason: "class \(slot.letter) key is missing") }
         let bytes = Array(wrapped.wrapped)
         do {
             return try bytes.withBytes { (w) throws(CryptoError) in
-                try context(identity, letter, wrapped.id).withBytes { (aad) throws(CryptoError) in try KeyWrap.unwrap(w, with: kek, context: aad) }
+                try context(identity, slot, wrapped.id).withBytes { (aad) throws(CryptoError) in try KeyWrap.unwrap(w, with: kek, context: aad) }
             }
         } catch {
             throw .crypto(error)
@@ -192,7 +185,7 @@ enum Keybags {
     /// A new keybag with fresh class keys and a fresh machine secret bound to `machine`, and
     /// those keys unwrapped.
     static func create(identity: String, passphrase: SecretBytes?, cost: String, machine: (id: String, key: SecretBytes)) throws(EngineError)
-        -> (StoredKeybag, ClassKeys, (id: [UInt8], key: AESGCMKey), (id: [UInt8], publicKey: [UInt8]), SecretBytes) {
+        -> (StoredKeybag, ClassKeys, ClassKeyEntry, (id: [UInt8], publicKey: [UInt8]), SecretBytes) {
         do {
             var stored = StoredKeybag(identity: identity, salt: Data(try Random.bytes(16)),
                                       passphrase: passphrase == nil ? nil : try parameters(for: cost), classes: [:])
@@ -201,22 +194,22 @@ enum Keybags {
             let user = try userKey(stored, machineSecret: secret, passphrase: passphrase)
             let machine = try Keybags.classDKey(stored, machineSecret: secret)
             var keys = ClassKeys()
-            var classD: (id: [UInt8], key: AESGCMKey)?
-            for letter in ["A", "C", "D"] {
+            var classD: ClassKeyEntry?
+            for slot in [ProtectionClass.complete, .untilFirstAuthentication, .none] {
                 let id = Data(try Random.bytes(FileHeader.classKeyIDSize))
                 let key = try SecretBytes.random(count: 32)
-                stored.classes[letter] = .init(id: id, wrapped: try wrap(key, identity: identity, letter: letter, id: id, with: letter == "D" ? machine : user))
-                let pair = (id: Array(id), key: try AESGCMKey(key))
-                switch letter {
-                case "A": keys.complete = pair
-                case "C": keys.untilFirstAuthentication = pair
-                default: classD = pair
+                stored[slot] = .init(id: id, wrapped: try wrap(key, identity: identity, slot, id: id, with: slot == .none ? machine : user))
+                let entry = ClassKeyEntry(id: Array(id), key: try AESGCMKey(key))
+                switch slot {
+                case .complete: keys.complete = entry
+                case .untilFirstAuthentication: keys.untilFirstAuthentication = entry
+                default: classD = entry
                 }
             }
             let bID = Data(try Random.bytes(FileHeader.classKeyIDSize))
             let bPrivate = try X25519.generatePrivateKey()
             let bPublic = try X25519.publicKey(for: bPrivate)
-            stored.classes["B"] = .init(id: bID, wrapped: try wrap(bPrivate, identity: identity, letter: "B", id: bID, with: user), publicKey: Data(bPublic))
+            stored[.completeUnlessOpen] = .init(id: bID, wrapped: try wrap(bPrivate, identity: identity, .completeUnlessOpen, id: bID, with: user), publicKey: Data(bPublic))
             keys.completeUnlessOpenPrivate = bPrivate
             guard let classD else { throw EngineError.crypto(.library("class D key was not made")) }
             return (stored, keys, classD, (id: Array(bID), publicKey: bPublic), secret)
@@ -226,10 +219,10 @@ enum Keybags {
     }
 
     /// One class key unwrapped, with its ID.
-    static func unwrapKey(_ stored: StoredKeybag, _ letter: String, with kek: AESGCMKey, file: String) throws(EngineError) -> (id: [UInt8], key: AESGCMKey) {
-        guard let wrapped = stored.classes[letter] else { throw .corruptState(file: file, reason: "class \(letter) key is missing") }
-        let secret = try unwrap(wrapped, identity: stored.identity, letter: letter, with: kek, file: file)
-        do { return (Array(wrapped.id), try AESGCMKey(secret)) } catch { throw .crypto(error) }
+    static func unwrapKey(_ stored: StoredKeybag, _ slot: ProtectionClass, with kek: AESGCMKey, file: String) throws(EngineError) -> ClassKeyEntry {
+        guard let wrapped = stored[slot] else { throw .corruptState(file: file, reason: "class \(slot.letter) key is missing") }
+        let secret = try unwrap(wrapped, identity: stored.identity, slot, with: kek, file: file)
+        do { return ClassKeyEntry(id: Array(wrapped.id), key: try AESGCMKey(secret)) } catch { throw .crypto(error) }
     }
 
     /// Unwraps classes A, B (private) and C. A wrong passphrase fails the first unwrap.
@@ -240,24 +233,24 @@ enum Keybags {
     static func unlock(_ stored: StoredKeybag, with user: AESGCMKey, file: String) throws(EngineError) -> ClassKeys {
         var keys = ClassKeys()
         do {
-            keys.untilFirstAuthentication = try unwrapKey(stored, "C", with: user, file: file)
+            keys.untilFirstAuthentication = try unwrapKey(stored, .untilFirstAuthentication, with: user, file: file)
         } catch .crypto(.authenticationFailed) {
             throw stored.passphrase == nil ? .corruptState(file: file, reason: "class keys do not unwrap with this machine key")
                                            : .wrongPassphrase(stored.identity)
         }
         do {
-            keys.complete = try unwrapKey(stored, "A", with: user, file: file)
-            keys.completeUnlessOpenPrivate = try unwrap(stored.classes["B"], identity: stored.identity, letter: "B", with: user, file: file)
+            keys.complete = try unwrapKey(stored, .complete, with: user, file: file)
+            keys.completeUnlessOpenPrivate = try unwrap(stored[.completeUnlessOpen], identity: stored.identity, .completeUnlessOpen, with: user, file: file)
         } catch .crypto(.authenticationFailed) {
             throw .corruptState(file: file, reason: "class A or B key does not unwrap")
         }
         return keys
     }
 
-    static func unlockMachineClass(_ stored: StoredKeybag, machineSecret: SecretBytes, file: String) throws(EngineError) -> (id: [UInt8], key: AESGCMKey) {
+    static func unlockMachineClass(_ stored: StoredKeybag, machineSecret: SecretBytes, file: String) throws(EngineError) -> ClassKeyEntry {
         let machine = try Keybags.classDKey(stored, machineSecret: machineSecret)
         do {
-            return try unwrapKey(stored, "D", with: machine, file: file)
+            return try unwrapKey(stored, .none, with: machine, file: file)
         } catch .crypto(.authenticationFailed) {
             throw .corruptState(file: file, reason: "class D key does not unwrap with this machine key")
         }
@@ -267,7 +260,7 @@ enum Keybags {
     /// keybag's machine secret; with `independentOf` class D instead (no machine secret), one
     /// that needs nothing but `password` and also holds class D.
     static func protector(_ stored: StoredKeybag, keys: ClassKeys, password: SecretBytes, uid: UInt32, cost: String,
-                          machineSecret: SecretBytes?, independentWith classD: (id: [UInt8], key: AESGCMKey)? = nil,
+                          machineSecret: SecretBytes?, independentWith classD: ClassKeyEntry? = nil,
                           file: String) throws(EngineError) -> KeyProtector {
         var view = stored
         let parameters = try Self.parameters(for: cost)
@@ -276,9 +269,11 @@ enum Keybags {
         let user = try userKey(view, machineSecret: classD == nil ? machineSecret : nil, passphrase: password)
         let wrapped = try rewrapped(view, keys: keys, with: user, file: file)
         var classes: [String: StoredKeybag.WrappedKey] = [:]
-        for letter in ["A", "B", "C"] { classes[letter] = wrapped.classes[letter] }
-        if let classD, let dStored = stored.classes["D"] {
-            classes["D"] = .init(id: dStored.id, wrapped: try wrap(classD.key.secret, identity: stored.identity, letter: "D", id: dStored.id, with: user))
+        for slot in [ProtectionClass.complete, .completeUnlessOpen, .untilFirstAuthentication] {
+            classes[String(slot.letter)] = wrapped[slot]
+        }
+        if let classD, let dStored = stored[.none] {
+            classes[String(ProtectionClass.none.letter)] = .init(id: dStored.id, wrapped: try wrap(classD.key.secret, identity: stored.identity, .none, id: dStored.id, with: user))
         }
         return KeyProtector(uid: uid, salt: view.salt, parameters: parameters, classes: classes, independent: classD == nil ? nil : true)
     }
@@ -294,12 +289,38 @@ enum Keybags {
     static func rewrapped(_ stored: StoredKeybag, keys: ClassKeys, with user: AESGCMKey, file: String) throws(EngineError) -> StoredKeybag {
         var updated = stored
         guard let a = keys.complete, let c = keys.untilFirstAuthentication, let b = keys.completeUnlessOpenPrivate,
-              let aStored = stored.classes["A"], let bStored = stored.classes["B"], let cStored = stored.classes["C"] else {
+              let aStored = stored[.complete], let bStored = stored[.completeUnlessOpen], let cStored = stored[.untilFirstAuthentication] else {
             throw .corruptState(file: file, reason: "class keys are not unlocked")
         }
-        updated.classes["A"] = .init(id: aStored.id, wrapped: try wrap(a.key.secret, identity: stored.identity, letter: "A", id: aStored.id, with: user))
-        updated.classes["B"] = .init(id: bStored.id, wrapped: try wrap(b, identity: stored.identity, letter: "B", id: bStored.id, with: user), publicKey: bStored.publicKey)
-        updated.classes["C"] = .init(id: cStored.id, wrapped: try wrap(c.key.secret, identity: stored.identity, letter: "C", id: cStored.id, with: user))
+        updated[.complete] = .init(id: aStored.id, wrapped: try wrap(a.key.secret, identity: stored.identity, .complete, id: aStored.id, with: user))
+        updated[.completeUnlessOpen] = .init(id: bStored.id, wrapped: try wrap(b, identity: stored.identity, .completeUnlessOpen, id: bStored.id, with: user),
+                                             publicKey: bStored.publicKey)
+        updated[.untilFirstAuthentication] = .init(id: cStored.id, wrapped: try wrap(c.key.secret, identity: stored.identity, .untilFirstAuthentication, id: cStored.id, with: user))
         return updated
+    }
+}
+
+extension Engine {
+    /// Writes a keybag and keeps it in memory; the account's flags (passphrase, protectors) are
+    /// what the keybag holds.
+    /// The write happens under the state lock, bound to the current machine key, so that a
+    /// machine key migration running at the same time never writes over it with an older copy.
+    func saveKeybag(_ stored: StoredKeybag, of account: Account) throws(EngineError) {
+        let key = Account.canonical(account.id)
+        let current = try? machineKeys.current()
+        let accounts = try state.withLock { (state) throws(EngineError) -> OrderedStateFile<AccountsFile>.Snapshot? in
+            var stored = stored
+            if let current, stored.machineKeyID != current.id || stored.machineSecret == nil, let secret = state.keys[key]?.machineSecret {
+                stored = try Keybags.bind(stored, secret: secret, to: current)
+            }
+            try files.write(stored, to: Self.keybagName(account.id))
+            state.keys[key]?.stored = stored
+            guard let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) else { return nil }
+            state.accounts[index].hasPassphrase = stored.passphrase != nil
+            state.accounts[index].hasLoginProtector = stored.loginProtector != nil
+            state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
+            return accountsSnapshot(state)
+        }
+        if let accounts { try files.save(accounts) }
     }
 }

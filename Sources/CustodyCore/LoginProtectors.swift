@@ -104,38 +104,4 @@ extension Engine {
         guard keys.isComplete else { throw .locked(account.upn, .complete) }
         return (stored, keys)
     }
-
-    /// Writes a keybag and keeps it in memory; the account's flags (passphrase, protectors) are
-    /// what the keybag holds.
-    /// The write happens under the state lock, bound to the current machine key, so that a
-    /// machine key migration running at the same time never writes over it with an older copy.
-    func saveKeybag(_ stored: StoredKeybag, of account: Account) throws(EngineError) {
-        let key = Account.canonical(account.id)
-        let current = try? machineKeys.current()
-        let accounts = try state.withLock { (state) throws(EngineError) -> OrderedStateFile<AccountsFile>.Snapshot? in
-            var stored = stored
-            if let current, stored.machineKeyID != current.id || stored.machineSecret == nil, let secret = state.keys[key]?.machineSecret {
-                stored = try Keybags.bind(stored, secret: secret, to: current)
-            }
-            try files.write(stored, to: Self.keybagName(account.id))
-            state.keys[key]?.stored = stored
-            guard let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) else { return nil }
-            state.accounts[index].hasPassphrase = stored.passphrase != nil
-            state.accounts[index].hasLoginProtector = stored.loginProtector != nil
-            state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
-            return accountsSnapshot(state)
-        }
-        if let accounts { try files.save(accounts) }
-    }
-}
-
-extension Engine.IdentityKeys {
-    /// The class keys held now (all three only while unlocked).
-    var unlockedClassKeys: ClassKeys {
-        ClassKeys(complete: classA, completeUnlessOpenPrivate: classBPrivate, untilFirstAuthentication: classC)
-    }
-}
-
-extension ClassKeys {
-    var isComplete: Bool { complete != nil && completeUnlessOpenPrivate != nil && untilFirstAuthentication != nil }
 }

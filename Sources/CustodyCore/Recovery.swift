@@ -74,10 +74,10 @@ extension Engine {
         let current = try machineKeys.current()
         let view = protector.keybag(of: stored)
         let user = try Keybags.userKey(view, machineSecret: nil, passphrase: recovery.digits)
-        let keys: ClassKeys, classD: (id: [UInt8], key: AESGCMKey)
+        let keys: ClassKeys, classD: ClassKeyEntry
         do {
             keys = try Keybags.unlock(view, with: user, file: file)
-            classD = try Keybags.unwrapKey(view, "D", with: user, file: file)
+            classD = try Keybags.unwrapKey(view, .none, with: user, file: file)
         } catch .wrongPassphrase {
             events.emit(.unlockFailed, identity: account.upn, "wrong recovery key for \(account.upn)", details: ["protector": "recovery"])
             throw .wrongPassphrase(account.upn)
@@ -89,10 +89,10 @@ extension Engine {
         var rebuilt = try Keybags.bind(stored, secret: secret, to: current)
         rebuilt.loginProtector = nil
         rebuilt = try rewrapPassphrase(rebuilt, keys: keys, newPassphrase: newPassphrase, machineSecret: secret, file: file)
-        guard let dStored = stored.classes["D"] else { throw .corruptState(file: file, reason: "class D key is missing") }
-        rebuilt.classes["D"] = .init(id: dStored.id, wrapped: try Keybags.wrap(classD.key.secret, identity: stored.identity, letter: "D", id: dStored.id,
-                                                                             with: try Keybags.classDKey(rebuilt, machineSecret: secret)))
-        var identityKeys = try Self.loadKeys(rebuilt, machineSecret: secret, file: file)
+        guard let dStored = stored[.none] else { throw .corruptState(file: file, reason: "class D key is missing") }
+        rebuilt[.none] = .init(id: dStored.id, wrapped: try Keybags.wrap(classD.key.secret, identity: stored.identity, .none, id: dStored.id,
+                                                                       with: try Keybags.classDKey(rebuilt, machineSecret: secret)))
+        var identityKeys = try Keyring.load(rebuilt, machineSecret: secret, file: file)
         identityKeys.install(keys)
         state.withLock { state in
             state.keys[key] = identityKeys

@@ -30,7 +30,7 @@ extension Engine {
     /// and every identity then counts as at the back-off limit (below `MaxUnlockAttempts` when
     /// that is set, `limit`): damaging the file cannot reset a guessing counter, and the next
     /// right credential clears it as usual.
-    static func loadAttempts(_ files: StateFiles, into keys: inout [String: IdentityKeys], clock: EngineClock, limit: Int,
+    static func loadAttempts(_ files: StateFiles, into keys: inout [String: Keyring], clock: EngineClock, limit: Int,
                              problems: inout [StateProblem]) {
         guard access(files.path(attemptsFile), F_OK) == 0 else { return }
         guard let kept = readOrSetAside(AttemptsFile.self, from: attemptsFile, files: files,
