@@ -132,6 +132,18 @@ public struct Policy: Codable, Equatable, Sendable {
     }
 }
 
+/// An identity as a key: its name trimmed and case-folded, so that every spelling of one
+/// identity finds the same entry (the engine's per-identity state, the transfer rules' managed
+/// set, the keybag's name). Built once where an identity comes in, compared as a value after.
+public struct IdentityKey: Hashable, Sendable, CustomStringConvertible {
+    /// The folded name: what a keybag binds into its wraps and its file name is made from.
+    public let folded: String
+
+    public init(_ identity: String) { folded = identity.foldedIdentity() }
+
+    public var description: String { folded }
+}
+
 /// A registered account: an object ID and a UPN, matched case-insensitively. Enrolled accounts
 /// have a policy and are managed; registered-only accounts are known but unmanaged.
 public struct Account: Codable, Equatable, Sendable {
@@ -160,14 +172,16 @@ public struct Account: Codable, Equatable, Sendable {
     public func matches(_ identity: String) -> Bool {
         // Identities usually arrive spelled as stored (records, bindings): no folding needed.
         if matchesAsStored(identity) { return true }
-        let key = Account.canonical(identity)
-        return key == Account.canonical(id) || key == Account.canonical(upn)
+        let key = IdentityKey(identity)
+        return key == IdentityKey(id) || key == IdentityKey(upn)
     }
 
-    /// The case-folded, trimmed form identities are compared in.
-    public static func canonical(_ identity: String) -> String {
-        identity.foldedIdentity()
-    }
+    /// What the engine files this account's keys, its lock and attempts under: its object ID as
+    /// an `IdentityKey`.
+    public var key: IdentityKey { IdentityKey(id) }
+
+    /// Both of its names as keys (object ID and UPN), for matching what a file or event names.
+    public var keys: Set<IdentityKey> { [IdentityKey(id), IdentityKey(upn)] }
 
     /// `identity` trimmed, if it can name a file's owner (see `Owner`): some character that is
     /// not whitespace, no NUL, at most 180 bytes of UTF-8 in both spellings. Every way an

@@ -88,14 +88,14 @@ public final class Engine: @unchecked Sendable {
         /// Wipes journaled by a daemon that stopped before they finished: completed first thing.
         var pendingWipes: [Account] = []
         /// Enrolled accounts' keys, by canonical object ID.
-        var keys: [String: Keyring] = [:]
+        var keys: [IdentityKey: Keyring] = [:]
         var processBindings: [TaskKey: String] = [:]
         var threadBindings: [TaskKey: String] = [:]
         var openKeys = OpenFileKeys()
         /// Enrolled identities whose keybag needs a machine key that cannot be had, and why.
-        var stranded: [String: String] = [:]
+        var stranded: [IdentityKey: String] = [:]
         /// Enrolled identities whose keybag is missing or cannot be read, and why.
-        var unusable: [String: String] = [:]
+        var unusable: [IdentityKey: String] = [:]
         /// What is wrong with the state directory (`StateProblem`).
         var problems: [StateProblem] = []
         /// Runs of the daemon that did not stop cleanly (`UncleanStop`).
@@ -151,7 +151,7 @@ public final class Engine: @unchecked Sendable {
                     secret = try Self.machineSecret(stored, keys: machineKeys, file: files.path(name))
                 } catch .machineKeyUnavailable(let reason) {
                     // Served as unavailable (with the reason) until recovered or wiped.
-                    loaded.stranded[Account.canonical(account.id)] = reason
+                    loaded.stranded[account.key] = reason
                     continue
                 }
                 var keys = try Keyring.load(stored, machineSecret: secret, file: files.path(name))
@@ -160,11 +160,11 @@ public final class Engine: @unchecked Sendable {
                     let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: nil, file: files.path(name))
                     keys.install(unlocked)
                 }
-                loaded.keys[Account.canonical(account.id)] = keys
+                loaded.keys[account.key] = keys
             } catch {
                 // One identity's keys, not the others': it is unavailable, and its keybag stays as found.
                 let reason = "its keybag \(files.path(name)) cannot be used: \(error.description)"
-                loaded.unusable[Account.canonical(account.id)] = reason
+                loaded.unusable[account.key] = reason
                 loaded.problems.append(StateProblem(kind: .keybagUnusable, file: name,
                                                     message: "\(account.upn) is unavailable: \(reason); restore the keybag, or recover or wipe the identity",
                                                     identity: account.id))
@@ -256,7 +256,7 @@ public final class Engine: @unchecked Sendable {
     func pokeDeadlineTimer() { timer.withLock { $0?.poke() } }
 
     static func keybagName(_ id: String) -> String {
-        let digest = Array(Account.canonical(id).utf8).withUnsafeBytes { sha256($0) }
+        let digest = Array(IdentityKey(id).folded.utf8).withUnsafeBytes { sha256($0) }
         let hex: String = hexString(digest.prefix(16))
         return "keybags/" + hex + ".json"
     }
@@ -314,8 +314,8 @@ public final class Engine: @unchecked Sendable {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
         try checkLocations(policy)
         if !settings.allowedAccounts.isEmpty {
-            let allowed = settings.allowedAccounts.map(Account.canonical)
-            guard allowed.contains(Account.canonical(id)) || allowed.contains(Account.canonical(upn)) else { throw .accountNotAllowed(upn) }
+            let allowed = settings.allowedAccounts.map(IdentityKey.init)
+            guard allowed.contains(IdentityKey(id)) || allowed.contains(IdentityKey(upn)) else { throw .accountNotAllowed(upn) }
         }
         try state.withLock { (state) throws(EngineError) in
             if let pending = state.pendingWipes.first(where: { $0.matches(id) || $0.matches(upn) }) {
@@ -337,7 +337,7 @@ public final class Engine: @unchecked Sendable {
             keys = try Keyring.load(kept, machineSecret: secret, file: files.path(name))
             keys.install(try Keybags.unlock(kept, machineSecret: secret, passphrase: passphrase, file: files.path(name)))
         } else {
-            var (stored, unlocked, d, b, secret) = try Keybags.create(identity: Account.canonical(id), passphrase: passphrase,
+            var (stored, unlocked, d, b, secret) = try Keybags.create(identity: IdentityKey(id).folded, passphrase: passphrase,
                                                                        cost: settings.passphraseCost, machine: try machineKeys.current())
             stored.passphraseGate = makeGate(passphrase, salt: stored.salt, identity: stored.identity)
             try files.write(stored, to: name)
@@ -352,7 +352,7 @@ public final class Engine: @unchecked Sendable {
             if let uid { account.uid = uid }
             state.accounts.removeAll { $0.matches(id) || $0.matches(upn) }
             state.accounts.append(account)
-            state.keys[Account.canonical(account.id)] = keys
+            state.keys[account.key] = keys
             return (account, accountsSnapshot(state))
         }
         try files.save(snapshot)
@@ -425,7 +425,7 @@ public final class Engine: @unchecked Sendable {
         processDeadlines()
         let account = try self.account(identity)
         return try state.withLock { (state) throws(EngineError) -> ClassKey in
-            guard let keys = state.keys[Account.canonical(account.id)] else { throw missingKeys(account, state) }
+            guard let keys = state.keys[account.key] else { throw missingKeys(account, state) }
             switch protectionClass {
             case .none:
                 return .symmetric(id: keys.classD.id, key: keys.classD.key)
@@ -447,7 +447,7 @@ public final class Engine: @unchecked Sendable {
     /// open handles, dropped at the last `closeFileKey`.
     public func openFileKey(_ header: FileHeader) throws(EngineError) -> FileKeyLease {
         let account = try self.account(header.owner.canonical)
-        let key = Account.canonical(account.id)
+        let key = account.key
         if let lease = state.withLock({ $0.openKeys.reuse(header.fileID) }) { return lease }
         let classKey = try self.classKey(for: account.id, header.protectionClass, purpose: .open)
         let fileKey: SecretBytes
@@ -463,7 +463,7 @@ public final class Engine: @unchecked Sendable {
     /// Registers a key the caller made itself (a file it just created) as open.
     public func adoptFileKey(_ fileKey: SecretBytes, header: FileHeader) throws(EngineError) -> FileKeyLease {
         let account = try self.account(header.owner.canonical)
-        let lease = FileKeyLease(identity: Account.canonical(account.id), protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
+        let lease = FileKeyLease(identity: account.key, protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
         state.withLock { $0.openKeys.add(lease) }
         return lease
     }
@@ -475,7 +475,7 @@ public final class Engine: @unchecked Sendable {
 
     /// How many file keys are held open, for one identity or all (for tests and status).
     public func openFileKeyCount(identity: String? = nil) -> Int {
-        let key = identity.map { (try? self.account($0)).map { Account.canonical($0.id) } ?? Account.canonical($0) }
+        let key = identity.map { (try? self.account($0)).map { IdentityKey($0.id) } ?? IdentityKey($0) }
         return state.withLock { state in state.openKeys.count { key == nil || $0.identity == key } }
     }
 }

@@ -6,13 +6,13 @@ import Synchronization
 /// away at the last close. At a lock's grace expiry the engine revokes class A leases at once:
 /// from then on every use must fail, and holders drop the key and what they derived from it.
 public final class FileKeyLease: @unchecked Sendable {
-    public let identity: String
+    public let identity: IdentityKey
     public let protectionClass: ProtectionClass
     public let fileID: [UInt8]
     public let fileKey: SecretBytes
     private let revoked = Atomic<Bool>(false)
 
-    init(identity: String, protectionClass: ProtectionClass, fileID: [UInt8], fileKey: SecretBytes) {
+    init(identity: IdentityKey, protectionClass: ProtectionClass, fileID: [UInt8], fileKey: SecretBytes) {
         self.identity = identity
         self.protectionClass = protectionClass
         self.fileID = fileID

@@ -306,7 +306,7 @@ extension Engine {
     /// The write happens under the state lock, bound to the current machine key, so that a
     /// machine key migration running at the same time never writes over it with an older copy.
     func saveKeybag(_ stored: StoredKeybag, of account: Account) throws(EngineError) {
-        let key = Account.canonical(account.id)
+        let key = account.key
         let current = try? machineKeys.current()
         let accounts = try state.withLock { (state) throws(EngineError) -> OrderedStateFile<AccountsFile>.Snapshot? in
             var stored = stored

@@ -11,7 +11,7 @@ extension Engine {
         let account = try self.account(identity)
         let now = clock.now()
         return try state.withLock { (state) throws(EngineError) -> LockStatus in
-            guard let keys = state.keys[Account.canonical(account.id)] else { throw missingKeys(account, state) }
+            guard let keys = state.keys[account.key] else { throw missingKeys(account, state) }
             switch keys.lock {
             case .locked: return .locked
             case .unlocked: return .unlocked
@@ -23,7 +23,7 @@ extension Engine {
     /// Whether class C is available (the identity was unlocked at least once since the daemon started).
     public func hasBeenUnlocked(_ identity: String) throws(EngineError) -> Bool {
         let account = try self.account(identity)
-        return state.withLock { $0.keys[Account.canonical(account.id)]?.classC != nil }
+        return state.withLock { $0.keys[account.key]?.classC != nil }
     }
 
     /// Requests a lock. Class A keys (and open class A files) go when the grace period ends (at
@@ -34,7 +34,7 @@ extension Engine {
         let grace = immediately ? 0 : settings.lockGracePeriod
         let deadline = clock.now() + grace
         let requested = try state.withLock { (state) throws(EngineError) -> Bool in
-            let key = Account.canonical(account.id)
+            let key = account.key
             guard var keys = state.keys[key] else { throw missingKeys(account, state) }
             switch keys.lock {
             case .locked: return false
@@ -64,7 +64,7 @@ extension Engine {
         processDeadlines()
         let account = try self.account(identity)
         let cancelled = state.withLock { state -> Bool in
-            let key = Account.canonical(account.id)
+            let key = account.key
             guard var keys = state.keys[key], case .locking = keys.lock else { return false }
             keys.lock = .unlocked
             state.keys[key] = keys
@@ -96,7 +96,7 @@ extension Engine {
     /// Unlocks with a credential; wrong ones count against the same limit, whichever kind.
     public func unlock(_ identity: String, using credential: Credential) throws(EngineError) {
         let account = try self.account(identity)
-        let key = Account.canonical(account.id)
+        let key = account.key
         let now = clock.now()
         let (stored, machineSecret) = try state.withLock { (state) throws(EngineError) -> (StoredKeybag, SecretBytes) in
             guard let keys = state.keys[key] else { throw missingKeys(account, state) }
@@ -201,8 +201,8 @@ extension Engine {
                 keys.lock = .locked
                 state.keys[key] = keys
                 let revoked = state.openKeys.revoke { $0.identity == key && $0.protectionClass == .complete }
-                let account = state.accounts.first { $0.matches(key) }
-                done.append((account, account?.upn ?? key, revoked))
+                let account = state.accounts.first { $0.key == key }
+                done.append((account, account?.upn ?? key.folded, revoked))
             }
             earliestLockDeadline.store(next.bitPattern, ordering: .releasing)
             return done

@@ -21,7 +21,7 @@ extension Engine {
     /// Removes the login protector of `identity` (the passphrase still unlocks it).
     public func removeLoginProtector(_ identity: String) throws(EngineError) {
         let account = try self.account(identity)
-        guard var stored = state.withLock({ $0.keys[Account.canonical(account.id)]?.stored }) else { throw missingKeys(account) }
+        guard var stored = state.withLock({ $0.keys[account.key]?.stored }) else { throw missingKeys(account) }
         guard stored.loginProtector != nil else { return }
         stored.loginProtector = nil
         try saveKeybag(stored, of: account)
@@ -43,7 +43,7 @@ extension Engine {
     public func login(uid: UInt32, password: SecretBytes, addProtectors: Bool = false) -> LoginOutcome {
         var outcome = LoginOutcome()
         for account in accounts(ofUser: uid) {
-            let stored = state.withLock { $0.keys[Account.canonical(account.id)]?.stored }
+            let stored = state.withLock { $0.keys[account.key]?.stored }
             guard let stored else { continue }
             if stored.loginProtector == nil {
                 if addProtectors, (try? addLoginProtector(account.id, password: password)) != nil { outcome.protected.append(account.upn) }
@@ -94,7 +94,7 @@ extension Engine {
     /// The stored keybag of `account` and the class keys held now (all three only while unlocked).
     func keybag(of account: Account) -> (StoredKeybag, ClassKeys)? {
         state.withLock { state in
-            state.keys[Account.canonical(account.id)].map { ($0.stored, $0.unlockedClassKeys) }
+            state.keys[account.key].map { ($0.stored, $0.unlockedClassKeys) }
         }
     }
 

@@ -25,17 +25,17 @@ extension Engine {
     /// The machine secret of an enrolled identity's keybag (held since the daemon started).
     func machineSecret(of account: Account) throws(EngineError) -> SecretBytes {
         try state.withLock { (state) throws(EngineError) -> SecretBytes in
-            guard let keys = state.keys[Account.canonical(account.id)] else { throw missingKeys(account, state) }
+            guard let keys = state.keys[account.key] else { throw missingKeys(account, state) }
             return keys.machineSecret
         }
     }
 
     /// Why an account has no keys: its machine key cannot be had, or it is not enrolled.
     func missingKeys(_ account: Account, _ state: State) -> EngineError {
-        if let reason = state.stranded[Account.canonical(account.id)] {
+        if let reason = state.stranded[account.key] {
             return .machineKeyUnavailable("\(account.upn): \(reason); recover it with its recovery key (custodyctl recover)")
         }
-        if let reason = state.unusable[Account.canonical(account.id)] { return .keysUnavailable("\(account.upn) is unavailable: \(reason)") }
+        if let reason = state.unusable[account.key] { return .keysUnavailable("\(account.upn) is unavailable: \(reason)") }
         return .notEnrolled(account.upn)
     }
 
@@ -66,7 +66,7 @@ extension Engine {
                 }
                 let updated = try Keybags.bind(stored, secret: secret, to: current)
                 try files.write(updated, to: relative)
-                state.keys[stored.identity]?.stored = updated
+                state.keys[IdentityKey(stored.identity)]?.stored = updated
                 return true
             }
             if didMove { moved += 1 }
@@ -110,7 +110,7 @@ extension Engine {
         var status = machineKeys.status
         if counter, status.store == .tpm2 { status.dictionaryAttack = machineKeys.sealer?.dictionaryAttack }
         status.stranded = state.withLock { state in
-            state.stranded.keys.compactMap { key in state.accounts.first { $0.matches(key) }?.upn }.sorted()
+            state.stranded.keys.compactMap { key in state.accounts.first { $0.key == key }?.upn }.sorted()
         }
         if status.store == .file {
             status.warning = "the machine key is a file in the state directory: a copy of the disk can be attacked offline at Argon2id's speed"

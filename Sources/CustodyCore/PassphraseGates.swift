@@ -34,7 +34,7 @@ extension Engine {
     func passGate(_ gate: Data?, secret: SecretBytes?, salt: Data, account: Account, what: String) throws(EngineError) -> Bool {
         guard let sealer = machineKeys.sealer, let secret else { return gate == nil }
         guard let gate else { return true }
-        let answer = sealer.openGate(gate, authorization: try Self.gateAuthorization(secret, salt: salt, identity: Account.canonical(account.id)))
+        let answer = sealer.openGate(gate, authorization: try Self.gateAuthorization(secret, salt: salt, identity: account.key.folded))
         switch answer {
         case .open:
             return false

@@ -20,7 +20,7 @@ extension Engine {
         var updated = stored
         // Independent of the machine key (and holding class D), so that it still opens the
         // identity when the machine key is lost; the key's ~133 bits make guessing it hopeless.
-        let classD = state.withLock { $0.keys[Account.canonical(account.id)]?.classD }
+        let classD = state.withLock { $0.keys[account.key]?.classD }
         updated.recoveryProtector = try Keybags.protector(stored, keys: keys, password: recovery.digits, uid: 0, cost: settings.passphraseCost,
                                                           machineSecret: nil, independentWith: classD, file: files.path(Self.keybagName(account.id)))
         try saveKeybag(updated, of: account)
@@ -32,7 +32,7 @@ extension Engine {
     /// Removes the recovery key of `identity`.
     public func removeRecoveryKey(_ identity: String) throws(EngineError) {
         let account = try self.account(identity)
-        guard var stored = state.withLock({ $0.keys[Account.canonical(account.id)]?.stored }) else { throw missingKeys(account) }
+        guard var stored = state.withLock({ $0.keys[account.key]?.stored }) else { throw missingKeys(account) }
         guard stored.recoveryProtector != nil else { return }
         stored.recoveryProtector = nil
         try saveKeybag(stored, of: account)
@@ -47,7 +47,7 @@ extension Engine {
     /// loses its login protector (set up again at the next login).
     public func recover(_ identity: String, with recovery: RecoveryKey, newPassphrase: SecretBytes?, removePassphrase: Bool = false) throws(EngineError) {
         let account = try self.account(identity)
-        if state.withLock({ $0.stranded[Account.canonical(account.id)] }) != nil {
+        if state.withLock({ $0.stranded[account.key] }) != nil {
             return try recoverStranded(account, with: recovery, newPassphrase: newPassphrase, removePassphrase: removePassphrase)
         }
         try unlock(account.id, using: .recovery(recovery))
@@ -61,7 +61,7 @@ extension Engine {
 
     private func recoverStranded(_ account: Account, with recovery: RecoveryKey, newPassphrase: SecretBytes?, removePassphrase: Bool) throws(EngineError) {
         let name = Self.keybagName(account.id), file = files.path(name)
-        let key = Account.canonical(account.id)
+        let key = account.key
         guard let stored = try files.read(StoredKeybag.self, from: name) else { throw .corruptState(file: file, reason: "enrolled account \(account.id) has no keybag") }
         let reason = state.withLock { $0.stranded[key] } ?? "the machine key is lost"
         guard let protector = stored.recoveryProtector else { throw .noRecoveryKey(account.upn) }

@@ -60,7 +60,7 @@ extension Engine {
     /// Why an enrolled identity cannot be opened: its machine key cannot be had, or its keybag
     /// cannot be used; nil when it can.
     public func unavailability(of account: Account) -> String? {
-        let key = Account.canonical(account.id)
+        let key = account.key
         return state.withLock { $0.stranded[key] ?? $0.unusable[key] }
     }
 

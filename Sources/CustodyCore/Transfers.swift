@@ -82,7 +82,7 @@ extension Engine {
         let rules = transferRules()
         if rules.anyRestrictedReceiver { return true }
         guard let owner else { return false }
-        return rules.managedIdentities.contains(Account.canonical(owner))
+        return rules.managedIdentities.contains(IdentityKey(owner))
     }
 
     /// May data of `source` (nil: no identity) go to `target` (nil: no identity), moved by
@@ -147,7 +147,7 @@ extension Engine {
         case let (source?, target?):
             if let sender, let receiver { return sender.id == receiver.id }
             if sender != nil || receiver != nil { return false }
-            return Account.canonical(source) == Account.canonical(target)
+            return IdentityKey(source) == IdentityKey(target)
         }
     }
 
@@ -199,8 +199,8 @@ extension Engine {
         var rules = TransferRules(generation: generation)
         for account in accounts() {
             guard let policy = account.policy else { continue }
-            rules.managedIdentities.insert(Account.canonical(account.id))
-            rules.managedIdentities.insert(Account.canonical(account.upn))
+            rules.managedIdentities.insert(account.key)
+            rules.managedIdentities.insert(IdentityKey(account.upn))
             if policy.receiveFromOtherIdentities != .all { rules.anyRestrictedReceiver = true }
         }
         transferRulesBox.withLock { $0 = rules }
@@ -213,7 +213,7 @@ extension Engine {
 
 struct TransferRules: Sendable {
     var generation: UInt64
-    var managedIdentities: Set<String> = []
+    var managedIdentities: Set<IdentityKey> = []
     var anyRestrictedReceiver = false
 }
 

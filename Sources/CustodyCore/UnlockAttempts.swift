@@ -30,7 +30,7 @@ extension Engine {
     /// and every identity then counts as at the back-off limit (below `MaxUnlockAttempts` when
     /// that is set, `limit`): damaging the file cannot reset a guessing counter, and the next
     /// right credential clears it as usual.
-    static func loadAttempts(_ files: StateFiles, into keys: inout [String: Keyring], clock: EngineClock, limit: Int,
+    static func loadAttempts(_ files: StateFiles, into keys: inout [IdentityKey: Keyring], clock: EngineClock, limit: Int,
                              problems: inout [StateProblem]) {
         guard access(files.path(attemptsFile), F_OK) == 0 else { return }
         guard let kept = readOrSetAside(AttemptsFile.self, from: attemptsFile, files: files,
@@ -44,7 +44,8 @@ extension Engine {
             return
         }
         let wall = wallClockSeconds(), now = clock.now()
-        for (key, attempts) in kept.identities where keys[key] != nil {
+        for (name, attempts) in kept.identities where keys[IdentityKey(name)] != nil {
+            let key = IdentityKey(name)
             keys[key]?.failures = attempts.failures
             keys[key]?.retryAt = attempts.retryAt > wall ? now + (attempts.retryAt - wall) : 0
         }
@@ -55,7 +56,7 @@ extension Engine {
         var file = AttemptsFile()
         let wall = wallClockSeconds(), now = clock.now()
         for (key, keys) in state.keys where keys.failures > 0 {
-            file.identities[key] = Attempts(failures: keys.failures, retryAt: keys.retryAt > now ? wall + (keys.retryAt - now) : 0)
+            file.identities[key.folded] = Attempts(failures: keys.failures, retryAt: keys.retryAt > now ? wall + (keys.retryAt - now) : 0)
         }
         try? files.write(file, to: Self.attemptsFile)
     }
@@ -67,7 +68,7 @@ extension Engine {
 
     /// Counts a wrong credential for `account`; returns the failures so far and the wait.
     func recordFailedUnlock(_ account: Account, what: String) -> (failures: Int, wait: Double) {
-        let key = Account.canonical(account.id)
+        let key = account.key
         let (failures, wait) = state.withLock { state -> (Int, Double) in
             guard var keys = state.keys[key] else { return (0, 0) }
             keys.failures += 1
@@ -97,7 +98,7 @@ extension Engine {
     }
 
     /// A right credential: the counters start again.
-    func clearFailedUnlocks(_ key: String) {
+    func clearFailedUnlocks(_ key: IdentityKey) {
         state.withLock { state in
             guard let keys = state.keys[key], keys.failures > 0 || keys.retryAt > 0 else { return }
             state.keys[key]?.failures = 0
@@ -111,7 +112,7 @@ extension Engine {
         guard let account = try? self.account(identity) else { return (0, 0) }
         let now = clock.now()
         return state.withLock { state in
-            guard let keys = state.keys[Account.canonical(account.id)] else { return (0, 0) }
+            guard let keys = state.keys[account.key] else { return (0, 0) }
             return (keys.failures, max(0, keys.retryAt - now))
         }
     }

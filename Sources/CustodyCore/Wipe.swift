@@ -51,7 +51,7 @@ extension Engine {
     /// stays sealed on disk, so enrolling it again restores access to its (still encrypted) files.
     public func deregister(_ identity: String, wipe: Bool, progress: (WipeProgress) -> Void = { _ in }) throws(EngineError) {
         let account = try self.account(identity)
-        let key = Account.canonical(account.id)
+        let key = account.key
         if wipe {
             for volume in volumes { volume.wipeStarting(account) }
             events.emit(.wipeStarted, identity: account.upn, code: 102, "wipe received for \(account.upn)")
@@ -87,7 +87,7 @@ extension Engine {
     }
 
     /// Forgets an identity's keys in memory and revokes its open file keys.
-    private func dropKeys(_ key: String) {
+    private func dropKeys(_ key: IdentityKey) {
         state.withLock { state in
             state.keys[key] = nil
             state.stranded[key] = nil

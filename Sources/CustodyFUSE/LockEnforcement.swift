@@ -38,7 +38,7 @@ final class LockEnforcement: @unchecked Sendable {
     func stop() { queue.sync {} }
 
     private func invalidate(_ account: Account, onlyClassA: Bool) {
-        let aliases: Set<String> = [Account.canonical(account.id), Account.canonical(account.upn)]
+        let aliases = Set(account.keys.map(\.folded))
         for (id, inode) in filesystem.inodes.snapshot() where inode.isRegularFile {
             let protection = filesystem.protection(of: inode)
             guard let owner = protection.owner, aliases.contains(owner.canonical) else { continue }

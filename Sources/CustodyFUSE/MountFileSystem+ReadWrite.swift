@@ -35,7 +35,7 @@ extension MountFileSystem {
                 fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
             } catch {
                 log("read of an encrypted file failed: \(error)")
-                noteTampering(error, of: file.inode, owner: content.lease.identity, content: content)
+                noteTampering(error, of: file.inode, owner: content.lease.identity.folded, content: content)
                 replyError(req, error.errnoValue.rawValue)
             }
         }
@@ -170,7 +170,7 @@ extension MountFileSystem {
             fuse_reply_write(req, data.count)
         } catch {
             log("write to an encrypted file failed: \(error)")
-            noteTampering(error, of: inode, owner: content.lease.identity, content: content)
+            noteTampering(error, of: inode, owner: content.lease.identity.folded, content: content)
             replyError(req, error.errnoValue.rawValue)
             // The file stays a clean prefix of what was written (see ProtectedFile).
             content.file.settleAfterFailedWrite(error)
