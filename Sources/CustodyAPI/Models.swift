@@ -80,6 +80,14 @@ public struct CustodyStatus: Codable, Equatable, Sendable {
     public var machineKey: CustodyMachineKey?
     /// What the daemon could not use in its state directory, or found not matching it.
     public var stateProblems: [CustodyStateProblem]?
+
+    public init(version: String, mounts: [CustodyMount], accounts: [CustodyAccount], machineKey: CustodyMachineKey? = nil, stateProblems: [CustodyStateProblem]? = nil) {
+        self.version = version
+        self.mounts = mounts
+        self.accounts = accounts
+        self.machineKey = machineKey
+        self.stateProblems = stateProblems
+    }
 }
 
 /// Something wrong with the daemon's state directory (in the status).
@@ -90,6 +98,14 @@ public struct CustodyStateProblem: Codable, Equatable, Sendable {
     public var message: String
     public var identity: String?
     public var setAsideAs: String?
+
+    public init(kind: String, file: String, message: String, identity: String? = nil, setAsideAs: String? = nil) {
+        self.kind = kind
+        self.file = file
+        self.message = message
+        self.identity = identity
+        self.setAsideAs = setAsideAs
+    }
 }
 
 /// Where the daemon keeps its machine key (`GET /v1/machine-key`, and in the status).
@@ -98,6 +114,12 @@ public struct CustodyMachineKey: Codable, Equatable, Sendable {
         public var failures: Int
         public var maxTries: Int
         public var intervalSeconds: Int
+
+        public init(failures: Int, maxTries: Int, intervalSeconds: Int) {
+            self.failures = failures
+            self.maxTries = maxTries
+            self.intervalSeconds = intervalSeconds
+        }
     }
 
     public struct Key: Codable, Equatable, Sendable {
@@ -106,6 +128,14 @@ public struct CustodyMachineKey: Codable, Equatable, Sendable {
         public var current: Bool
         public var available: Bool
         public var problem: String?
+
+        public init(id: String, store: String, current: Bool, available: Bool, problem: String? = nil) {
+            self.id = id
+            self.store = store
+            self.current = current
+            self.available = available
+            self.problem = problem
+        }
     }
 
     /// "tpm2" or "file".
@@ -120,6 +150,18 @@ public struct CustodyMachineKey: Codable, Equatable, Sendable {
     public var warning: String?
     /// Identities that cannot be opened without a lost machine key.
     public var stranded: [String]
+
+    public init(store: String? = nil, id: String? = nil, pcrs: [Int], tpm: String? = nil, dictionaryAttack: DictionaryAttack? = nil, problem: String? = nil, keys: [Key], warning: String? = nil, stranded: [String]) {
+        self.store = store
+        self.id = id
+        self.pcrs = pcrs
+        self.tpm = tpm
+        self.dictionaryAttack = dictionaryAttack
+        self.problem = problem
+        self.keys = keys
+        self.warning = warning
+        self.stranded = stranded
+    }
 }
 
 public struct FileProtectionInfo: Codable, Equatable, Sendable {
@@ -131,6 +173,17 @@ public struct FileProtectionInfo: Codable, Equatable, Sendable {
     public var protectionClass: String?
     public var size: UInt64
     public var mountPoint: String?
+
+    public init(path: String, kind: String, owner: String? = nil, managed: Bool, encrypted: Bool, protectionClass: String? = nil, size: UInt64, mountPoint: String? = nil) {
+        self.path = path
+        self.kind = kind
+        self.owner = owner
+        self.managed = managed
+        self.encrypted = encrypted
+        self.protectionClass = protectionClass
+        self.size = size
+        self.mountPoint = mountPoint
+    }
 }
 
 public struct DataProtectionInfo: Codable, Equatable, Sendable {
@@ -139,6 +192,14 @@ public struct DataProtectionInfo: Codable, Equatable, Sendable {
     public var managed: Bool
     public var encrypted: Bool
     public var protectionClass: String?
+
+    public init(isProtected: Bool, owner: String? = nil, managed: Bool, encrypted: Bool, protectionClass: String? = nil) {
+        self.isProtected = isProtected
+        self.owner = owner
+        self.managed = managed
+        self.encrypted = encrypted
+        self.protectionClass = protectionClass
+    }
 }
 
 public struct SharingDecision: Codable, Equatable, Sendable {
@@ -147,6 +208,13 @@ public struct SharingDecision: Codable, Equatable, Sendable {
     /// For a refusal: 312 SharingNotAllowed (the owner's policy), 313 ReceivingNotAllowed (the receiver's).
     public var code: Int?
     public var name: String?
+
+    public init(allowed: Bool, reason: String, code: Int? = nil, name: String? = nil) {
+        self.allowed = allowed
+        self.reason = reason
+        self.code = code
+        self.name = name
+    }
 }
 
 /// The SDK's save and open locations (`IntuneMAMSaveLocation*`, `IntuneMAMOpenLocation*`) by
@@ -168,6 +236,14 @@ public struct LocationSummary: Codable, Equatable, Sendable {
     public var neverMatches: Bool
     public var saveToAllowed: Bool?
     public var openFromAllowed: Bool?
+
+    public init(name: String, paths: [String], neverMatches: Bool, saveToAllowed: Bool? = nil, openFromAllowed: Bool? = nil) {
+        self.name = name
+        self.paths = paths
+        self.neverMatches = neverMatches
+        self.saveToAllowed = saveToAllowed
+        self.openFromAllowed = openFromAllowed
+    }
 }
 
 /// The location of a path.
@@ -176,6 +252,12 @@ public struct PathLocation: Codable, Equatable, Sendable {
     public var location: String
     /// The configured directory, mount point or file system the path is under.
     public var under: String
+
+    public init(path: String, location: String, under: String) {
+        self.path = path
+        self.location = location
+        self.under = under
+    }
 }
 
 public struct LocationAnswer: Codable, Equatable, Sendable {
@@ -193,6 +275,8 @@ public struct LocationAnswer: Codable, Equatable, Sendable {
 /// `GET /v1/locations`.
 public struct LocationList: Codable, Equatable, Sendable {
     public var locations: [LocationSummary]
+
+    public init(locations: [LocationSummary]) { self.locations = locations }
 }
 
 /// The identity a process (or thread) acts as, and where it comes from (`binding`, `parent`,
@@ -310,6 +394,12 @@ public struct CustodyJob: Codable, Equatable, Sendable {
         public var code: Int
         public var name: String
         public var message: String
+
+        public init(code: Int, name: String, message: String) {
+            self.code = code
+            self.name = name
+            self.message = message
+        }
     }
     public var id: Int
     public var kind: String
@@ -319,7 +409,21 @@ public struct CustodyJob: Codable, Equatable, Sendable {
     public var startedAt: Double
     public var finishedAt: Double?
     public var progress: [String: UInt64]
+    /// The operation's answer once it succeeded (the same document a waiting request gets).
+    public var result: JSONValue?
     public var error: Failure?
+
+    public init(id: Int, kind: String, target: String, state: String, startedAt: Double, finishedAt: Double? = nil, progress: [String: UInt64], result: JSONValue? = nil, error: Failure? = nil) {
+        self.id = id
+        self.kind = kind
+        self.target = target
+        self.state = state
+        self.startedAt = startedAt
+        self.finishedAt = finishedAt
+        self.progress = progress
+        self.result = result
+        self.error = error
+    }
 }
 
 /// One event of the daemon's stream.
@@ -331,4 +435,80 @@ public struct CustodyEvent: Codable, Equatable, Sendable {
     public var code: Int?
     public var message: String
     public var details: [String: String]
+
+    public init(sequence: UInt64, time: Double, kind: String, identity: String? = nil, code: Int? = nil, message: String, details: [String: String]) {
+        self.sequence = sequence
+        self.time = time
+        self.kind = kind
+        self.identity = identity
+        self.code = code
+        self.message = message
+        self.details = details
+    }
+}
+
+/// `POST /v1/login/unlock`: what a login did to the user's identities.
+public struct LoginResult: Codable, Equatable, Sendable {
+    public var unlocked: [String]
+    /// Identities with a login protector that stayed locked (a wrong password, rate limited).
+    public var stillLocked: [String]
+    /// Identities that got a login protector now (`addProtectors`).
+    public var protected: [String]
+
+    public init(unlocked: [String], stillLocked: [String], protected: [String]) {
+        self.unlocked = unlocked
+        self.stillLocked = stillLocked
+        self.protected = protected
+    }
+}
+
+/// `POST /v1/login/password`: the identities whose login protector follows the new password, and
+/// those whose protector is stale (it still opens with the old one).
+public struct PasswordChangeResult: Codable, Equatable, Sendable {
+    public var rewrapped: [String]
+    public var stale: [String]
+
+    public init(rewrapped: [String], stale: [String]) {
+        self.rewrapped = rewrapped
+        self.stale = stale
+    }
+}
+
+/// A recovery key sealed to an administrator's public key (an X25519 sealed box of
+/// `{"accountID", "upn", "recoveryKey"}`): what `escrowPublicKey` asks for, and the file
+/// custodyctl writes.
+public struct RecoveryEscrow: Codable, Equatable, Sendable {
+    public var format: String
+    public var version: Int
+    public var accountID: String
+    public var upn: String
+    /// Wall-clock seconds since 1970.
+    public var created: Double
+    /// The administrator's public key (base64).
+    public var publicKey: String
+    /// Base64 of the sealed box.
+    public var sealed: String
+
+    public init(format: String, version: Int, accountID: String, upn: String, created: Double, publicKey: String, sealed: String) {
+        self.format = format
+        self.version = version
+        self.accountID = accountID
+        self.upn = upn
+        self.created = created
+        self.publicKey = publicKey
+        self.sealed = sealed
+    }
+}
+
+/// `POST /v1/accounts/{identity}/recovery-key`: the key (unless `show` was false) and its escrow.
+public struct RecoveryKeyCreated: Codable, Equatable, Sendable {
+    public var identity: String
+    public var recoveryKey: String?
+    public var escrow: RecoveryEscrow?
+
+    public init(identity: String, recoveryKey: String?, escrow: RecoveryEscrow?) {
+        self.identity = identity
+        self.recoveryKey = recoveryKey
+        self.escrow = escrow
+    }
 }

@@ -127,6 +127,15 @@ func request(_ global: Global, _ endpoint: Endpoint, query: [(String, String)] =
     try request(global, endpoint.method, endpoint.path(query: query), body: body)
 }
 
+/// The answer of a finished job as the document `type` (a job's `result`).
+func jobResult<T: Decodable>(_ type: T.Type, _ response: ControlResponse) throws -> T {
+    let job = try decode(CustodyJob.self, response)
+    return try perform { () throws(CustodyClientError) in
+        guard let result = job.result(as: type) else { throw .badResponse("job \(job.id) has no \(type) as its answer") }
+        return result
+    }
+}
+
 func decode<T: Decodable>(_ type: T.Type, _ response: ControlResponse) throws -> T {
     try perform { () throws(CustodyClientError) in
         do { return try JSONDecoder().decode(T.self, from: Data(response.body)) } catch { throw .badResponse("\(error)") }

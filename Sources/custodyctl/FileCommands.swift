@@ -37,8 +37,7 @@ struct Protect: ParsableCommand {
             return (total > 0 ? Double(done) / Double(total) : nil, "\(done)/\(total) files and directories")
         }
         let response = try request(global, Endpoint.job, String(finished.id))
-        struct Result: Decodable { var result: FileProtectionInfo }
-        let result = try decode(Result.self, response).result
+        let result = try jobResult(FileProtectionInfo.self, response)
         show(response, global) { describe(result) }
     }
 

@@ -54,8 +54,7 @@ func runWipe(global: Global, identity: String, noWait: Bool, deregisterRoute: Bo
         return (nil, text)
     }
     let response = try request(global, Endpoint.job, String(finished.id))
-    struct Answer: Decodable { var result: WipeResult }
-    let result = try decode(Answer.self, response).result
+    let result = try jobResult(WipeResult.self, response)
     show(response, global) {
         """
         wiped \(result.identity): \(result.code) \(result.result)

@@ -75,7 +75,7 @@ struct RecoveryKeyCommand: ParsableCommand {
         @Option(help: ArgumentHelp("The administrator's secret key file (recovery-key keypair).", valueName: "file")) var key: String
 
         func run() throws {
-            guard let text = readTextFile(escrow), let blob = try? JSONDecoder().decode(EscrowFile.self, from: Data(text.utf8)),
+            guard let text = readTextFile(escrow), let blob = try? JSONDecoder().decode(RecoveryEscrow.self, from: Data(text.utf8)),
                   blob.format == "custody-recovery-escrow" else {
                 printError("\(escrow) is not a Custody recovery escrow")
                 throw ExitCode(Exit.failed)
@@ -137,8 +137,7 @@ func createRecoveryKey(_ global: Global, _ identity: String, publicKeyFile: Stri
         body.escrowPublicKey = text.trimmingWhitespace()
     }
     let response = try request(global, Endpoint.createRecoveryKey, identity, body: body)
-    struct Answer: Decodable { var identity: String; var recoveryKey: String?; var escrow: EscrowFile? }
-    let answer = try decode(Answer.self, response)
+    let answer = try decode(RecoveryKeyCreated.self, response)
     var escrowText: String?
     if let escrow = answer.escrow {
         let encoder = JSONEncoder()
@@ -154,15 +153,6 @@ func createRecoveryKey(_ global: Global, _ identity: String, publicKeyFile: Stri
 
 /// An escrowed recovery key as the daemon answers it and as its file holds it
 /// (`EscrowedRecoveryKey` on the daemon's side; docs/openapi.yaml, RecoveryEscrow).
-struct EscrowFile: Codable {
-    var format: String
-    var version: Int
-    var accountID: String
-    var upn: String
-    var created: Double
-    var publicKey: String
-    var sealed: String
-}
 
 func writeText(_ path: String, _ text: String, mode: mode_t) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)

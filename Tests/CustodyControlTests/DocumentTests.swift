@@ -55,4 +55,40 @@ final class DocumentTests: XCTestCase {
         let json = try JSONSerialization.jsonObject(with: JSONEncoder().encode(document)) as? [String: Any]
         XCTAssertEqual(json?["hasRecoveryKey"] as? Bool, false, "the flags are always stated")
     }
+
+    /// The JSON of an engine value and of the document made from it, keys sorted.
+    func same<E: Encodable, D: Encodable>(_ engine: E, _ document: D, file: StaticString = #filePath, line: UInt = #line) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        XCTAssertEqual(String(decoding: try encoder.encode(engine), as: UTF8.self), String(decoding: try encoder.encode(document), as: UTF8.self),
+                       file: file, line: line)
+    }
+
+    /// Every engine value an answer carries comes out as its document with nothing lost or
+    /// renamed: the converters in Documents.swift copy every field.
+    func testEveryAnswerSaysWhatTheEngineSaid() throws {
+        let info = CustodyCore.FileProtectionInfo(path: "/m/a", kind: "file", owner: "a@contoso.com", managed: true, encrypted: true,
+                                                  protectionClass: "complete", size: 7, mountPoint: "/m")
+        try same(info, CustodyAPI.FileProtectionInfo(info))
+        let data = CustodyCore.DataProtectionInfo(isProtected: true, owner: "a", managed: false, encrypted: false, protectionClass: nil)
+        try same(data, CustodyAPI.DataProtectionInfo(data))
+        let decision = CustodyCore.SharingDecision(allowed: false, reason: "no", code: 312, name: "SharingNotAllowed")
+        try same(decision, CustodyAPI.SharingDecision(decision))
+        let summary = CustodyCore.LocationSummary(name: "LocalDrive", paths: ["/"], neverMatches: false, saveToAllowed: true, openFromAllowed: nil)
+        try same(summary, CustodyAPI.LocationSummary(summary))
+        let location = CustodyCore.PathLocation(path: "/home/a", location: "LocalDrive", under: "/")
+        try same(location, CustodyAPI.PathLocation(location))
+        let problem = StateProblem(kind: .setAside, file: "bindings.json", message: "unreadable", identity: "a", setAsideAs: "bindings.json.unreadable-1")
+        try same(problem, CustodyStateProblem(problem))
+        var status = MachineKeyStatus(store: .tpm2, id: "k1", pcrs: [7], tpm: "swtpm", dictionaryAttack: DictionaryAttackState(failures: 1, maxTries: 32, intervalSeconds: 600),
+                                      problem: nil, keys: [.init(id: "k1", store: .tpm2, current: true, available: true, problem: nil)], warning: "w")
+        status.stranded = ["b@contoso.com"]
+        try same(status, CustodyMachineKey(status))
+        let event = EngineEvent(sequence: 4, time: 1.5, kind: .wipeFinished, identity: "a", code: 102, message: "wiped", details: ["k": "v"])
+        try same(event, CustodyEvent(event))
+        let outcome = Engine.LoginOutcome(unlocked: ["a"], stillLocked: ["b"], protected: [])
+        try same(outcome, LoginResult(outcome))
+        let escrow = EscrowedRecoveryKey(accountID: "a-id", upn: "a", created: 2, publicKey: "cGs=", sealed: "c2Vh")
+        try same(escrow, RecoveryEscrow(escrow))
+    }
 }

@@ -1,3 +1,4 @@
+import CustodyAPI
 import CustodyCore
 import CustodySystem
 import FoundationEssentials
@@ -31,9 +32,9 @@ struct DiagnosticsView: Encodable {
     var daemon: [String: String]
     var system: [String: String]
     var configuration: String
-    var status: StatusView
-    var jobs: [Job.View]
-    var events: [EngineEvent]
+    var status: CustodyStatus
+    var jobs: [CustodyJob]
+    var events: [CustodyEvent]
 }
 
 extension ControlAPI {
@@ -58,7 +59,7 @@ extension ControlAPI {
         ]
         let view = DiagnosticsView(version: Self.version, generatedAt: wallClockSeconds(), daemon: daemon, system: system,
                                    configuration: diagnostics.configuration, status: status(), jobs: jobs.all.map(\.snapshot),
-                                   events: engine.events.events().suffix(200))
+                                   events: engine.events.events().suffix(200).map { CustodyEvent($0) })
         let encoder = Self.encoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes, .prettyPrinted]
         let text = (try? encoder.encode(view)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"

@@ -1,3 +1,4 @@
+import CustodyAPI
 import CustodySystem
 import Dispatch
 import FoundationEssentials
@@ -7,26 +8,14 @@ import Synchronization
 /// A long operation (a wipe, a recursive protect) run on a thread of its own, with progress that
 /// any client can read (`GET /v1/jobs/{id}`) while it runs and its result after.
 final class Job: @unchecked Sendable {
-    enum State: String, Encodable { case running, succeeded, failed }
-
-    struct View: Encodable {
-        var id: Int
-        var kind: String
-        var target: String
-        var state: State
-        var startedAt: Double
-        var finishedAt: Double?
-        /// Counters (files scanned, deleted, bytes freed, objects done …), as they stand.
-        var progress: [String: UInt64]
-        /// The operation's answer once it succeeded (the same body a waiting request gets).
-        var result: JSONValue?
-        var error: ControlAPI.ErrorBody?
-    }
+    enum State: String { case running, succeeded, failed }
 
     let id: Int
     /// The uid of the caller that started it: a user sees its own jobs, administrators all.
     let startedBy: UInt32
-    private let view: Mutex<View>
+    /// What `GET /v1/jobs/{id}` shows: counters (files scanned, deleted, bytes freed, objects
+    /// done …) as they stand, and the answer or the error once it has finished.
+    private let view: Mutex<CustodyJob>
     private let failureBox = Mutex<ControlAPI.Failure?>(nil)
     /// How it failed, with the HTTP status a waiting request answers with.
     var failure: ControlAPI.Failure? { failureBox.withLock { $0 } }
@@ -35,11 +24,12 @@ final class Job: @unchecked Sendable {
     init(id: Int, kind: String, target: String, startedBy: UInt32) {
         self.id = id
         self.startedBy = startedBy
-        view = Mutex(View(id: id, kind: kind, target: target, state: .running, startedAt: wallClockSeconds(),
-                          progress: [:], result: nil, error: nil))
+        view = Mutex(CustodyJob(id: id, kind: kind, target: target, state: State.running.rawValue, startedAt: wallClockSeconds(), progress: [:]))
     }
 
-    var snapshot: View { view.withLock { $0 } }
+    var snapshot: CustodyJob { view.withLock { $0 } }
+
+    var isRunning: Bool { snapshot.state == State.running.rawValue }
 
     func update(_ counters: [String: UInt64]) {
         view.withLock { view in for (key, value) in counters { view.progress[key] = value } }
@@ -50,12 +40,12 @@ final class Job: @unchecked Sendable {
             view.finishedAt = wallClockSeconds()
             switch outcome {
             case .success(let result):
-                view.state = .succeeded
+                view.state = State.succeeded.rawValue
                 view.result = result
             case .failure(let failure):
                 failureBox.withLock { $0 = failure }
-                view.state = .failed
-                view.error = ControlAPI.ErrorBody(code: failure.code, name: failure.name, message: failure.message)
+                view.state = State.failed.rawValue
+                view.error = CustodyJob.Failure(code: failure.code, name: failure.name, message: failure.message)
             }
         }
         done.signal()
@@ -83,7 +73,7 @@ final class JobRegistry: Sendable {
             let job = Job(id: state.next, kind: kind, target: target, startedBy: startedBy)
             state.next += 1
             state.jobs.append(job)
-            let finished = state.jobs.filter { $0.snapshot.state != .running }
+            let finished = state.jobs.filter { !$0.isRunning }
             if finished.count > capacity, let oldest = finished.first { state.jobs.removeAll { $0 === oldest } }
             return job
         }
@@ -108,41 +98,3 @@ final class JobRegistry: Sendable {
 }
 
 
-/// Any JSON value: how a job keeps the answer of the operation it ran.
-indirect enum JSONValue: Codable, Sendable, Equatable {
-    case null
-    case bool(Bool)
-    case number(Double)
-    case string(String)
-    case array([JSONValue])
-    case object([String: JSONValue])
-
-    init(from decoder: Decoder) throws {
-        let container = try decoder.singleValueContainer()
-        if container.decodeNil() { self = .null }
-        else if let value = try? container.decode(Bool.self) { self = .bool(value) }
-        else if let value = try? container.decode(Double.self) { self = .number(value) }
-        else if let value = try? container.decode(String.self) { self = .string(value) }
-        else if let value = try? container.decode([JSONValue].self) { self = .array(value) }
-        else { self = .object(try container.decode([String: JSONValue].self)) }
-    }
-
-    func encode(to encoder: Encoder) throws {
-        var container = encoder.singleValueContainer()
-        switch self {
-        case .null: try container.encodeNil()
-        case .bool(let value): try container.encode(value)
-        case .number(let value):
-            if value == value.rounded(), abs(value) < 9e15 { try container.encode(Int64(value)) } else { try container.encode(value) }
-        case .string(let value): try container.encode(value)
-        case .array(let value): try container.encode(value)
-        case .object(let value): try container.encode(value)
-        }
-    }
-
-    /// Any encodable value as JSON.
-    static func of<T: Encodable>(_ value: T) -> JSONValue {
-        guard let data = try? JSONEncoder().encode(value), let decoded = try? JSONDecoder().decode(JSONValue.self, from: data) else { return .null }
-        return decoded
-    }
-}

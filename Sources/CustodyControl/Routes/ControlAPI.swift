@@ -237,11 +237,11 @@ struct ControlAPI: Sendable {
     }
 
     /// The status; a user sees only its own accounts.
-    func status(for caller: Caller? = nil) -> StatusView {
+    func status(for caller: Caller? = nil) -> CustodyStatus {
         let accounts = engine.accounts().filter { caller.map { $0.isAdmin } ?? true || $0.uid == caller?.uid }
         var machineKey = engine.machineKeyStatus(counter: false)
         machineKey.stranded = machineKey.stranded.filter { upn in accounts.contains { $0.upn == upn } }
-        return StatusView(version: Self.version,
+        return CustodyStatus(version: Self.version,
                    mounts: engine.volumes.map { CustodyMount(mountPoint: $0.mountPoint, backing: $0.backingDirectory) },
                    accounts: accounts.map { account in
                        var view = CustodyAccount(account)
@@ -254,10 +254,10 @@ struct ControlAPI: Sendable {
                        }
                        return view
                    },
-                   machineKey: machineKey,
+                   machineKey: CustodyMachineKey(machineKey),
                    stateProblems: engine.stateProblems.filter { problem in
                        caller.map { $0.isAdmin } ?? true || accounts.contains { account in problem.identity.map(account.matches) ?? false }
-                   })
+                   }.map { CustodyStateProblem($0) })
     }
 
     /// The store and PCRs a migration asks for.
@@ -346,16 +346,6 @@ struct ControlAPI: Sendable {
 
 
 
-struct StatusView: Encodable {
-    var version: String
-    var mounts: [CustodyMount]
-    var accounts: [CustodyAccount]
-    /// Where the machine key is kept, a warning when it is a file, and the caller's identities
-    /// that cannot be opened.
-    var machineKey: MachineKeyStatus
-    /// What the daemon could not use in its state directory (`StateProblem`).
-    var stateProblems: [StateProblem]
-}
 
 
 

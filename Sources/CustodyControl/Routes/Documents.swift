@@ -38,3 +38,73 @@ extension CustodyAccount {
         reprotectPending = account.reprotectPending
     }
 }
+
+extension CustodyMachineKey {
+    init(_ status: MachineKeyStatus) {
+        self.init(store: status.store?.rawValue, id: status.id, pcrs: status.pcrs, tpm: status.tpm,
+                  dictionaryAttack: status.dictionaryAttack.map {
+                      DictionaryAttack(failures: $0.failures, maxTries: $0.maxTries, intervalSeconds: $0.intervalSeconds)
+                  },
+                  problem: status.problem,
+                  keys: status.keys.map { Key(id: $0.id, store: $0.store.rawValue, current: $0.current, available: $0.available, problem: $0.problem) },
+                  warning: status.warning, stranded: status.stranded)
+    }
+}
+
+extension CustodyStateProblem {
+    init(_ problem: StateProblem) {
+        self.init(kind: problem.kind.rawValue, file: problem.file, message: problem.message, identity: problem.identity, setAsideAs: problem.setAsideAs)
+    }
+}
+
+extension CustodyAPI.FileProtectionInfo {
+    init(_ info: CustodyCore.FileProtectionInfo) {
+        self.init(path: info.path, kind: info.kind, owner: info.owner, managed: info.managed, encrypted: info.encrypted,
+                  protectionClass: info.protectionClass, size: info.size, mountPoint: info.mountPoint)
+    }
+}
+
+extension CustodyAPI.DataProtectionInfo {
+    init(_ info: CustodyCore.DataProtectionInfo) {
+        self.init(isProtected: info.isProtected, owner: info.owner, managed: info.managed, encrypted: info.encrypted, protectionClass: info.protectionClass)
+    }
+}
+
+extension CustodyAPI.SharingDecision {
+    init(_ decision: CustodyCore.SharingDecision) {
+        self.init(allowed: decision.allowed, reason: decision.reason, code: decision.code, name: decision.name)
+    }
+}
+
+extension CustodyAPI.LocationSummary {
+    init(_ summary: CustodyCore.LocationSummary) {
+        self.init(name: summary.name, paths: summary.paths, neverMatches: summary.neverMatches,
+                  saveToAllowed: summary.saveToAllowed, openFromAllowed: summary.openFromAllowed)
+    }
+}
+
+extension CustodyAPI.PathLocation {
+    init(_ location: CustodyCore.PathLocation) {
+        self.init(path: location.path, location: location.location, under: location.under)
+    }
+}
+
+extension CustodyEvent {
+    init(_ event: EngineEvent) {
+        self.init(sequence: event.sequence, time: event.time, kind: event.kind.rawValue, identity: event.identity, code: event.code,
+                  message: event.message, details: event.details)
+    }
+}
+
+extension LoginResult {
+    init(_ outcome: Engine.LoginOutcome) {
+        self.init(unlocked: outcome.unlocked, stillLocked: outcome.stillLocked, protected: outcome.protected)
+    }
+}
+
+extension RecoveryEscrow {
+    init(_ escrow: EscrowedRecoveryKey) {
+        self.init(format: escrow.format, version: escrow.version, accountID: escrow.accountID, upn: escrow.upn, created: escrow.created,
+                  publicKey: escrow.publicKey, sealed: escrow.sealed)
+    }
+}

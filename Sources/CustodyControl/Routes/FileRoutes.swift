@@ -163,8 +163,8 @@ extension ControlAPI {
         let job = jobs.start(kind: "protect", target: located.path, startedBy: caller.uid) { (job) throws(Failure) -> JSONValue in
             do throws(EngineError) {
                 try volumePath.volume.changeOwner(volumePath.relativePath, to: body.identity) { done in job.update(["done": UInt64(done)]) }
-                return JSONValue.of(try engine.protectionInfo(ofStoredPath: volumePath.backingPath, shownAs: located.path,
-                                                              mountPoint: volumePath.volume.mountPoint))
+                return JSONValue.of(CustodyAPI.FileProtectionInfo(try engine.protectionInfo(ofStoredPath: volumePath.backingPath, shownAs: located.path,
+                                                                                 mountPoint: volumePath.volume.mountPoint)))
             } catch {
                 throw Self.failure(error)
             }
@@ -196,7 +196,7 @@ extension ControlAPI {
                 try engineCall { () throws(EngineError) in try engine.encryptFile(storedPath: located.path, for: account.upn) }
             }
         }
-        return json(try info(of: located, caller))
+        return json(CustodyAPI.FileProtectionInfo(try info(of: located, caller)))
     }
 
     func decryptFile(_ body: DecryptRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
@@ -215,7 +215,7 @@ extension ControlAPI {
                     try engineCall { () throws(EngineError) in try engine.decryptFile(storedPath: located.path) }
                 }
             }
-            return json(try info(of: located, caller))
+            return json(CustodyAPI.FileProtectionInfo(try info(of: located, caller)))
         }
         let copy = try locate(copyPath, caller)
         guard copy.path != located.path else { throw Self.failure(.invalidPath(copy.path, reason: "the copy path is the file itself")) }
@@ -227,7 +227,7 @@ extension ControlAPI {
         try asCaller(caller) { () throws(Failure) in
             try engineCall(naming: [located, copy]) { () throws(EngineError) in try engine.decryptFile(storedPath: located.stored, toCopyPath: copy.volume?.mountPath ?? copy.path) }
         }
-        return json(try info(of: copy, caller))
+        return json(CustodyAPI.FileProtectionInfo(try info(of: copy, caller)))
     }
 
     /// Cuts an encrypted file back to its last authentic block (administrators).
@@ -250,7 +250,7 @@ extension ControlAPI {
         // The owner's account is not named to other users.
         let owner = try asCaller(caller) { () throws(Failure) in try info(of: located, caller) }.owner
         decision.reason = hidingOwner(owner, in: decision.reason, from: caller)
-        return json(decision)
+        return json(CustodyAPI.SharingDecision(decision))
     }
 
     // MARK: data
@@ -316,7 +316,7 @@ extension ControlAPI {
                 var bytes: [UInt8] = []
                 for event in events where event.sequence > last {
                     last = event.sequence
-                    guard visible(event), let line = try? encoder.encode(event) else { continue }
+                    guard visible(event), let line = try? encoder.encode(CustodyEvent(event)) else { continue }
                     bytes += Array(line) + [10]
                 }
                 return bytes.isEmpty || writer.send(bytes)

@@ -36,7 +36,7 @@ extension ControlAPI {
         // An account the caller may not see is answered as no identity would be (everything
         // allowed), so nothing shows of its policy.
         let asked = request.query["account"]
-        return json(["locations": engine.locationSummaries(answering: asked != nil, for: policyIdentity(asked, caller))])
+        return json(LocationList(locations: engine.locationSummaries(answering: asked != nil, for: policyIdentity(asked, caller)).map { CustodyAPI.LocationSummary($0) }))
     }
 
     /// The location of a path that need not exist yet (where a file would be saved): its
@@ -57,6 +57,6 @@ extension ControlAPI {
             }
         }
         let full = rest.isEmpty ? resolved : (resolved.bytesEqual("/") ? "" : resolved) + "/" + rest.joined(separator: "/")
-        return try run { () throws(EngineError) in json(try engine.locate(full)) }
+        return try run { () throws(EngineError) in json(CustodyAPI.PathLocation(try engine.locate(full))) }
     }
 }

@@ -37,7 +37,7 @@ extension ControlAPI {
         // 200: every identity of the user is unlocked; 207: some stay locked (the body says which).
         return try run { () throws(EngineError) in
             let outcome = engine.login(uid: uid, password: try Self.secret(body.password), addProtectors: body.addProtectors ?? false)
-            return json(outcome, status: outcome.stillLocked.isEmpty ? 200 : 207)
+            return json(LoginResult(outcome), status: outcome.stillLocked.isEmpty ? 200 : 207)
         }
     }
 
@@ -50,7 +50,7 @@ extension ControlAPI {
             let old = try body.old.map { (text) throws(EngineError) in try Self.secret(text) }
             let (rewrapped, stale) = engine.loginPasswordChanged(uid: uid, old: old, new: try Self.secret(body.new))
             // 200: every login protector follows the new password; 207: some could not (stale).
-            return json(["rewrapped": rewrapped, "stale": stale], status: stale.isEmpty ? 200 : 207)
+            return json(PasswordChangeResult(rewrapped: rewrapped, stale: stale), status: stale.isEmpty ? 200 : 207)
         }
     }
 

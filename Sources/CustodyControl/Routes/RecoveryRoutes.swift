@@ -7,11 +7,6 @@ import FoundationEssentials
 
 
 
-struct RecoveryKeyView: Encodable {
-    var identity: String
-    var recoveryKey: String?
-    var escrow: EscrowedRecoveryKey?
-}
 
 extension ControlAPI {
     static func escrowKey(_ body: RecoveryKeyRequest) throws(Failure) -> [UInt8]? {
@@ -26,7 +21,7 @@ extension ControlAPI {
         return try run { () throws(EngineError) in
             let (key, escrow) = try engine.createRecoveryKey(identity, escrowTo: escrowTo)
             let account = try engine.account(identity)
-            return json(RecoveryKeyView(identity: account.upn, recoveryKey: body.show == false ? nil : key.printable, escrow: escrow), status: 201)
+            return json(RecoveryKeyCreated(identity: account.upn, recoveryKey: body.show == false ? nil : key.printable, escrow: escrow.map { RecoveryEscrow($0) }), status: 201)
         }
     }
 

@@ -117,7 +117,7 @@ extension ControlAPI {
             try api.run { () throws(EngineError) in
                 let account = try api.visibleAccount(r.identity, r.caller)
                 guard let policy = account.policy else { throw .notEnrolled(account.upn) }
-                return api.json(policy)
+                return api.json(Self.document(policy))
             }
         },
         .with(.setPolicy, .admin, "change the policy of {identity}", body: CustodyPolicy.self,
@@ -195,15 +195,15 @@ extension ControlAPI {
     ]
 
     static let machineRoutes: [Route] = [
-        Route(.machineKey, .admin, "see the machine key") { (api, _) throws(Failure) in api.json(api.engine.machineKeyStatus()) },
+        Route(.machineKey, .admin, "see the machine key") { (api, _) throws(Failure) in api.json(CustodyMachineKey(api.engine.machineKeyStatus())) },
         .with(.migrateMachineKey, .admin, "move the machine key", body: MigrateRequest.self,
               check: { (body) throws(Failure) in _ = try migration(body) },
               serve: { (api, _, body) throws(Failure) in
                   let (store, pcrs) = try Self.migration(body)
-                  return try api.run { () throws(EngineError) in api.json(try api.engine.migrateMachineKey(to: store, pcrs: pcrs)) }
+                  return try api.run { () throws(EngineError) in api.json(CustodyMachineKey(try api.engine.migrateMachineKey(to: store, pcrs: pcrs))) }
               }),
         Route(.resetMachineKey, .admin, "replace the machine key") { (api, _) throws(Failure) in
-            try api.run { () throws(EngineError) in api.json(try api.engine.resetMachineKey()) }
+            try api.run { () throws(EngineError) in api.json(CustodyMachineKey(try api.engine.resetMachineKey())) }
         },
         Route(.lockAll, .admin, "lock every account") { (api, _) throws(Failure) in
             api.engine.lockAll()
@@ -240,7 +240,7 @@ extension ControlAPI {
         .with(.fileInfo, .fileReader, body: PathRequest.self) { (api, r, body) throws(Failure) in
             var info = try api.readableInfo(body, r.caller)
             info.owner = api.visibleOwner(info.owner, to: r.caller)
-            return api.json(info)
+            return api.json(CustodyAPI.FileProtectionInfo(info))
         },
         .with(.isEncrypted, .fileReader, body: PathRequest.self) { (api, r, body) throws(Failure) in
             let info = try api.readableInfo(body, r.caller)
@@ -279,7 +279,7 @@ extension ControlAPI {
                   return try api.run { () throws(EngineError) in
                       var info = try api.engine.dataProtectionInfo(bytes)
                       info.owner = api.visibleOwner(info.owner, to: r.caller)
-                      return api.json(info)
+                      return api.json(CustodyAPI.DataProtectionInfo(info))
                   }
               }),
     ]
