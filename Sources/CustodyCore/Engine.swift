@@ -48,9 +48,14 @@ public final class Engine: @unchecked Sendable {
     /// The state directory's machine keys (a file, or sealed to the TPM).
     let machineKeys: MachineKeys
     let state: Mutex<State>
-    /// `accounts.json` and `bindings.json`, written outside the lock (`OrderedStateFile`).
+    /// `accounts.json`, `bindings.json` and `attempts.json`, written outside the lock
+    /// (`OrderedStateFile`).
     let accountsFile = OrderedStateFile<AccountsFile>("accounts.json")
     let bindingsFile = OrderedStateFile<Bindings>("bindings.json")
+    let attemptsFileWriter = OrderedStateFile<AttemptsFile>(Engine.attemptsFile)
+    /// Held while a keybag file is written (`saveKeybag`, a machine key migration), so that
+    /// neither writes over the other, without holding the engine's lock during the write.
+    let keybagWrites = Mutex(())
     private let wipeHandlerBox = Mutex<WipeHandler?>(nil)
     let volumeRegistry = VolumeRegistry()
     private let timer = Mutex<DeadlineTimer?>(nil)
@@ -198,7 +203,7 @@ public final class Engine: @unchecked Sendable {
         // The file says only what holds: identities of exited processes do not linger in it.
         if dropped { try files.save(bindingsSnapshot(loaded)) }
         // Counters that could not be read start again at the back-off limit, kept from now on.
-        if loaded.problems.contains(where: { $0.kind == .setAside && $0.file == Self.attemptsFile }) { saveAttempts(loaded) }
+        if loaded.problems.contains(where: { $0.kind == .setAside && $0.file == Self.attemptsFile }) { saveAttempts(attemptsSnapshot(loaded)) }
         // A migration that was stopped midway is finished; a store other than the configured one
         // is left for it.
         try finishMachineKeyMigration()

@@ -302,25 +302,28 @@ enum Keybags {
 
 extension Engine {
     /// Writes a keybag and keeps it in memory; the account's flags (passphrase, protectors) are
-    /// what the keybag holds.
-    /// The write happens under the state lock, bound to the current machine key, so that a
-    /// machine key migration running at the same time never writes over it with an older copy.
+    /// what the keybag holds. The keybag is bound to the current machine key first.
+    /// Keybag writes take `keybagWrites`, not the engine's lock (every CREATE waits on that one,
+    /// and a write costs two disk `fsync`s): a machine key migration running at the same time
+    /// takes it too, so neither writes over the other with an older copy.
     func saveKeybag(_ stored: StoredKeybag, of account: Account) throws(EngineError) {
         let key = account.key
-        let current = try? machineKeys.current()
-        let accounts = try state.withLock { (state) throws(EngineError) -> OrderedStateFile<AccountsFile>.Snapshot? in
+        try keybagWrites.withLock { (_) throws(EngineError) in
             var stored = stored
-            if let current, stored.machineKeyID != current.id || stored.machineSecret == nil, let secret = state.keys[key]?.machineSecret {
+            if let current = try? machineKeys.current(), stored.machineKeyID != current.id || stored.machineSecret == nil,
+               let secret = state.withLock({ $0.keys[key]?.machineSecret }) {
                 stored = try Keybags.bind(stored, secret: secret, to: current)
             }
             try files.write(stored, to: Self.keybagName(account.id))
-            state.keys[key]?.stored = stored
-            guard let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) else { return nil }
-            state.accounts[index].hasPassphrase = stored.passphrase != nil
-            state.accounts[index].hasLoginProtector = stored.loginProtector != nil
-            state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
-            return accountsSnapshot(state)
+            let accounts = state.withLock { state -> OrderedStateFile<AccountsFile>.Snapshot? in
+                state.keys[key]?.stored = stored
+                guard let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) else { return nil }
+                state.accounts[index].hasPassphrase = stored.passphrase != nil
+                state.accounts[index].hasLoginProtector = stored.loginProtector != nil
+                state.accounts[index].hasRecoveryKey = stored.recoveryProtector != nil
+                return accountsSnapshot(state)
+            }
+            if let accounts { try files.save(accounts) }
         }
-        if let accounts { try files.save(accounts) }
     }
 }

@@ -53,8 +53,8 @@ extension Engine {
         var referenced: Set<String?> = [current.id]
         for name in files.list("keybags").sorted() where name.hasSuffix(".json") && !name.contains(".tmp-") {
             let relative = "keybags/" + name
-            // Under the state lock: saveKeybag writes under it too, so neither overwrites the other.
-            let didMove = try state.withLock { (state) throws(EngineError) -> Bool in
+            // Under `keybagWrites`: saveKeybag writes under it too, so neither overwrites the other.
+            let didMove = try keybagWrites.withLock { (_) throws(EngineError) -> Bool in
                 guard let stored = try files.read(StoredKeybag.self, from: relative) else { return false }
                 if stored.machineKeyID == current.id, stored.machineSecret != nil { return false }
                 let secret: SecretBytes
@@ -66,7 +66,7 @@ extension Engine {
                 }
                 let updated = try Keybags.bind(stored, secret: secret, to: current)
                 try files.write(updated, to: relative)
-                state.keys[IdentityKey(stored.identity)]?.stored = updated
+                state.withLock { $0.keys[IdentityKey(stored.identity)]?.stored = updated }
                 return true
             }
             if didMove { moved += 1 }

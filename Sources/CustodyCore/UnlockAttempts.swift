@@ -51,14 +51,20 @@ extension Engine {
         }
     }
 
-    /// Writes every identity's counters (only those with failures).
-    func saveAttempts(_ state: State) {
+    /// Every identity's counters (only those with failures), to write with `saveAttempts` once
+    /// the lock is released (`OrderedStateFile`). Call it under the lock, after the change.
+    func attemptsSnapshot(_ state: State) -> OrderedStateFile<AttemptsFile>.Snapshot {
         var file = AttemptsFile()
         let wall = wallClockSeconds(), now = clock.now()
         for (key, keys) in state.keys where keys.failures > 0 {
             file.identities[key.folded] = Attempts(failures: keys.failures, retryAt: keys.retryAt > now ? wall + (keys.retryAt - now) : 0)
         }
-        try? files.write(file, to: Self.attemptsFile)
+        return attemptsFileWriter.snapshot(file)
+    }
+
+    /// Writes the counters; a failure leaves the last file (the counters stay in memory).
+    func saveAttempts(_ snapshot: OrderedStateFile<AttemptsFile>.Snapshot) {
+        try? files.save(snapshot)
     }
 
     /// The wait after `failures` wrong attempts in a row.
@@ -69,15 +75,15 @@ extension Engine {
     /// Counts a wrong credential for `account`; returns the failures so far and the wait.
     func recordFailedUnlock(_ account: Account, what: String) -> (failures: Int, wait: Double) {
         let key = account.key
-        let (failures, wait) = state.withLock { state -> (Int, Double) in
-            guard var keys = state.keys[key] else { return (0, 0) }
+        let (failures, wait, snapshot) = state.withLock { state -> (Int, Double, OrderedStateFile<AttemptsFile>.Snapshot?) in
+            guard var keys = state.keys[key] else { return (0, 0, nil) }
             keys.failures += 1
             let wait = Self.backoff(after: keys.failures)
             if wait > 0 { keys.retryAt = clock.now() + wait }
             state.keys[key] = keys
-            saveAttempts(state)
-            return (keys.failures, wait)
+            return (keys.failures, wait, attemptsSnapshot(state))
         }
+        if let snapshot { saveAttempts(snapshot) }
         let protector = what.hasPrefix("login") ? "login" : what.hasPrefix("recovery") ? "recovery" : "passphrase"
         events.emit(.unlockFailed, identity: account.upn, "wrong \(what) for \(account.upn)",
                     details: ["failures": "\(failures)", "retryAfterSeconds": "\(wait)", "protector": protector])
@@ -99,12 +105,13 @@ extension Engine {
 
     /// A right credential: the counters start again.
     func clearFailedUnlocks(_ key: IdentityKey) {
-        state.withLock { state in
-            guard let keys = state.keys[key], keys.failures > 0 || keys.retryAt > 0 else { return }
+        let snapshot = state.withLock { state -> OrderedStateFile<AttemptsFile>.Snapshot? in
+            guard let keys = state.keys[key], keys.failures > 0 || keys.retryAt > 0 else { return nil }
             state.keys[key]?.failures = 0
             state.keys[key]?.retryAt = 0
-            saveAttempts(state)
+            return attemptsSnapshot(state)
         }
+        if let snapshot { saveAttempts(snapshot) }
     }
 
     /// Wrong attempts in a row for `identity`, and the seconds to wait before the next.
