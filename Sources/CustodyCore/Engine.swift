@@ -473,6 +473,14 @@ public final class Engine: @unchecked Sendable {
         return lease
     }
 
+    /// Whether a new handle may share the key of a file open already: not for a class B file while
+    /// its identity is locked. Its open handles keep working, but no new one opens (as on iOS), also
+    /// not one that arrives before the kernel's release of the last handle closed.
+    public func admitsNewHandle(_ lease: FileKeyLease) -> Bool {
+        guard lease.protectionClass == .completeUnlessOpen else { return true }
+        return state.withLock { $0.keys[lease.identity]?.classBPrivate != nil }
+    }
+
     /// One handle closed; at the last one the key is dropped (zeroed once nothing holds it).
     public func closeFileKey(_ lease: FileKeyLease) {
         state.withLock { _ = $0.openKeys.close(lease) }

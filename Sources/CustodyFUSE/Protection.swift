@@ -214,6 +214,8 @@ extension MountFileSystem {
     func acquireContent(_ inode: Inode) throws(Errno) -> ProtectedContent {
         try inode.protectionState.withLock { (state) throws(Errno) -> ProtectedContent in
             if let content = state.content, !content.lease.isRevoked {
+                // A locked class B file's shared content serves its open handles, not a new one.
+                guard engine?.admitsNewHandle(content.lease) ?? true else { throw Errno.accessDenied }
                 content.opens += 1
                 return content
             }

@@ -117,6 +117,8 @@ final class LockMountTests: XCTestCase {
         try eventually("the shell to open its files", timeout: 30) { access(root + "/ready1", F_OK) == 0 }
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts/carol@contoso.com/lock").status, 200)
         try waitUntilLocked("carol@contoso.com")
+        // The shell still holds open.txt open: its handles work on, but no new one opens.
+        XCTAssertEqual(errnoOf { _ = try readFile(self.daemon.mnt("open.txt")) }, EACCES, "a new handle while another is open")
         XCTAssertTrue(FileManager.default.createFile(atPath: root + "/go1", contents: Data()))
         XCTAssertTrue(waitForExit(shell, seconds: 30))
         let output = try String(contentsOfFile: root + "/out", encoding: .utf8)
