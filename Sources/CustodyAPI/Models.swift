@@ -388,19 +388,23 @@ public struct WipeResult: Codable, Equatable, Sendable {
     }
 }
 
+/// Every error answer's body (`{code, name, message}`: the SDK's status code and its name), and
+/// how a failed job says why.
+public struct ErrorAnswer: Codable, Equatable, Sendable {
+    public var code: Int
+    public var name: String
+    public var message: String
+
+    public init(code: Int, name: String, message: String) {
+        self.code = code
+        self.name = name
+        self.message = message
+    }
+}
+
 /// A long operation run by the daemon (wipe, recursive protect).
 public struct CustodyJob: Codable, Equatable, Sendable {
-    public struct Failure: Codable, Equatable, Sendable {
-        public var code: Int
-        public var name: String
-        public var message: String
-
-        public init(code: Int, name: String, message: String) {
-            self.code = code
-            self.name = name
-            self.message = message
-        }
-    }
+    public typealias Failure = ErrorAnswer
     public var id: Int
     public var kind: String
     public var target: String

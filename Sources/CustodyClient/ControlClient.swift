@@ -144,8 +144,7 @@ public struct ControlClient: Sendable {
     /// Throws `.server` (with the API's code and name) for an error answer.
     public static func check(_ response: ControlResponse) throws(CustodyClientError) {
         guard response.status >= 300 else { return }
-        struct Failure: Decodable { var code: Int; var name: String; var message: String }
-        if let failure = try? JSONDecoder().decode(Failure.self, from: Data(response.body)) {
+        if let failure = try? JSONDecoder().decode(ErrorAnswer.self, from: Data(response.body)) {
             throw .server(status: response.status, code: failure.code, name: failure.name, message: failure.message)
         }
         throw .server(status: response.status, code: response.status, name: "HTTP\(response.status)", message: response.text)

@@ -170,7 +170,7 @@ public final class FUSEMount: @unchecked Sendable {
         pruner.start()
         defer { pruner.stop() }
         let enforcement = LockEnforcement(filesystem: filesystem, session: session)
-        defer { enforcement.stop() }
+        defer { enforcement.settle() }
         let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }
         let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther,
                                  filesystem: filesystem, session: session, enforcement: enforcement, reprotection: reprotection)

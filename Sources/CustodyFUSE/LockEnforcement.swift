@@ -32,10 +32,9 @@ final class LockEnforcement: @unchecked Sendable {
     /// (mappings made across identities then fault again and ask the daemon).
     func allFiles(of account: Account) { queue.async { self.invalidate(account, onlyClassA: false) } }
 
-    /// Returns once every invalidation queued so far has been sent to the kernel.
+    /// Returns once every invalidation queued so far has been sent to the kernel (before a
+    /// suspend, and before the session ends).
     func settle() { queue.sync {} }
-
-    func stop() { queue.sync {} }
 
     private func invalidate(_ account: Account, onlyClassA: Bool) {
         let aliases = Set(account.keys.map(\.folded))

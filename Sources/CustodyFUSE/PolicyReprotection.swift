@@ -28,8 +28,6 @@ final class PolicyReprotection: @unchecked Sendable {
         queue.async { self.run(account.id) }
     }
 
-    /// Waits until queued re-protections are done (for shutdown and tests).
-    func drain() { queue.sync {} }
 
     private func run(_ identity: String) {
         guard let engine, let account = try? engine.account(identity) else { return }

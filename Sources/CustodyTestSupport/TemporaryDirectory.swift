@@ -1,7 +1,7 @@
 import CustodySystem
 import Glibc
 
-/// A directory of its own for a test, under /tmp, removed with everything in it by `remove()`.
+/// A directory of its own for a test, under /tmp, removed with everything in it by `removeTree`.
 /// Every test target makes its scratch space this way (one spelling, one cleanup).
 public struct TemporaryDirectory: Sendable {
     public let path: String
@@ -11,15 +11,6 @@ public struct TemporaryDirectory: Sendable {
         var template = Array("/tmp/\(prefix).XXXXXX".utf8CString)
         guard let created = mkdtemp(&template) else { throw Errno.current }
         path = String(cString: created)
-    }
-
-    /// `path` + "/" + `relative`.
-    public func appending(_ relative: String) -> String { path + "/" + relative }
-
-    /// Removes the directory and everything below it (mount points inside must be unmounted
-    /// first; nothing crosses into another file system).
-    public func remove() {
-        Self.removeTree(path)
     }
 
     /// Removes `path` and everything below it, not following symbolic links nor crossing into

@@ -45,7 +45,7 @@ final class Job: @unchecked Sendable {
             case .failure(let failure):
                 failureBox.withLock { $0 = failure }
                 view.state = State.failed.rawValue
-                view.error = CustodyJob.Failure(code: failure.code, name: failure.name, message: failure.message)
+                view.error = ErrorAnswer(code: failure.code, name: failure.name, message: failure.message)
             }
         }
         done.signal()

@@ -38,10 +38,8 @@ struct ControlAPI: Sendable {
         var headers: [String: String] = [:]
     }
 
-    struct ErrorBody: Encodable { var code: Int; var name: String; var message: String }
-
     static func failure(_ status: Int, _ code: Int, _ name: String, _ message: String) -> HTTPResponse {
-        let body = (try? encoder().encode(ErrorBody(code: code, name: name, message: message))).map { Array($0) } ?? []
+        let body = (try? encoder().encode(ErrorAnswer(code: code, name: name, message: message))).map { Array($0) } ?? []
         return HTTPResponse(status: status, body: body)
     }
 
