@@ -56,6 +56,10 @@ let package = Package(
         .target(name: "CustodyFUSE", dependencies: ["CFuse3", "CFuseRing", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem", "CustodyMetrics",
                                                    .product(name: "Logging", package: "swift-log")]),
 
+        // The guard: every process that read a managed identity's data saves only where that
+        // identity's policy allows (fanotify permission events, process events).
+        .target(name: "CustodyGuard", dependencies: ["CLinux", "CustodyCore", "CustodySystem"]),
+
         // Login sessions (systemd-logind over D-Bus, sd-bus) driving the engine's locks.
         .target(name: "CustodySessions", dependencies: ["CSystemd", "CustodyCore", "CustodySystem"]),
 
@@ -73,7 +77,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
-            "CustodyFUSE", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto", "CustodySessions", "CustodyTPM", "CustodyMetrics",
+            "CustodyFUSE", "CustodyGuard", "CustodyControl", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyConfig", "CustodyCrypto", "CustodySessions", "CustodyTPM", "CustodyMetrics",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
@@ -101,6 +105,7 @@ let package = Package(
                                                                 .product(name: "NIOHTTP1", package: "swift-nio"),
                                                                 .product(name: "Yams", package: "Yams")]),
         .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTestSupport", "CustodyTPM", "CustodyCrypto"]),
+        .testTarget(name: "CustodyGuardTests", dependencies: ["CustodyTestSupport", "CustodyGuard", "CustodyCore", "CustodySystem", "CLinux"]),
         .testTarget(name: "CustodySessionsTests", dependencies: ["CustodyTestSupport", "CustodySessions", "CustodyCore"]),
         .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyTestSupport", "CustodyMetrics", "CustodyCore"]),
         .testTarget(name: "CustodyConfigTests", dependencies: ["CustodyTestSupport", "CustodyConfig", "CustodyCore", "CustodyFormat"]),

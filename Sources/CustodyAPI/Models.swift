@@ -80,13 +80,39 @@ public struct CustodyStatus: Codable, Equatable, Sendable {
     public var machineKey: CustodyMachineKey?
     /// What the daemon could not use in its state directory, or found not matching it.
     public var stateProblems: [CustodyStateProblem]?
+    /// What keeps processes that hold managed data to their save-to locations.
+    public var `guard`: CustodyGuardStatus?
 
-    public init(version: String, mounts: [CustodyMount], accounts: [CustodyAccount], machineKey: CustodyMachineKey? = nil, stateProblems: [CustodyStateProblem]? = nil) {
+    public init(version: String, mounts: [CustodyMount], accounts: [CustodyAccount], machineKey: CustodyMachineKey? = nil,
+                stateProblems: [CustodyStateProblem]? = nil, guard guardStatus: CustodyGuardStatus? = nil) {
         self.version = version
         self.mounts = mounts
         self.accounts = accounts
         self.machineKey = machineKey
         self.stateProblems = stateProblems
+        self.guard = guardStatus
+    }
+}
+
+/// The guard (docs/guard.md): `fanotify` when every process that read a managed identity's data
+/// is kept to its save-to locations on `fileSystems`; `off` when configured so; `unavailable`
+/// when the kernel refused (`reason`).
+public struct CustodyGuardStatus: Codable, Equatable, Sendable {
+    public var level: String
+    public var reason: String?
+    /// Mount points of the watched file systems.
+    public var fileSystems: [String]
+    /// Processes that hold managed data now.
+    public var holders: Int
+    /// Creations and opens for writing refused since the start.
+    public var refusals: UInt64
+
+    public init(level: String, reason: String? = nil, fileSystems: [String], holders: Int, refusals: UInt64) {
+        self.level = level
+        self.reason = reason
+        self.fileSystems = fileSystems
+        self.holders = holders
+        self.refusals = refusals
     }
 }
 

@@ -63,6 +63,14 @@ public struct DaemonConfiguration: Equatable, Sendable {
     public var followSessions = true
     /// A loopback address and port that also serves the metrics (`metrics-listen`), or nil.
     public var metricsListen: LoopbackAddress?
+    /// The file systems the guard watches (`[guard] file_systems`): nil for all of them.
+    public var guardFileSystems: GuardFileSystems = .all
+
+    /// `[guard] file_systems`: "all" (the default), "none", or a list of paths whose file systems are watched.
+    public enum GuardFileSystems: Equatable, Sendable {
+        case all, none
+        case holding([String])
+    }
 
     public init() {}
 
@@ -231,7 +239,7 @@ struct Reader {
 
     // MARK: The document
 
-    static let topKeys = ["state", "log_level", "machine-key", "tpm2-pcrs", "tpm2-tcti", "metrics-listen", "control", "settings", "default_identities", "locations", "mount"]
+    static let topKeys = ["state", "log_level", "machine-key", "tpm2-pcrs", "tpm2-tcti", "metrics-listen", "control", "guard", "settings", "default_identities", "locations", "mount"]
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
@@ -278,6 +286,18 @@ struct Reader {
             }
             configuration.socketGroup = string(control, ["control", "group"])
             configuration.adminGroup = string(control, ["control", "admin_group"])
+        }
+        if let guardTable = table(root, "guard") {
+            unknownKeys(guardTable, allowed: ["file_systems"], in: ["guard"])
+            if let value = guardTable["file_systems"] {
+                if let word = value.string, word == "all" || word == "none" {
+                    configuration.guardFileSystems = word == "all" ? .all : .none
+                } else if let array = value.array, array.allSatisfy({ $0.string?.hasPrefix("/") == true }) {
+                    configuration.guardFileSystems = .holding(array.compactMap(\.string))
+                } else {
+                    fail(["guard", "file_systems"], "must be \"all\", \"none\" or an array of absolute paths")
+                }
+            }
         }
         if let settings = table(root, "settings") { readSettings(settings, into: &configuration) }
         if let identities = table(root, "default_identities") {

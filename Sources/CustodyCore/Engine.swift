@@ -72,6 +72,10 @@ public final class Engine: @unchecked Sendable {
     let earliestLockDeadline = Atomic<UInt64>(Double.infinity.bitPattern)
     let transferRulesBox = Mutex<TransferRules?>(nil)
     let transferEvents = EventRateLimiter()
+    /// The guard that keeps holders of managed data to their save-to locations (`Holding.swift`).
+    let dataHoldersBox = Mutex<(any DataHolders)?>(nil)
+    let saveRulesBox = Mutex<SaveRules?>(nil)
+    let saveEvents = EventRateLimiter()
     /// Login sessions PAM opened (`LoginSessions`).
     let loginSessions = LoginSessions()
     let tamperEvents = EventRateLimiter()

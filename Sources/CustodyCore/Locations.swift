@@ -71,7 +71,7 @@ public struct LocationSummary: Codable, Equatable, Sendable {
 /// `isOpenFromAllowedForLocation`).
 extension Engine {
     /// File system types whose data lives on another machine: `Other`, not `LocalDrive`.
-    static let remoteFileSystems: Set<String> = ["nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "afs", "9p",
+    public static let remoteFileSystems: Set<String> = ["nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "afs", "9p",
                                                  "fuse.sshfs", "fuse.rclone", "fuse.davfs", "davfs", "fuse.s3fs", "fuse.gcsfuse"]
 
     /// The location of `path` (absolute; it need not exist): an administrator's location whose

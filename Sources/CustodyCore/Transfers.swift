@@ -153,7 +153,7 @@ extension Engine {
 
     /// Why `party` is let through whatever the scopes say; else, when it looks like an exempt
     /// program but is not trusted as one, why not (`ExemptPrograms`).
-    private func exemption(of party: TransferParty, policies: [Policy]) -> (exempt: String?, impostor: String?) {
+    func exemption(of party: TransferParty, policies: [Policy]) -> (exempt: String?, impostor: String?) {
         let settings = self.settings
         if settings.transferExemptUids.contains(party.uid) { return ("uid \(party.uid) is exempt (settings)", nil) }
         if policies.contains(where: { $0.transferExemptUids.contains(party.uid) }) { return ("uid \(party.uid) is exempt (policy)", nil) }

@@ -68,6 +68,7 @@ extension MountFileSystem {
             // Truncating re-owns the file to the caller below: none of the old owner's data is
             // left to move. Any other open is a transfer when the identities differ.
             let grant = engine != nil && fi.pointee.flags & O_TRUNC != 0 ? nil : try checkTransfer(req, inode, flags: fi.pointee.flags)
+            try checkHolding(req, inode, flags: fi.pointee.flags)
             if inode.isRegularFile, engine != nil, fi.pointee.flags & O_TRUNC != 0 {
                 // Opened with truncate: the file gets the caller's effective identity as owner.
                 let (wanted, classKey) = try plan(for: callerIdentity(req).identity)

@@ -75,6 +75,20 @@ extension MountFileSystem {
                              bypassesCache: !onlyExempt, generation: engine.currentPolicyGeneration)
     }
 
+    /// A read of a managed identity's file whose policy lists save-to locations makes the reading
+    /// process a holder of that identity's data (the guard keeps it to those locations); refused
+    /// when the process already has a file open for writing where the identity may not save.
+    func checkHolding(_ req: fuse_req_t, _ inode: Inode, flags: Int32) throws(Errno) {
+        guard let engine, inode.isRegularFile, flags & O_ACCMODE != O_WRONLY, flags & O_TRUNC == 0,
+              let holders = engine.dataHolders, let account = engine.savingRestricted(owner: protection(of: inode).owner?.display),
+              let context = fuse_req_ctx(req)?.pointee else { return }
+        if engine.exemptFromHolding(.process(context.pid, uid: context.uid), account: account) { return }
+        if let reason = holders.admit(thread: context.pid, holding: account) {
+            log("refused: read of \(mountRelativePath(of: inode)) by pid \(context.pid): \(reason)")
+            throw Errno.accessDenied
+        }
+    }
+
     /// A file created by a caller with no identity in a directory with an owner becomes the
     /// directory owner's: that owner receives the caller's data.
     func checkCreateTransfer(_ req: fuse_req_t, caller: ResolvedIdentity, newOwner: String?, in directory: Inode) throws(Errno) {

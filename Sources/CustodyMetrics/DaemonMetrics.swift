@@ -2,6 +2,7 @@ import CustodyCore
 import CustodySystem
 import Glibc
 import Prometheus
+import Synchronization
 
 /// Everything the daemon counts, in the Prometheus text format (docs/metrics.md): the mounts'
 /// requests (`MountMetrics`), the engine's events (`EngineMetrics`), and, read when the metrics
@@ -18,6 +19,10 @@ public final class DaemonMetrics: Sendable {
     private let mountCount: Gauge
     private let residentMemory: Gauge
     private let startTime: Gauge
+    private let guardLevels: [String: Gauge]
+    private let guardHolders: Gauge
+    private let guardRefusals: Counter
+    private let guardRefusalsSeen = Mutex<UInt64>(0)
 
     /// Lock states an account can be in, as the status names them ("registered": not enrolled).
     static let lockStates = ["unlocked", "locking", "locked", "unavailable", "registered"]
@@ -31,6 +36,14 @@ public final class DaemonMetrics: Sendable {
                                                help: "Accounts by lock state (registered: not enrolled; unavailable: machine key lost).")
         }
         accountGauges = gauges
+        var levels: [String: Gauge] = [:]
+        for level in ["fanotify", "off", "unavailable"] {
+            levels[level] = registry.gauge("custody_guard_level", [("level", level)],
+                                           help: "How processes that hold managed data are kept to their save-to locations (1 for the level in force).")
+        }
+        guardLevels = levels
+        guardHolders = registry.gauge("custody_guard_holders", help: "Processes that hold managed data (the guard keeps them to their save-to locations).")
+        guardRefusals = registry.counter("custody_guard_refusals_total", help: "Creations and opens for writing the guard refused (saveBlocked).")
         mountCount = registry.gauge("custody_mounts", help: "Protected directories mounted.")
         residentMemory = registry.gauge("process_resident_memory_bytes", help: "Resident memory of the daemon in bytes.")
         startTime = registry.gauge("process_start_time_seconds", help: "Start time of the daemon since the Unix epoch in seconds.")
@@ -51,6 +64,16 @@ public final class DaemonMetrics: Sendable {
         let (counts, states) = Self.lockStates(engine)
         for (state, gauge) in accountGauges { gauge.set(Double(counts[state] ?? 0)) }
         mountCount.set(Double(engine.volumes.count))
+        let guardStatus = engine.dataHolders?.status
+        for (level, gauge) in guardLevels { gauge.set(Double(level == (guardStatus?.level ?? "off") ? 1 : 0)) }
+        guardHolders.set(Double(guardStatus?.holders ?? 0))
+        if let refusals = guardStatus?.refusals {
+            let delta = guardRefusalsSeen.withLock { seen in
+                defer { seen = max(seen, refusals) }
+                return refusals > seen ? refusals - seen : 0
+            }
+            if delta > 0 { guardRefusals.increment(by: Int64(delta)) }
+        }
         residentMemory.set(Double(Self.residentBytes()))
         var text = registry.emitToBuffer()
         if identities, !states.isEmpty {

@@ -7,6 +7,13 @@ public struct MountEntry: Sendable, Equatable {
     public var source: String
     /// The file system's device number as "major:minor" (the name of its `/sys/class/bdi` entry).
     public var device: String = ""
+
+    public init(mountPoint: String, fileSystemType: String, source: String, device: String = "") {
+        self.mountPoint = mountPoint
+        self.fileSystemType = fileSystemType
+        self.source = source
+        self.device = device
+    }
 }
 
 /// Reads the kernel's mount table (`/proc/self/mountinfo`).

@@ -31,8 +31,9 @@ struct Run: ParsableCommand {
         throw ExitCode(127)
     }
 
-    /// Devices a program writes to whatever it does.
-    static let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx", "/dev/shm"]
+    /// Devices a program writes to whatever it does. Not /dev/shm: a tmpfs anyone can list, where
+    /// the identity's data would lie in plaintext; the command's scratch space is $TMPDIR, in the mount.
+    static let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/ptmx"]
 
     /// Applies the identity's save-to locations (see the discussion above).
     func confine() throws {

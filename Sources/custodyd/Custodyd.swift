@@ -94,6 +94,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Do not follow login sessions (logind): only custodyctl locks identities.")
     var noSessions = false
 
+    @Option(help: ArgumentHelp("The file systems the guard watches for processes that hold managed data: all, none, or the file systems holding these paths (repeatable).", valueName: "all|none|path"))
+    var guardFileSystems: [String] = []
+
     @Option(help: ArgumentHelp("A uid whose processes the transfer rules let through (repeatable; TransferExemptUids).", valueName: "uid"))
     var transferExemptUid: [UInt32] = []
 
@@ -236,6 +239,16 @@ struct Custodyd: ParsableCommand {
         for (uid, identity) in try parsedDefaultIdentities() { configuration.settings.defaultIdentities[uid] = identity }
         configuration.settings.transferExemptUids += transferExemptUid
         if noSessions { configuration.followSessions = false }
+        if guardFileSystems == ["all"] {
+            configuration.guardFileSystems = .all
+        } else if guardFileSystems == ["none"] {
+            configuration.guardFileSystems = .none
+        } else if !guardFileSystems.isEmpty {
+            guard guardFileSystems.allSatisfy({ $0.hasPrefix("/") }) else {
+                throw ValidationError("--guard-file-systems takes all, none, or absolute paths")
+            }
+            configuration.guardFileSystems = .holding(guardFileSystems)
+        }
         configuration.settings.transferExemptExecutables += transferExemptExecutable
         if let machineKey, let mode = MachineKeyMode(rawValue: machineKey) { configuration.settings.machineKey = mode }
         if let tpm2Tcti { configuration.settings.tpm2TCTI = tpm2Tcti }

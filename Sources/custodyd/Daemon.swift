@@ -2,6 +2,7 @@ import CustodyConfig
 import CustodyControl
 import CustodyCore
 import CustodyFUSE
+import CustodyGuard
 import CustodyMetrics
 import CustodySessions
 import CustodySystem
@@ -111,6 +112,8 @@ final class Daemon: @unchecked Sendable {
     /// `ScrubAccountIdentities`, for the metrics' thread (a reload changes it).
     private let scrubsIdentities = Atomic<Bool>(false)
     private var metricsListener: MetricsListener?
+    /// Keeps processes that hold managed data to their save-to locations.
+    private var dataGuard: DataGuard?
 
     init(configuration: DaemonConfiguration, configurationPath: String?, baseOptions: MountOptions) throws {
         self.configuration = configuration
@@ -270,6 +273,7 @@ final class Daemon: @unchecked Sendable {
                 return false
             }
         }
+        startGuard()
         if configuration.followSessions {
             let monitor = LoginMonitor(engine: engine) { [logger] message in logger.notice("\(message)") }
             if monitor.start() { sessions = monitor }
@@ -278,6 +282,24 @@ final class Daemon: @unchecked Sendable {
         logger.info("ready (pid \(getpid()), \(mounts.count) mount\(mounts.count == 1 ? "" : "s"))")
         startWatchdog()
         return true
+    }
+
+    private func startGuard() {
+        let selection: GuardedFileSystems
+        switch configuration.guardFileSystems {
+        case .all: selection = .all
+        case .none: selection = .none
+        case .holding(let paths): selection = .holding(paths)
+        }
+        let dataGuard = DataGuard(engine: engine, selection: selection) { [logger] message in logger.notice("guard: \(message)") }
+        let status = dataGuard.start()
+        engine.attach(holders: dataGuard)
+        self.dataGuard = dataGuard
+        switch status.level {
+        case "fanotify": logger.info("guard: holders of managed data are kept to their save-to locations on \(status.fileSystems.count) file system\(status.fileSystems.count == 1 ? "" : "s")")
+        case "off": logger.info("guard: off (\(status.reason ?? ""))")
+        default: logger.warning("guard: unavailable, only the mounts and custodyctl run enforce save-to locations (\(status.reason ?? ""))")
+        }
     }
 
     func statusLine() -> String {
@@ -378,6 +400,7 @@ final class Daemon: @unchecked Sendable {
         watchdogThread = nil
         sessions?.stop()
         sessions = nil
+        dataGuard?.stop()
         for running in mounts {
             running.stop()
             logger.info("unmounted \(running.mount.mountPoint)")

@@ -63,7 +63,9 @@ final class MountedDaemon {
     }
 
     func start(extraArguments: [String] = []) throws {
-        let arguments = ["--state", state, "--socket", socket] + extraArguments + [backing, mountPoint]
+        // The guard watches only what a test names: never the machine's own file systems.
+        let guardArguments = extraArguments.contains("--guard-file-systems") ? [] : ["--guard-file-systems", "none"]
+        let arguments = ["--state", state, "--socket", socket] + guardArguments + extraArguments + [backing, mountPoint]
         if let program = wrapper.first {
             pid = try spawn(program, Array(wrapper.dropFirst()) + [Self.binary] + arguments, stdoutPath: logPath, stderrPath: logPath)
         } else {

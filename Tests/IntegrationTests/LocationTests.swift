@@ -108,12 +108,13 @@ final class LocationTests: XCTestCase {
             sh -c "echo child > '\(outside)/child.txt'" 2>/dev/null || echo child-refused
             mkdir '\(outside)/dir' 2>/dev/null || echo mkdir-refused
             echo fine > /dev/null && echo devnull-ok
+            echo leak > /dev/shm/custody-confined-$$ 2>/dev/null || echo shm-refused
             echo scratch > "$TMPDIR/scratch" && echo tmp-ok
             case "$TMPDIR" in '\(daemon.mountPoint)'/*) echo tmp-in-mount ;; esac
             """
         let result = try daemon.ctl(["run", "--identity", "alice@contoso.com", "--", "sh", "-c", script])
         XCTAssertEqual(result.status, 0, result.error)
-        for line in ["mount-ok", "onedrive-ok", "outside-refused", "copy-refused", "child-refused", "mkdir-refused", "devnull-ok", "tmp-ok", "tmp-in-mount"] {
+        for line in ["mount-ok", "onedrive-ok", "outside-refused", "copy-refused", "child-refused", "mkdir-refused", "devnull-ok", "shm-refused", "tmp-ok", "tmp-in-mount"] {
             XCTAssertTrue(result.output.contains(line), "\(line) missing: \(result.output) \(result.error)")
         }
         for name in ["out.txt", "copy.txt", "child.txt", "dir"] {

@@ -116,6 +116,48 @@ int clinux_landlock_restrict_writes(const char *const *paths, int count);
 /// The type (statfs magic number) of the file system holding `fd`; -1 with errno on failure.
 long clinux_filesystem_type(int fd);
 
+/* The guard (CustodyGuard): permission events for opens, process events, open calls. */
+
+/* A fanotify group for permission events on opens (FAN_CLASS_CONTENT, FAN_REPORT_TID,
+   non-blocking, close-on-exec; event descriptors O_RDONLY). -1 with errno. */
+int clinux_guard_group(void);
+/* Adds (add != 0) or removes the FAN_OPEN_PERM mark of the whole file system holding `path`. */
+int clinux_guard_mark(int group, const char *path, int add);
+/* Removes every file-system mark of the group. */
+int clinux_guard_unmark_all(int group);
+struct clinux_open_event {
+    int fd;  /* the file being opened (the group's own descriptor; answer it, then it is closed) */
+    int tid; /* the thread that opens it */
+};
+/* Reads the pending events (at most `capacity`): their number, 0 when none, -1 with errno. An
+   event that carries no descriptor (the queue overflowed) is answered by the caller's next read. */
+int clinux_guard_read(int group, struct clinux_open_event *events, int capacity);
+/* Answers an event (allow != 0: FAN_ALLOW, else FAN_DENY) and closes its descriptor. */
+int clinux_guard_answer(int group, int fd, int allow);
+
+/* A non-blocking, close-on-exec eventfd (a counter one thread adds to and another waits on); -1 with errno. */
+int clinux_wake_descriptor(void);
+
+/* Process events from the kernel's proc connector (NETLINK_CONNECTOR, CN_IDX_PROC). */
+enum { CLINUX_PROCESS_FORK = 1, CLINUX_PROCESS_EXEC = 2, CLINUX_PROCESS_EXIT = 3 };
+struct clinux_process_event {
+    int what;
+    int pid;         /* fork: the new task; exec, exit: the task */
+    int tgid;        /* its process */
+    int parent_pid;  /* fork: the task that forked */
+    int parent_tgid; /* fork: its process */
+};
+/* A non-blocking, close-on-exec socket subscribed to fork, exec and exit events; -1 with errno. */
+int clinux_process_events_open(void);
+/* Reads pending events (at most `capacity`): their number, 0 when none, -1 with errno (ENOBUFS:
+   events were lost, the reader must look at /proc again). */
+int clinux_process_events_read(int fd, struct clinux_process_event *events, int capacity);
+
+/* What thread `tid`, stopped in an open call (open, openat, openat2, creat, open_by_handle_at),
+   asked for: its open flags, read from /proc/TID/syscall (and, for openat2, its memory). 0 with
+   *flags set; -1 when the thread is in no such call (an exec, an io_uring worker). */
+int clinux_open_call_flags(int tid, long long *flags);
+
 #endif
 
 /// The symbolic name of an error number ("ENOENT"), or NULL when glibc knows none.

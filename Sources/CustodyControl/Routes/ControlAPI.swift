@@ -255,7 +255,8 @@ struct ControlAPI: Sendable {
                    machineKey: CustodyMachineKey(machineKey),
                    stateProblems: engine.stateProblems.filter { problem in
                        caller.map { $0.isAdmin } ?? true || accounts.contains { account in problem.identity.map(account.matches) ?? false }
-                   }.map { CustodyStateProblem($0) })
+                   }.map { CustodyStateProblem($0) },
+                   guard: engine.dataHolders.map { CustodyGuardStatus($0.status) })
     }
 
     /// The store and PCRs a migration asks for.

@@ -57,6 +57,12 @@ extension CustodyStateProblem {
     }
 }
 
+extension CustodyGuardStatus {
+    init(_ status: GuardStatus) {
+        self.init(level: status.level, reason: status.reason, fileSystems: status.fileSystems, holders: status.holders, refusals: status.refusals)
+    }
+}
+
 extension CustodyAPI.FileProtectionInfo {
     init(_ info: CustodyCore.FileProtectionInfo) {
         self.init(path: info.path, kind: info.kind, owner: info.owner, managed: info.managed, encrypted: info.encrypted,

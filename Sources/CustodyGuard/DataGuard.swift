@@ -1,0 +1,401 @@
+import CLinux
+import CustodyCore
+import CustodySystem
+import Dispatch
+import Glibc
+import Synchronization
+
+/// Keeps every process that holds a managed identity's data to that identity's save-to locations,
+/// whatever started it (docs/guard.md). The mounts tell it who reads (`admit`); the kernel asks
+/// it about every open on the watched file systems while any process holds such data (fanotify
+/// permission events), and it follows forks and exits (the proc connector).
+///
+/// Three threads: the mounts' (which call `admit` and wait for its answer), the guard's (which
+/// answers the kernel and owns the table of holders: it takes no lock, opens no file and calls
+/// nothing of the engine, so that it never waits on what it guards), and the reporter's (events,
+/// log lines, new rules from the engine).
+public final class DataGuard: DataHolders, @unchecked Sendable {
+    private let engine: Engine
+    private let selection: GuardedFileSystems
+    private let log: @Sendable (String) -> Void
+
+    // Set up by `start`; the guard thread owns the descriptors afterwards.
+    private var group: Int32 = -1
+    private var processEvents: Int32 = -1
+    private var mountTable: Int32 = -1
+    private let wake: Int32
+    private let running = Atomic<Bool>(false)
+    private var guardThread: pthread_t?
+    private var reporterThread: pthread_t?
+
+    // Owned by the guard thread.
+    private var holders = ProcessHolders()
+    private var watched: [UInt64: WatchedFileSystem] = [:]
+    private var rules: SaveRules
+    private var armed = false
+
+    /// From the mounts to the guard thread.
+    private struct HoldRequest {
+        let process: Int32
+        let identities: Set<String>
+        let rules: SaveRules
+        let done: DispatchSemaphore
+    }
+    private let requests = Mutex<[HoldRequest]>([])
+    /// From the guard thread to the reporter.
+    private let reports = Mutex<[Report]>([])
+    private let reporterWake = DispatchSemaphore(value: 0)
+    /// What the mounts know: the watched file systems (for `admit`'s check of open files) and the
+    /// processes already admitted (start time, identities), so that a process's next read of the
+    /// same identity costs two small /proc reads.
+    private let watchedForMounts = Mutex<[UInt64: WatchedFileSystem]>([:])
+    private let admitted = Mutex<[Int32: (start: UInt64, identities: Set<String>)]>([:])
+    private let statusBox: Mutex<GuardStatus>
+    private let refusalCount = Atomic<UInt64>(0)
+    private let holderCount = Atomic<Int>(0)
+
+    enum Report {
+        case refusal(Refusal)
+        case message(String)
+    }
+
+    struct Refusal {
+        let thread: Int32
+        let process: Int32
+        let identities: [String]
+        let location: String
+        let path: String
+        let operation: String
+        let removedEmptyFile: Bool
+    }
+
+    public init(engine: Engine, selection: GuardedFileSystems, log: @escaping @Sendable (String) -> Void) {
+        self.engine = engine
+        self.selection = selection
+        self.log = log
+        self.wake = clinux_wake_descriptor()
+        self.rules = engine.saveRules()
+        self.statusBox = Mutex(GuardStatus(level: "off", reason: "not started", fileSystems: [], holders: 0, refusals: 0))
+    }
+
+    deinit {
+        if wake >= 0 { close(wake) }
+    }
+
+    /// Opens what the kernel offers and starts the threads; the status says what it covers.
+    @discardableResult
+    public func start() -> GuardStatus {
+        if selection == .none { return setStatus(level: "off", reason: "file_systems = \"none\" in the configuration") }
+        group = clinux_guard_group()
+        guard group >= 0 else {
+            return setStatus(level: "unavailable", reason: "fanotify permission events: \(String(cString: strerror(errno)))")
+        }
+        processEvents = clinux_process_events_open()
+        guard processEvents >= 0 else {
+            let reason = "process events (proc connector): \(String(cString: strerror(errno)))"
+            close(group)
+            group = -1
+            return setStatus(level: "unavailable", reason: reason)
+        }
+        mountTable = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
+        refreshFileSystems()
+        running.store(true, ordering: .releasing)
+        do {
+            guardThread = try DaemonThread.start("guard") { [self] in guardLoop() }
+            reporterThread = try DaemonThread.start("guard-report") { [self] in reporterLoop() }
+        } catch {
+            running.store(false, ordering: .releasing)
+            return setStatus(level: "unavailable", reason: "cannot start its threads: \(error)")
+        }
+        return setStatus(level: "fanotify", reason: nil)
+    }
+
+    /// Stops the threads; the kernel lets every pending open through once the group is closed.
+    public func stop() {
+        guard running.exchange(false, ordering: .acquiringAndReleasing) else { return }
+        signalWake()
+        reporterWake.signal()
+        if let guardThread { pthread_join(guardThread, nil) }
+        if let reporterThread { pthread_join(reporterThread, nil) }
+        guardThread = nil
+        reporterThread = nil
+        for fd in [group, processEvents, mountTable] where fd >= 0 { close(fd) }
+        group = -1
+        processEvents = -1
+        mountTable = -1
+        _ = setStatus(level: "off", reason: "stopped")
+    }
+
+    public var status: GuardStatus {
+        var status = statusBox.withLock { $0 }
+        status.holders = holderCount.load(ordering: .relaxed)
+        status.refusals = refusalCount.load(ordering: .relaxed)
+        return status
+    }
+
+    private func setStatus(level: String, reason: String?) -> GuardStatus {
+        let fileSystems = watchedForMounts.withLock { $0.values.map(\.mountPoint).sorted() }
+        statusBox.withLock { $0 = GuardStatus(level: level, reason: reason, fileSystems: level == "fanotify" ? fileSystems : [], holders: 0, refusals: 0) }
+        return status
+    }
+
+    // MARK: The mounts' side
+
+    public func admit(thread: Int32, holding account: Account) -> String? {
+        guard running.load(ordering: .acquiring) else { return nil }
+        let table = LinuxProcessTable()
+        guard let process = table.process(ofThread: thread), process != getpid(), let start = table.startTime(of: process) else { return nil }
+        let known = admitted.withLock { $0[process] }
+        if let known, known.start == start, known.identities.contains(account.upn) { return nil }
+        let rules = engine.saveRules()
+        // A file it can already write to, where the identity may not save, would receive the data.
+        let watched = watchedForMounts.withLock { $0 }
+        for file in WritableFiles.of(process: process) {
+            guard let fileSystem = watched[file.device] else { continue }
+            let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
+            guard !rules.allows([account.upn], toSaveTo: location) else { continue }
+            report(.refusal(Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                    operation: "read (it holds a file open for writing there)", removedEmptyFile: false)))
+            return "it holds \(file.path) open for writing, in \(location), where \(account.upn)'s data may not be saved"
+        }
+        let done = DispatchSemaphore(value: 0)
+        requests.withLock { $0.append(HoldRequest(process: process, identities: [account.upn], rules: rules, done: done)) }
+        signalWake()
+        guard done.wait(timeout: .now() + 5) == .success else { return "the guard did not answer" }
+        admitted.withLock { table in
+            if table.count > 4096 { table.removeAll() }
+            var identities = table[process].flatMap { $0.start == start ? $0.identities : nil } ?? []
+            identities.insert(account.upn)
+            table[process] = (start, identities)
+        }
+        return nil
+    }
+
+    private func signalWake() {
+        var one: UInt64 = 1
+        _ = write(wake, &one, 8)
+    }
+
+    private func report(_ report: Report) {
+        reports.withLock { $0.append(report) }
+        reporterWake.signal()
+    }
+
+    // MARK: The guard thread
+
+    private func guardLoop() {
+        var fds = [pollfd(fd: group, events: Int16(POLLIN), revents: 0), pollfd(fd: processEvents, events: Int16(POLLIN), revents: 0),
+                   pollfd(fd: wake, events: Int16(POLLIN), revents: 0), pollfd(fd: mountTable, events: Int16(POLLPRI), revents: 0)]
+        while running.load(ordering: .acquiring) {
+            for index in fds.indices { fds[index].revents = 0 }
+            let ready = poll(&fds, nfds_t(fds.count), 1000)
+            if ready < 0, errno != EINTR { break }
+            followProcesses()
+            if fds[2].revents != 0 {
+                var value: UInt64 = 0
+                _ = read(wake, &value, 8)
+                applyRequests()
+            }
+            if fds[3].revents != 0 { refreshFileSystems() }
+            if fds[0].revents != 0 { answerOpens() }
+            updateMarks()
+        }
+        if armed { _ = clinux_guard_unmark_all(group) }
+        armed = false
+    }
+
+    /// Reads every pending process event; after lost events, looks at /proc again.
+    private func followProcesses() {
+        var events = [clinux_process_event](repeating: clinux_process_event(), count: 256)
+        while true {
+            let count = events.withUnsafeMutableBufferPointer { clinux_process_events_read(processEvents, $0.baseAddress, Int32($0.count)) }
+            if count < 0 {
+                if errno == ENOBUFS { resynchronize() }
+                return
+            }
+            for event in events.prefix(Int(count)) { holders.apply(event) }
+            if count < events.count { break }
+        }
+        holderCount.store(holders.processes.count, ordering: .relaxed)
+    }
+
+    private func resynchronize() {
+        var children: [(process: Int32, parent: Int32, start: UInt64)] = []
+        if !holders.isEmpty, let stream = opendir("/proc") {
+            while let entry = readdir(stream) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                guard let pid = Int32(name), let stat = ProcessStat(pid) else { continue }
+                children.append((pid, stat.parent, stat.start))
+            }
+            closedir(stream)
+        }
+        holders.resynchronize(threads: Self.threads(of:), children: children)
+        report(.message("process events were lost; the holders were read from /proc again"))
+    }
+
+    private func applyRequests() {
+        let pending = requests.withLock { queue in
+            defer { queue.removeAll() }
+            return queue
+        }
+        for request in pending {
+            if request.rules.generation >= rules.generation { rules = request.rules }
+            guard !request.identities.isEmpty else {
+                request.done.signal()
+                continue
+            }
+            let since = ProcessStat.now()
+            holders.hold(request.process, identities: request.identities, threads: Self.threads(of: request.process) ?? [], since: since)
+            holderCount.store(holders.processes.count, ordering: .relaxed)
+            updateMarks()
+            request.done.signal()
+        }
+    }
+
+    /// Marks the watched file systems while a process holds data, and only then: with no holder
+    /// the kernel asks nothing.
+    private func updateMarks() {
+        if !holders.isEmpty, !armed {
+            for fileSystem in watched.values where clinux_guard_mark(group, fileSystem.mountPoint, 1) != 0 {
+                report(.message("cannot watch \(fileSystem.mountPoint): \(String(cString: strerror(errno)))"))
+            }
+            armed = true
+        } else if holders.isEmpty, armed {
+            _ = clinux_guard_unmark_all(group)
+            armed = false
+        }
+    }
+
+    private func refreshFileSystems() {
+        // Custody's own mounts are left out by their type (fuse.custody).
+        let current = FileSystemSelection.select(selection)
+        if armed {
+            for (device, fileSystem) in current where watched[device] == nil && clinux_guard_mark(group, fileSystem.mountPoint, 1) != 0 {
+                report(.message("cannot watch \(fileSystem.mountPoint): \(String(cString: strerror(errno)))"))
+            }
+        }
+        watched = current
+        watchedForMounts.withLock { $0 = current }
+    }
+
+    private func answerOpens() {
+        var events = [clinux_open_event](repeating: clinux_open_event(), count: 64)
+        while true {
+            let count = events.withUnsafeMutableBufferPointer { clinux_guard_read(group, $0.baseAddress, Int32($0.count)) }
+            guard count > 0 else { return }
+            // A fork just before the open is known before the open is judged.
+            followProcesses()
+            applyRequests()
+            for event in events.prefix(Int(count)) {
+                _ = clinux_guard_answer(group, event.fd, decide(event) ? 1 : 0)
+            }
+        }
+    }
+
+    /// Whether the open of `event.fd` by `event.tid` may go on. A thread of a process that holds
+    /// nothing: yes, at once. A holder: reading, yes; creating or writing, only where every
+    /// identity it holds may save.
+    private func decide(_ event: clinux_open_event) -> Bool {
+        guard let (process, holder) = holders.holder(ofThread: event.tid) else { return true }
+        let intent = OpenIntent.of(thread: event.tid)
+        if intent == .read { return true }
+        var info = stat()
+        guard fstat(event.fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG,
+              let fileSystem = watched[UInt64(info.st_dev)] else { return true }
+        let path = (try? Syscall.readlink("/proc/self/fd/\(event.fd)")) ?? ""
+        let location = rules.configuredLocation(of: path) ?? fileSystem.location
+        if rules.allows(holder.identities, toSaveTo: location) { return true }
+        let removed = intent.creates && Self.removeIfJustCreated(path, info, exclusive: intent == .write(creates: true, exclusive: true))
+        refusalCount.add(1, ordering: .relaxed)
+        report(.refusal(Refusal(thread: event.tid, process: process, identities: holder.identities.sorted(), location: location,
+                                path: path, operation: intent.creates ? "create" : "open for writing", removedEmptyFile: removed)))
+        return false
+    }
+
+    /// The kernel asks about an open with O_CREAT after it made the file: a file this open made
+    /// (empty, one link, changed in the last two seconds, or O_EXCL) is removed before the answer.
+    static func removeIfJustCreated(_ path: String, _ info: stat, exclusive: Bool) -> Bool {
+        guard info.st_size == 0, info.st_nlink == 1, path.hasPrefix("/") else { return false }
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        guard exclusive || now.tv_sec - info.st_ctim.tv_sec <= 2 else { return false }
+        let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")) ?? path.utf8.startIndex
+        let parent = slash == path.utf8.startIndex ? "/" : String(path[..<slash])
+        let name = String(path[path.utf8.index(after: slash)...])
+        let directory = open(parent, clinux_O_PATH | O_DIRECTORY | O_CLOEXEC)
+        guard directory >= 0 else { return false }
+        defer { close(directory) }
+        var current = stat()
+        guard fstatat(directory, name, &current, AT_SYMLINK_NOFOLLOW) == 0, current.st_dev == info.st_dev, current.st_ino == info.st_ino else { return false }
+        return unlinkat(directory, name, 0) == 0
+    }
+
+    static func threads(of process: Int32) -> [Int32]? {
+        guard let stream = opendir("/proc/\(process)/task") else { return nil }
+        defer { closedir(stream) }
+        var result: [Int32] = []
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if let tid = Int32(name) { result.append(tid) }
+        }
+        return result
+    }
+
+    // MARK: The reporter
+
+    private func reporterLoop() {
+        var generation = engine.currentPolicyGeneration
+        while running.load(ordering: .acquiring) {
+            _ = reporterWake.wait(timeout: .now() + 0.5)
+            let pending = reports.withLock { queue in
+                defer { queue.removeAll() }
+                return queue
+            }
+            for item in pending {
+                switch item {
+                case .message(let text):
+                    log(text)
+                case .refusal(let refusal):
+                    let executable = try? Syscall.readlink("/proc/\(refusal.process)/exe")
+                    let uid = LinuxProcessTable().uid(of: refusal.process)
+                    engine.reportBlockedSave(pid: refusal.process, uid: uid, executable: executable, identities: refusal.identities,
+                                             location: refusal.location, path: refusal.path, operation: refusal.operation,
+                                             reason: "\(refusal.location) is not among the save-to locations of \(refusal.identities.joined(separator: ", "))"
+                                                 + (refusal.removedEmptyFile ? "; the empty file the open made was removed" : ""))
+                }
+            }
+            // New policies or settings reach the guard thread as new rules.
+            let current = engine.currentPolicyGeneration
+            if current != generation {
+                generation = current
+                let rules = engine.saveRules()
+                let done = DispatchSemaphore(value: 0)
+                requests.withLock { $0.append(HoldRequest(process: 0, identities: [], rules: rules, done: done)) }
+                signalWake()
+            }
+        }
+    }
+}
+
+/// Fields of /proc/PID/stat the guard reads.
+struct ProcessStat {
+    let parent: Int32
+    /// Clock ticks since boot.
+    let start: UInt64
+
+    init?(_ pid: Int32) {
+        guard let text = readTextFile("/proc/\(pid)/stat"), let close = text.lastIndex(of: ")") else { return nil }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        guard fields.count > 19, let parent = Int32(fields[1]), let start = UInt64(fields[19]) else { return nil }
+        self.parent = parent
+        self.start = start
+    }
+
+    /// Now, in the same clock ticks since boot.
+    static func now() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &now)
+        let ticks = UInt64(max(sysconf(Int32(_SC_CLK_TCK)), 1))
+        return UInt64(now.tv_sec) * ticks + UInt64(now.tv_nsec) * ticks / 1_000_000_000
+    }
+}

@@ -1,0 +1,68 @@
+import CustodySystem
+import Glibc
+
+/// The regular files a process can write to now: its descriptors open for writing, and its
+/// shared writable mappings. A process that comes to hold an identity's data must not have one
+/// where the identity may not save (it would write the data there whatever it opens next).
+struct WritableFile: Equatable {
+    let path: String
+    let device: UInt64
+}
+
+enum WritableFiles {
+    static func of(process pid: Int32) -> [WritableFile] {
+        var result: [WritableFile] = []
+        let directory = "/proc/\(pid)/fd"
+        guard let stream = opendir(directory) else { return [] }
+        defer { closedir(stream) }
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let number = Int32(name) else { continue }
+            var info = stat()
+            guard stat("\(directory)/\(number)", &info) == 0, info.st_mode & S_IFMT == S_IFREG,
+                  let flags = openFlags(pid, number), flags & O_ACCMODE != O_RDONLY,
+                  let path = try? Syscall.readlink("\(directory)/\(number)") else { continue }
+            result.append(WritableFile(path: path, device: UInt64(info.st_dev)))
+        }
+        result.append(contentsOf: sharedWritableMappings(of: pid))
+        return result
+    }
+
+    /// The `flags:` line of /proc/PID/fdinfo/N (octal).
+    static func openFlags(_ pid: Int32, _ fd: Int32) -> Int32? {
+        guard let text = readTextFile("/proc/\(pid)/fdinfo/\(fd)") else { return nil }
+        for line in text.split(separator: "\n") where line.hasPrefix("flags:") {
+            return Int32(line.dropFirst("flags:".count).trimmingCharacters(in: " \t"), radix: 8)
+        }
+        return nil
+    }
+
+    /// Mappings with `w` and `s` in their permissions that map a file.
+    static func sharedWritableMappings(of pid: Int32) -> [WritableFile] {
+        guard let maps = readTextFile("/proc/\(pid)/maps") else { return [] }
+        return parseSharedWritable(maps)
+    }
+
+    /// "start-end perms offset major:minor inode path" (major and minor in hex).
+    static func parseSharedWritable(_ maps: String) -> [WritableFile] {
+        var result: [WritableFile] = []
+        for line in maps.split(separator: "\n") {
+            let fields = line.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: true)
+            guard fields.count == 6, fields[1].count == 4 else { continue }
+            let permissions = Array(fields[1].utf8)
+            guard permissions[1] == UInt8(ascii: "w"), permissions[3] == UInt8(ascii: "s"), fields[4] != "0" else { continue }
+            let device = fields[3].split(separator: ":")
+            guard device.count == 2, let major = UInt64(device[0], radix: 16), let minor = UInt64(device[1], radix: 16) else { continue }
+            let path = fields[5].trimmingCharacters(in: " ")
+            guard path.hasPrefix("/") else { continue }
+            result.append(WritableFile(path: path, device: FileSystemSelection.makeDevice(major: major, minor: minor)))
+        }
+        return result
+    }
+}
+
+extension Substring {
+    func trimmingCharacters(in set: String) -> String {
+        String(drop { set.contains($0) }.reversed().drop { set.contains($0) }.reversed())
+    }
+}

@@ -1,0 +1,246 @@
+import CustodySystem
+import CustodyTestSupport
+import Foundation
+import Glibc
+import XCTest
+
+/// The guard: a process that read a managed identity's file saves only where the identity's
+/// policy allows, whatever started it. The guard watches only file systems this test makes: a
+/// tmpfs standing for the home directory (with a synced OneDrive folder in it) and an ext4 loop
+/// mount standing for a USB stick.
+final class GuardTests: XCTestCase {
+    var daemon: MountedDaemon?
+    var work = ""
+    var home: String { work + "/home" }
+    var usb: String { work + "/usb" }
+    var oneDrive: String { home + "/OneDrive - Contoso" }
+    var uid: UInt32 = 0
+    var loopImage: String { work + "/usb.img" }
+
+    override func tearDown() {
+        if let daemon, daemon.pid > 0 { kill(daemon.pid, SIGTERM) }
+        daemon?.destroy()
+        daemon = nil
+        for mountPoint in [home, usb] where !work.isEmpty && MountTable.entry(at: mountPoint) != nil {
+            _ = try? runCommand(["umount", "-l", mountPoint])
+        }
+        if !work.isEmpty { _ = try? runCommand(["rm", "-rf", work]) }
+    }
+
+    /// dana's account, whose data may be saved to the mounts and OneDrive only; the daemon's guard
+    /// watches the home tmpfs and the USB stick.
+    func start(saveTo: [String] = ["AccountDocument", "OneDriveForBusiness"]) throws {
+        work = try makeTemporaryDirectory("custody-guard")
+        XCTAssertEqual(chmod(work, 0o755), 0)
+        for directory in [home, usb] { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
+        try mustRun(["mount", "-t", "tmpfs", "-o", "size=64m,mode=1777", "custody-guard-home", home])
+        try mustRun(["truncate", "-s", "32M", loopImage])
+        try mustRun(["mkfs.ext4", "-q", "-F", loopImage])
+        try mustRun(["mount", "-o", "loop", loopImage, usb])
+        try mustRun(["chmod", "1777", usb])
+        try FileManager.default.createDirectory(atPath: oneDrive, withIntermediateDirectories: true)
+        try mustRun(["chmod", "1777", oneDrive])
+        uid = try testUser()
+        let config = work + "/custody.toml"
+        try """
+            [settings]
+            MultiIdentity = true
+            [locations]
+            OneDriveForBusiness = ["\(oneDrive)"]
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+        let daemon = try MountedDaemon(extraArguments: ["--config", config, "--allow-other", "--socket-mode", "0666",
+                                                        "--guard-file-systems", home, "--guard-file-systems", usb])
+        self.daemon = daemon
+        try daemon.openToOtherUsers()
+        try mustRun(["chmod", "1777", daemon.mountPoint])
+        let locations = saveTo.map { "\"\($0)\"" }.joined(separator: ", ")
+        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "d-oid", "upn": "dana@contoso.com", "uid": \#(uid), "policy": {"protectionLevel": "untilFirstAuth", "saveToLocations": [\#(locations)]}}"#)
+        XCTAssertEqual(enrolled.status, 201, enrolled.body)
+        let status = try daemon.apiJSON("GET", "/v1/status").json
+        XCTAssertEqual(field(status, "guard.level"), "fanotify", "\(status)")
+    }
+
+    /// Runs `script` as the test user (whose processes act as dana's account).
+    func asUser(_ script: String) throws -> CommandResult {
+        try runCommand(["setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "sh", "-c", script])
+    }
+
+    func contents(_ path: String) -> String? { try? String(contentsOfFile: path, encoding: .utf8) }
+
+    func testEveryWayOfCopyingOutIsRefusedAndInsideIsAllowed() throws {
+        try start()
+        guard let daemon else { return }
+        let m = daemon.mountPoint
+        let script = """
+            set -u
+            cd '\(m)'
+            echo CORPSECRET > plan.txt && echo wrote
+            echo CORPSECRET > plan2.txt
+            cp plan.txt '\(home)/copy.txt' 2>/dev/null || echo cp-refused
+            cat plan.txt > '\(home)/redirect.txt' 2>/dev/null || echo redirect-refused
+            tee '\(home)/tee.txt' < plan.txt >/dev/null 2>&1 || echo tee-refused
+            dd if=plan.txt of='\(home)/dd.txt' status=none 2>/dev/null || echo dd-refused
+            mv plan2.txt '\(home)/' 2>/dev/null || echo mv-refused
+            tar cf '\(home)/a.tar' plan.txt 2>/dev/null || echo tar-refused
+            cp plan.txt /dev/null && echo devnull-ok
+            cp plan.txt '\(usb)/stick.txt' 2>/dev/null || echo usb-refused
+            /usr/bin/python3 - <<'PY' 2>/dev/null || echo python-refused
+            data = open('plan.txt').read()
+            open('\(home)/py.txt', 'w').write(data)
+            PY
+            /usr/bin/python3 - <<'PY' 2>/dev/null || echo copy-range-refused
+            import os
+            src = os.open('plan.txt', os.O_RDONLY)
+            dst = os.open('\(usb)/cfr.txt', os.O_WRONLY | os.O_CREAT, 0o600)
+            os.copy_file_range(src, dst, 100)
+            PY
+            /usr/bin/python3 - <<'PY' 2>/dev/null || echo atomic-save-refused
+            import os
+            data = open('plan.txt').read()
+            with open('\(home)/.report.txt.tmp', 'w') as f:
+                f.write(data)
+            os.rename('\(home)/.report.txt.tmp', '\(home)/report.txt')
+            PY
+            read line < plan.txt; echo "$line" > '\(home)/shell.txt' 2>/dev/null || echo shell-refused
+            cp plan.txt '\(oneDrive)/synced.txt' && echo onedrive-ok
+            cp plan.txt copy-in-mount.txt && echo mount-ok
+            """
+        let result = try asUser(script)
+        for marker in ["wrote", "cp-refused", "redirect-refused", "tee-refused", "dd-refused", "mv-refused", "tar-refused", "devnull-ok",
+                       "usb-refused", "python-refused", "copy-range-refused", "atomic-save-refused", "shell-refused", "onedrive-ok", "mount-ok"] {
+            XCTAssertTrue(result.output.contains(marker), "\(marker) missing: \(result.output) \(result.error)\n\(daemon.log)")
+        }
+        // No file the refused opens would have made is left, and no byte of the data landed.
+        for name in ["copy.txt", "tee.txt", "dd.txt", "plan2.txt", "report.txt", ".report.txt.tmp", "py.txt"] {
+            XCTAssertFalse(FileManager.default.fileExists(atPath: home + "/" + name), "\(name) was left in the home directory")
+        }
+        for name in ["stick.txt", "cfr.txt"] {
+            XCTAssertFalse(FileManager.default.fileExists(atPath: usb + "/" + name), "\(name) was left on the stick")
+        }
+        // The shell opened these before any process held the data: they exist, empty.
+        for name in ["redirect.txt", "a.tar", "shell.txt"] where FileManager.default.fileExists(atPath: home + "/" + name) {
+            XCTAssertFalse((contents(home + "/" + name) ?? "").contains("CORPSECRET"), "\(name) holds the data")
+        }
+        XCTAssertTrue(FileManager.default.fileExists(atPath: daemon.mnt("plan2.txt")), "mv kept its source")
+        XCTAssertEqual(contents(oneDrive + "/synced.txt"), "CORPSECRET\n")
+        XCTAssertEqual(try asUser("cat '\(daemon.mnt("copy-in-mount.txt"))'").output, "CORPSECRET\n")
+
+        // A process that never read the data is not affected, on either file system.
+        let plain = try asUser("echo mine > '\(home)/mine.txt' && cp /etc/hostname '\(usb)/h.txt' && echo plain-ok")
+        XCTAssertTrue(plain.output.contains("plain-ok"), plain.output + plain.error)
+
+        // Every refusal is an event with the process, the identity, the location and the path.
+        let events = try daemon.api("GET", "/v1/events?follow=false").body
+        XCTAssertTrue(events.contains("saveBlocked"), events)
+        XCTAssertTrue(events.contains("LocalDrive") && events.contains("dana@contoso.com") && events.contains("copy.txt"), events)
+        XCTAssertTrue(events.contains("/usr/bin/cp") || events.contains("/bin/cp"), "the executable: \(events)")
+
+        // Once every holder has exited, nothing is held, and the kernel asks nothing.
+        try eventually("every holder has exited") { (try? daemon.apiJSON("GET", "/v1/status").json).flatMap { field($0, "guard.holders") } == "0" }
+        let metrics = try daemon.api("GET", "/v1/metrics").body
+        XCTAssertTrue(metrics.contains("custody_guard_level{level=\"fanotify\"} 1"), metrics)
+        let refused = metrics.split(separator: "\n").first { $0.hasPrefix("custody_guard_refusals_total ") }
+        XCTAssertGreaterThanOrEqual(Int(refused?.split(separator: " ").last ?? "") ?? 0, 10, "\(String(describing: refused))")
+    }
+
+    /// `cat plan.txt > out` opens `out` first: the read of the managed file is what is refused.
+    func testAProcessWritingOutsideMayNotStartHolding() throws {
+        try start()
+        guard let daemon else { return }
+        XCTAssertEqual(try asUser("echo CORPSECRET > '\(daemon.mnt("plan.txt"))'").status, 0)
+        let python = """
+            import errno, os
+            out = os.open('\(home)/out.txt', os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.open('\(daemon.mnt("plan.txt"))', os.O_RDONLY)
+                print('opened')
+            except OSError as e:
+                print('errno', e.errno)
+            os.close(out)
+            fd = os.open('\(daemon.mnt("plan.txt"))', os.O_RDONLY)
+            print('after-close', len(os.read(fd, 100)))
+            try:
+                os.open('\(home)/later.txt', os.O_WRONLY | os.O_CREAT, 0o600)
+                print('created')
+            except OSError as e:
+                print('create errno', e.errno)
+            """
+        let result = try runCommand(["setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", python])
+        XCTAssertTrue(result.output.contains("errno 13"), result.output + result.error)
+        XCTAssertTrue(result.output.contains("after-close 11"), "with the file closed it reads: \(result.output)")
+        // fanotify answers a refused open with EPERM.
+        XCTAssertTrue(result.output.contains("create errno 1"), result.output + result.error)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: home + "/later.txt"))
+    }
+
+    /// Children started after the read hold the data; those started before do not; a policy
+    /// that allows LocalDrive lets the holders save there.
+    func testChildrenAndPolicyChanges() throws {
+        try start()
+        guard let daemon else { return }
+        XCTAssertEqual(try asUser("echo CORPSECRET > '\(daemon.mnt("plan.txt"))'").status, 0)
+        let script = """
+            (sleep 1; echo early > '\(home)/early.txt' && echo early-ok) &
+            cat '\(daemon.mnt("plan.txt"))' > /dev/null
+            sh -c "echo late > '\(home)/late.txt'" 2>/dev/null || echo late-refused
+            wait
+            """
+        // The outer shell does not read: cat does, and the child shell after it is cat's sibling.
+        let siblings = try asUser(script)
+        XCTAssertTrue(siblings.output.contains("early-ok"), siblings.output + siblings.error)
+        XCTAssertFalse(siblings.output.contains("late-refused"), "a sibling of the reader holds nothing: \(siblings.output)")
+        let inherited = try asUser("""
+            (sleep 1; echo early > '\(home)/early2.txt' && echo early-ok) &
+            read x < '\(daemon.mnt("plan.txt"))'
+            sh -c "echo late > '\(home)/late2.txt'" 2>/dev/null || echo late-refused
+            wait
+            """)
+        XCTAssertTrue(inherited.output.contains("early-ok"), "started before the read: \(inherited.output)")
+        XCTAssertTrue(inherited.output.contains("late-refused"), "started after the read: \(inherited.output)")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: home + "/late2.txt"))
+
+        XCTAssertEqual(try daemon.ctl(["policy", "dana@contoso.com", "--save-to", "all"]).status, 0)
+        try eventually("the policy now allows every location", timeout: 5, interval: 0.2) {
+            (try? self.asUser("cp '\(daemon.mnt("plan.txt"))' '\(self.home)/allowed.txt'"))?.status == 0
+        }
+    }
+
+    /// A daemon killed with SIGKILL while holders write leaves every open on the machine going.
+    func testOpensCarryOnWhenTheDaemonIsKilled() throws {
+        try start()
+        guard let daemon else { return }
+        XCTAssertEqual(try asUser("echo CORPSECRET > '\(daemon.mnt("plan.txt"))'").status, 0)
+        let marker = work + "/killed"
+        let python = """
+            import os, time
+            os.open('\(daemon.mnt("plan.txt"))', os.O_RDONLY)
+            refused = created = 0
+            deadline = time.time() + 20
+            i = 0
+            while time.time() < deadline:
+                i += 1
+                try:
+                    os.close(os.open('\(home)/n%d' % i, os.O_WRONLY | os.O_CREAT, 0o600))
+                    if os.path.exists('\(marker)'):
+                        created += 1
+                        if created >= 20:
+                            break
+                except OSError:
+                    refused += 1
+                time.sleep(0.005)
+            print('refused', refused, 'created', created)
+            """
+        let output = work + "/holder.out"
+        let holder = try spawn("setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", python], stdoutPath: output)
+        Thread.sleep(forTimeInterval: 1)
+        daemon.killHard()
+        FileManager.default.createFile(atPath: marker, contents: nil)
+        var status: Int32 = 0
+        XCTAssertTrue(waitForExit(holder, seconds: 25, status: &status), "the holder hung after the daemon was killed")
+        let printed = contents(output) ?? ""
+        XCTAssertTrue(printed.contains("created 20"), "creations after the kill: \(printed)")
+        XCTAssertFalse(printed.contains("refused 0 "), "the guard refused while it ran: \(printed)")
+        // A new process on the watched file systems is not held up either.
+        XCTAssertEqual(try runCommand(["cp", "/etc/hostname", usb + "/after-kill"]).status, 0)
+    }
+}
