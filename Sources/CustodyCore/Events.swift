@@ -6,7 +6,7 @@ public struct EngineEvent: Codable, Equatable, Sendable {
     public enum Kind: String, Codable, Sendable {
         case registered, enrolled, enrollmentFailed, policyChanged, policyUnchanged, deregistered
         case passphraseChanged, lockRequested, locked, unlocked, unlockFailed, unlockAttemptsExceeded
-        case identityBound, identityUnbound, transferBlocked, saveBlocked, machineKeyChanged, tamperDetected
+        case identityBound, identityUnbound, transferBlocked, saveBlocked, openFromBlocked, machineKeyChanged, tamperDetected
         case wipeStarted, wipeProgress, wipeFinished, wipeFailed, reprotectRequired, reprotectProgress, reprotectFinished
         case stateProblem, tornWrite, fileRepaired
     }

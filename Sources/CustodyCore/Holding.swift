@@ -8,6 +8,10 @@ public protocol DataHolders: AnyObject, Sendable {
     /// nil once the process of `thread` holds `account`'s data; otherwise why it may not read it
     /// (it has a file open for writing where the identity may not save).
     func admit(thread: Int32, holding account: Account) -> String?
+    /// nil once the process of `thread` may write into `account`'s files (it then receives that
+    /// identity's data, and reads only from its open-from locations while it writes); otherwise
+    /// why not (it has a file open for reading from a location the identity may not open from).
+    func admit(thread: Int32, writingInto account: Account) -> String?
     /// What the guard covers now, for the status and the metrics.
     var status: GuardStatus { get }
 }
@@ -42,11 +46,20 @@ public struct SaveRules: Sendable {
     public let directories: [(path: String, location: String)]
     /// Keyed by the identity's UPN as registered.
     public let allowed: [String: Set<String>]
+    /// For every managed identity whose policy lists open-from locations: the names it allows.
+    public let openable: [String: Set<String>]
 
-    public init(generation: UInt64, directories: [(path: String, location: String)], allowed: [String: Set<String>]) {
+    public init(generation: UInt64, directories: [(path: String, location: String)], allowed: [String: Set<String>],
+                openable: [String: Set<String>] = [:]) {
         self.generation = generation
         self.directories = directories
         self.allowed = allowed
+        self.openable = openable
+    }
+
+    /// Whether every identity in `identities` may take data opened from `location`.
+    public func allows(_ identities: Set<String>, toOpenFrom location: String) -> Bool {
+        identities.allSatisfy { openable[$0]?.contains(location) ?? true }
     }
 
     /// Whether every identity in `identities` may save to `location`. An identity the rules do not
@@ -82,6 +95,15 @@ extension Engine {
         exemption(of: party, policies: account.policy.map { [$0] } ?? []).exempt != nil
     }
 
+    /// The account a writer into a file owned by `owner` sends data to, when its policy restricts
+    /// where that data may be opened from; nil otherwise.
+    public func openingRestricted(owner: String?) -> Account? {
+        guard let owner else { return nil }
+        let rules = saveRules()
+        guard !rules.openable.isEmpty, let account = try? account(owner), rules.openable[account.upn] != nil else { return nil }
+        return account
+    }
+
     /// The rules as of now, recomputed when a policy or the settings changed.
     public func saveRules() -> SaveRules {
         let generation = policyGeneration.load(ordering: .acquiring)
@@ -91,27 +113,33 @@ extension Engine {
             for path in paths { directories.append((Self.normalized(path), name)) }
         }
         directories.sort { $0.path.utf8.count > $1.path.utf8.count }
-        var allowed: [String: Set<String>] = [:]
+        var allowed: [String: Set<String>] = [:], openable: [String: Set<String>] = [:]
         for account in accounts() {
-            guard let locations = account.policy?.saveToLocations else { continue }
-            allowed[account.upn] = Set(locations.compactMap { Location(name: $0)?.name })
+            if let locations = account.policy?.saveToLocations { allowed[account.upn] = Set(locations.compactMap { Location(name: $0)?.name }) }
+            if let locations = account.policy?.openFromLocations { openable[account.upn] = Set(locations.compactMap { Location(name: $0)?.name }) }
         }
-        let rules = SaveRules(generation: generation, directories: directories, allowed: allowed)
+        let rules = SaveRules(generation: generation, directories: directories, allowed: allowed, openable: openable)
         saveRulesBox.withLock { $0 = rules }
         return rules
     }
 
-    /// Reports a refused save: a `saveBlocked` event (at most `EventRateLimiter.perSecond` a
+    /// Reports a refused save: a `saveBlocked` event (`openFrom`: a refused flow of data from a
+    /// location into the identity, an `openFromBlocked` event) (at most `EventRateLimiter.perSecond` a
     /// second; the rest are counted in the next one) with the process, the identities whose data
     /// it holds, the location and the path (scrubbed as the log scrubs it).
     public func reportBlockedSave(pid: Int32, uid: UInt32?, executable: String?, identities: [String], location: String,
-                                  path: String, operation: String, reason: String) {
+                                  path: String, operation: String, reason: String, openFrom: Bool = false) {
         guard let suppressed = saveEvents.admit(now: clock.now()) else { return }
         var details = ["pid": "\(pid)", "operation": operation, "location": location, "path": scrubbedPath(path),
                        "reason": reason, "executable": executable ?? "unknown", "identities": identities.joined(separator: ",")]
         if let uid { details["uid"] = "\(uid)" }
         if suppressed > 0 { details["suppressed"] = "\(suppressed)" }
-        events.emit(.saveBlocked, identity: identities.first,
-                    "blocked: \(operation) in \(location) by a process holding \(identities.joined(separator: ", "))'s data", details: details)
+        if openFrom {
+            events.emit(.openFromBlocked, identity: identities.first,
+                        "blocked: data from \(location) into \(identities.joined(separator: ", "))'s files (\(operation))", details: details)
+        } else {
+            events.emit(.saveBlocked, identity: identities.first,
+                        "blocked: \(operation) in \(location) by a process holding \(identities.joined(separator: ", "))'s data", details: details)
+        }
     }
 }

@@ -69,6 +69,10 @@ extension MountFileSystem {
             // left to move. Any other open is a transfer when the identities differ.
             let grant = engine != nil && fi.pointee.flags & O_TRUNC != 0 ? nil : try checkTransfer(req, inode, flags: fi.pointee.flags)
             try checkHolding(req, inode, flags: fi.pointee.flags)
+            if inode.isRegularFile, engine != nil {
+                let owner = fi.pointee.flags & O_TRUNC != 0 ? callerIdentity(req).identity : current.owner?.display
+                try checkReceiving(req, owner: owner, flags: fi.pointee.flags)
+            }
             if inode.isRegularFile, engine != nil, fi.pointee.flags & O_TRUNC != 0 {
                 // Opened with truncate: the file gets the caller's effective identity as owner.
                 let (wanted, classKey) = try plan(for: callerIdentity(req).identity)
@@ -131,6 +135,7 @@ extension MountFileSystem {
                 let caller = callerIdentity(req)
                 let owner = engine.ownerForNewFile(caller, directoryOwner: directoryOwner(parent))
                 try checkCreateTransfer(req, caller: caller, newOwner: owner, in: parent)
+                try checkReceiving(req, owner: owner, flags: fi.pointee.flags | O_CREAT)
                 (wanted, classKey) = try plan(for: owner)
             }
             var flags = backingFlags(fi.pointee.flags) | O_CREAT | (fi.pointee.flags & O_EXCL)

@@ -89,6 +89,19 @@ extension MountFileSystem {
         }
     }
 
+    /// A write into a managed identity's file (an open for writing, a create) whose policy lists
+    /// open-from locations makes the writing process a receiver: the guard lets it read data only
+    /// from those locations while it writes. Refused when it reads a file from elsewhere now.
+    func checkReceiving(_ req: fuse_req_t, owner: String?, flags: Int32) throws(Errno) {
+        guard let engine, flags & O_ACCMODE != O_RDONLY || flags & (O_TRUNC | O_CREAT) != 0, let holders = engine.dataHolders,
+              let account = engine.openingRestricted(owner: owner), let context = fuse_req_ctx(req)?.pointee else { return }
+        if engine.exemptFromHolding(.process(context.pid, uid: context.uid), account: account) { return }
+        if let reason = holders.admit(thread: context.pid, writingInto: account) {
+            log("refused: a write into \(account.upn)'s file by pid \(context.pid): \(reason)")
+            throw Errno.accessDenied
+        }
+    }
+
     /// A file created by a caller with no identity in a directory with an owner becomes the
     /// directory owner's: that owner receives the caller's data.
     func checkCreateTransfer(_ req: fuse_req_t, caller: ResolvedIdentity, newOwner: String?, in directory: Inode) throws(Errno) {

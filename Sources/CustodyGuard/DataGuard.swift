@@ -30,7 +30,12 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
 
     // Owned by the guard thread.
     private var holders = ProcessHolders()
+    /// Processes that write into managed identities' files whose policies list open-from
+    /// locations (and the processes they start afterwards): they read data only from there.
+    private var receivers = ProcessHolders()
     private var watched: [UInt64: WatchedFileSystem] = [:]
+    /// Custody's own mounts, by device: a descriptor there open for writing keeps a receiver one.
+    private var mountDevices: Set<UInt64> = []
     private var rules: SaveRules
     private var armed = false
 
@@ -38,6 +43,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     private struct HoldRequest {
         let process: Int32
         let identities: Set<String>
+        /// A writer into the identities' files (open-from), not a reader (save-to).
+        var receives = false
         let rules: SaveRules
         let done: DispatchSemaphore
     }
@@ -50,6 +57,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     /// same identity costs two small /proc reads.
     private let watchedForMounts = Mutex<[UInt64: WatchedFileSystem]>([:])
     private let admitted = Mutex<[Int32: (start: UInt64, identities: Set<String>)]>([:])
+    private let admittedWriters = Mutex<[Int32: (start: UInt64, identities: Set<String>)]>([:])
     private let statusBox: Mutex<GuardStatus>
     private let refusalCount = Atomic<UInt64>(0)
     private let holderCount = Atomic<Int>(0)
@@ -67,6 +75,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         let path: String
         let operation: String
         let removedEmptyFile: Bool
+        /// Data from `location` into the identities (open-from), not out of them.
+        var openFrom = false
     }
 
     public init(engine: Engine, selection: GuardedFileSystems, log: @escaping @Sendable (String) -> Void) {
@@ -171,6 +181,35 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         return nil
     }
 
+    public func admit(thread: Int32, writingInto account: Account) -> String? {
+        guard running.load(ordering: .acquiring) else { return nil }
+        let table = LinuxProcessTable()
+        guard let process = table.process(ofThread: thread), process != getpid(), let start = table.startTime(of: process) else { return nil }
+        let known = admittedWriters.withLock { $0[process] }
+        if let known, known.start == start, known.identities.contains(account.upn) { return nil }
+        let rules = engine.saveRules()
+        let watched = watchedForMounts.withLock { $0 }
+        for file in WritableFiles.readable(by: process) {
+            guard let fileSystem = watched[file.device] else { continue }
+            let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
+            guard !rules.allows([account.upn], toOpenFrom: location) else { continue }
+            report(.refusal(Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                    operation: "write into the identity's file (it reads a file from there)", removedEmptyFile: false, openFrom: true)))
+            return "it reads \(file.path), in \(location), from where \(account.upn)'s policy opens no data"
+        }
+        let done = DispatchSemaphore(value: 0)
+        requests.withLock { $0.append(HoldRequest(process: process, identities: [account.upn], receives: true, rules: rules, done: done)) }
+        signalWake()
+        guard done.wait(timeout: .now() + 5) == .success else { return "the guard did not answer" }
+        admittedWriters.withLock { table in
+            if table.count > 4096 { table.removeAll() }
+            var identities = table[process].flatMap { $0.start == start ? $0.identities : nil } ?? []
+            identities.insert(account.upn)
+            table[process] = (start, identities)
+        }
+        return nil
+    }
+
     private func signalWake() {
         var one: UInt64 = 1
         _ = write(wake, &one, 8)
@@ -213,7 +252,10 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                 if errno == ENOBUFS { resynchronize() }
                 return
             }
-            for event in events.prefix(Int(count)) { holders.apply(event) }
+            for event in events.prefix(Int(count)) {
+                holders.apply(event)
+                receivers.apply(event)
+            }
             if count < events.count { break }
         }
         holderCount.store(holders.processes.count, ordering: .relaxed)
@@ -230,6 +272,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             closedir(stream)
         }
         holders.resynchronize(threads: Self.threads(of:), children: children)
+        receivers.resynchronize(threads: Self.threads(of:), children: children)
         report(.message("process events were lost; the holders were read from /proc again"))
     }
 
@@ -245,7 +288,12 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                 continue
             }
             let since = ProcessStat.now()
-            holders.hold(request.process, identities: request.identities, threads: Self.threads(of: request.process) ?? [], since: since)
+            let threads = Self.threads(of: request.process) ?? []
+            if request.receives {
+                receivers.hold(request.process, identities: request.identities, threads: threads, since: since)
+            } else {
+                holders.hold(request.process, identities: request.identities, threads: threads, since: since)
+            }
             holderCount.store(holders.processes.count, ordering: .relaxed)
             updateMarks()
             request.done.signal()
@@ -255,12 +303,13 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     /// Marks the watched file systems while a process holds data, and only then: with no holder
     /// the kernel asks nothing.
     private func updateMarks() {
-        if !holders.isEmpty, !armed {
+        let anyone = !holders.isEmpty || !receivers.isEmpty
+        if anyone, !armed {
             for fileSystem in watched.values where clinux_guard_mark(group, fileSystem.mountPoint, 1) != 0 {
                 report(.message("cannot watch \(fileSystem.mountPoint): \(String(cString: strerror(errno)))"))
             }
             armed = true
-        } else if holders.isEmpty, armed {
+        } else if !anyone, armed {
             _ = clinux_guard_unmark_all(group)
             armed = false
         }
@@ -275,6 +324,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             }
         }
         watched = current
+        mountDevices = Set(MountTable.entries().filter { $0.fileSystemType == "fuse.custody" }.compactMap { FileSystemSelection.device($0.device) })
         watchedForMounts.withLock { $0 = current }
     }
 
@@ -293,23 +343,39 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     }
 
     /// Whether the open of `event.fd` by `event.tid` may go on. A thread of a process that holds
-    /// nothing: yes, at once. A holder: reading, yes; creating or writing, only where every
-    /// identity it holds may save.
+    /// nothing and writes into no managed file: yes, at once. A holder: reading, yes; creating or
+    /// writing, only where every identity it holds may save. A writer into managed files: reading
+    /// data only from where its identities may open from, while it still has such a file open.
     private func decide(_ event: clinux_open_event) -> Bool {
-        guard let (process, holder) = holders.holder(ofThread: event.tid) else { return true }
+        let holding = holders.holder(ofThread: event.tid)
+        let receiving = receivers.holder(ofThread: event.tid)
+        guard holding != nil || receiving != nil else { return true }
         let intent = OpenIntent.of(thread: event.tid)
-        if intent == .read { return true }
         var info = stat()
         guard fstat(event.fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG,
               let fileSystem = watched[UInt64(info.st_dev)] else { return true }
         let path = (try? Syscall.readlink("/proc/self/fd/\(event.fd)")) ?? ""
         let location = rules.configuredLocation(of: path) ?? fileSystem.location
-        if rules.allows(holder.identities, toSaveTo: location) { return true }
-        let removed = intent.creates && Self.removeIfJustCreated(path, info, exclusive: intent == .write(creates: true, exclusive: true))
-        refusalCount.add(1, ordering: .relaxed)
-        report(.refusal(Refusal(thread: event.tid, process: process, identities: holder.identities.sorted(), location: location,
-                                path: path, operation: intent.creates ? "create" : "open for writing", removedEmptyFile: removed)))
-        return false
+        if let (process, holder) = holding, intent != .read, !rules.allows(holder.identities, toSaveTo: location) {
+            let removed = intent.creates && Self.removeIfJustCreated(path, info, exclusive: intent.exclusive)
+            refusalCount.add(1, ordering: .relaxed)
+            report(.refusal(Refusal(thread: event.tid, process: process, identities: holder.identities.sorted(), location: location,
+                                    path: path, operation: intent.creates ? "create" : "open for writing", removedEmptyFile: removed)))
+            return false
+        }
+        if let (process, receiver) = receiving, intent.reads, info.st_uid != 0, info.st_size > 0,
+           !rules.allows(receiver.identities, toOpenFrom: location) {
+            // Only while it can still write into a managed file: afterwards it is an ordinary process.
+            guard WritableFiles.of(process: process).contains(where: { mountDevices.contains($0.device) }) else {
+                receivers.drop(process)
+                return true
+            }
+            refusalCount.add(1, ordering: .relaxed)
+            report(.refusal(Refusal(thread: event.tid, process: process, identities: receiver.identities.sorted(), location: location,
+                                    path: path, operation: "read (it writes into the identity's files)", removedEmptyFile: false, openFrom: true)))
+            return false
+        }
+        return true
     }
 
     /// The kernel asks about an open with O_CREAT after it made the file: a file this open made
@@ -358,10 +424,13 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                 case .refusal(let refusal):
                     let executable = try? Syscall.readlink("/proc/\(refusal.process)/exe")
                     let uid = LinuxProcessTable().uid(of: refusal.process)
+                    let names = refusal.identities.joined(separator: ", ")
+                    let reason = refusal.openFrom ? "\(refusal.location) is not among the open-from locations of \(names)"
+                        : "\(refusal.location) is not among the save-to locations of \(names)"
+                            + (refusal.removedEmptyFile ? "; the empty file the open made was removed" : "")
                     engine.reportBlockedSave(pid: refusal.process, uid: uid, executable: executable, identities: refusal.identities,
                                              location: refusal.location, path: refusal.path, operation: refusal.operation,
-                                             reason: "\(refusal.location) is not among the save-to locations of \(refusal.identities.joined(separator: ", "))"
-                                                 + (refusal.removedEmptyFile ? "; the empty file the open made was removed" : ""))
+                                             reason: reason, openFrom: refusal.openFrom)
                 }
             }
             // New policies or settings reach the guard thread as new rules.

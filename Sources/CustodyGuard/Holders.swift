@@ -62,6 +62,12 @@ struct ProcessHolders {
         }
     }
 
+    /// `process` holds nothing any more (nor do its threads).
+    mutating func drop(_ process: Int32) {
+        guard let holder = processes.removeValue(forKey: process) else { return }
+        for thread in holder.threads { owners.removeValue(forKey: thread) }
+    }
+
     mutating func remove(thread: Int32, of process: Int32) {
         owners.removeValue(forKey: thread)
         guard var holder = processes[process] else { return }

@@ -1,9 +1,11 @@
 import CustodySystem
 import Glibc
 
-/// The regular files a process can write to now: its descriptors open for writing, and its
-/// shared writable mappings. A process that comes to hold an identity's data must not have one
-/// where the identity may not save (it would write the data there whatever it opens next).
+/// The regular files a process can write to now (its descriptors open for writing, its shared
+/// writable mappings), or reads now. A process that comes to hold an identity's data must not have
+/// a file to write where the identity may not save (the data would go there whatever it opens
+/// next); one that comes to write into an identity's files must not be reading from where the
+/// identity may not open from.
 struct WritableFile: Equatable {
     let path: String
     let device: UInt64
@@ -11,6 +13,18 @@ struct WritableFile: Equatable {
 
 enum WritableFiles {
     static func of(process pid: Int32) -> [WritableFile] {
+        descriptors(of: pid) { $0 != O_RDONLY } + sharedWritableMappings(of: pid)
+    }
+
+    /// The data it reads now: regular files open for reading that root does not own (root's are
+    /// the system's programs, libraries and settings, not documents). Mapped files are left out:
+    /// what a process maps to read is a library or a program far more often than a document.
+    static func readable(by pid: Int32) -> [WritableFile] {
+        descriptors(of: pid, owned: { $0 != 0 }) { $0 != O_WRONLY }
+    }
+
+    /// Regular files among `pid`'s descriptors whose access mode `access` accepts.
+    static func descriptors(of pid: Int32, owned: (uid_t) -> Bool = { _ in true }, _ access: (Int32) -> Bool) -> [WritableFile] {
         var result: [WritableFile] = []
         let directory = "/proc/\(pid)/fd"
         guard let stream = opendir(directory) else { return [] }
@@ -19,12 +33,11 @@ enum WritableFiles {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
             guard let number = Int32(name) else { continue }
             var info = stat()
-            guard stat("\(directory)/\(number)", &info) == 0, info.st_mode & S_IFMT == S_IFREG,
-                  let flags = openFlags(pid, number), flags & O_ACCMODE != O_RDONLY,
+            guard stat("\(directory)/\(number)", &info) == 0, info.st_mode & S_IFMT == S_IFREG, owned(info.st_uid),
+                  let flags = openFlags(pid, number), access(flags & O_ACCMODE),
                   let path = try? Syscall.readlink("\(directory)/\(number)") else { continue }
             result.append(WritableFile(path: path, device: UInt64(info.st_dev)))
         }
-        result.append(contentsOf: sharedWritableMappings(of: pid))
         return result
     }
 

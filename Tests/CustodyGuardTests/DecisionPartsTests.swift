@@ -10,11 +10,12 @@ final class DecisionPartsTests: XCTestCase {
     func testIntentFromFlags() {
         XCTAssertEqual(OpenIntent(flags: Int64(O_RDONLY)), .read)
         XCTAssertEqual(OpenIntent(flags: Int64(O_RDONLY | O_CLOEXEC | O_NONBLOCK)), .read)
-        XCTAssertEqual(OpenIntent(flags: Int64(O_WRONLY)), .write(creates: false, exclusive: false))
-        XCTAssertEqual(OpenIntent(flags: Int64(O_RDWR | O_CREAT)), .write(creates: true, exclusive: false))
-        XCTAssertEqual(OpenIntent(flags: Int64(O_WRONLY | O_CREAT | O_EXCL)), .write(creates: true, exclusive: true))
-        XCTAssertEqual(OpenIntent(flags: Int64(O_RDONLY | O_TRUNC)), .write(creates: false, exclusive: false), "truncating is writing")
-        XCTAssertEqual(OpenIntent(flags: Int64(O_RDONLY | O_CREAT)), .write(creates: true, exclusive: false))
+        XCTAssertEqual(OpenIntent(flags: Int64(O_WRONLY)), .write(creates: false, exclusive: false, reads: false))
+        XCTAssertEqual(OpenIntent(flags: Int64(O_RDWR | O_CREAT)), .write(creates: true, exclusive: false, reads: true))
+        XCTAssertEqual(OpenIntent(flags: Int64(O_WRONLY | O_CREAT | O_EXCL)), .write(creates: true, exclusive: true, reads: false))
+        XCTAssertTrue(OpenIntent.unknown.reads)
+        XCTAssertEqual(OpenIntent(flags: Int64(O_RDONLY | O_TRUNC)), .write(creates: false, exclusive: false, reads: true), "truncating is writing")
+        XCTAssertEqual(OpenIntent(flags: Int64(O_RDONLY | O_CREAT)), .write(creates: true, exclusive: false, reads: true))
     }
 
     /// A thread in an open call that waits (here: on a FIFO nobody writes to) shows its flags.
@@ -38,7 +39,7 @@ final class DecisionPartsTests: XCTestCase {
             if intent != .unknown { break }
             usleep(20_000)
         }
-        XCTAssertEqual(intent, .write(creates: false, exclusive: false))
+        XCTAssertEqual(intent, .write(creates: false, exclusive: false, reads: false))
         XCTAssertEqual(OpenIntent.of(thread: getpid()), .unknown, "a thread not in an open call")
     }
 

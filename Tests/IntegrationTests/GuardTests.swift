@@ -29,7 +29,7 @@ final class GuardTests: XCTestCase {
 
     /// dana's account, whose data may be saved to the mounts and OneDrive only; the daemon's guard
     /// watches the home tmpfs and the USB stick.
-    func start(saveTo: [String] = ["AccountDocument", "OneDriveForBusiness"]) throws {
+    func start(saveTo: [String]? = ["AccountDocument", "OneDriveForBusiness"], openFrom: [String]? = nil) throws {
         work = try makeTemporaryDirectory("custody-guard")
         XCTAssertEqual(chmod(work, 0o755), 0)
         for directory in [home, usb] { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
@@ -53,8 +53,8 @@ final class GuardTests: XCTestCase {
         self.daemon = daemon
         try daemon.openToOtherUsers()
         try mustRun(["chmod", "1777", daemon.mountPoint])
-        let locations = saveTo.map { "\"\($0)\"" }.joined(separator: ", ")
-        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "d-oid", "upn": "dana@contoso.com", "uid": \#(uid), "policy": {"protectionLevel": "untilFirstAuth", "saveToLocations": [\#(locations)]}}"#)
+        func list(_ names: [String]?) -> String { names.map { "[" + $0.map { "\"\($0)\"" }.joined(separator: ", ") + "]" } ?? "null" }
+        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "d-oid", "upn": "dana@contoso.com", "uid": \#(uid), "policy": {"protectionLevel": "untilFirstAuth", "saveToLocations": \#(list(saveTo)), "openFromLocations": \#(list(openFrom))}}"#)
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
         let status = try daemon.apiJSON("GET", "/v1/status").json
         XCTAssertEqual(field(status, "guard.level"), "fanotify", "\(status)")
@@ -203,6 +203,40 @@ final class GuardTests: XCTestCase {
         try eventually("the policy now allows every location", timeout: 5, interval: 0.2) {
             (try? self.asUser("cp '\(daemon.mnt("plan.txt"))' '\(self.home)/allowed.txt'"))?.status == 0
         }
+    }
+
+    /// Open-from: data read from a location the identity may not open from does not go into its
+    /// files, whichever is opened first; system files (root's) and allowed locations do.
+    func testDataFromElsewhereDoesNotGoIntoTheIdentitysFiles() throws {
+        try start(saveTo: nil, openFrom: ["AccountDocument", "OneDriveForBusiness"])
+        guard let daemon else { return }
+        let m = daemon.mountPoint
+        let script = """
+            set -u
+            echo personal > '\(home)/personal.txt'
+            echo synced > '\(oneDrive)/team.txt'
+            cp '\(home)/personal.txt' '\(m)/imported.txt' 2>/dev/null || echo cp-refused
+            cat '\(home)/personal.txt' > '\(m)/cat.txt' 2>/dev/null || echo cat-refused
+            cp '\(usb)/../home/personal.txt' '\(m)/again.txt' 2>/dev/null || echo again-refused
+            cp '\(oneDrive)/team.txt' '\(m)/team.txt' && echo onedrive-ok
+            cp /etc/hostname '\(m)/host.txt' && echo system-ok
+            /usr/bin/python3 - <<'PY'
+            import os
+            fd = os.open('\(m)/closed.txt', os.O_WRONLY | os.O_CREAT, 0o600)
+            os.write(fd, b'mine')
+            os.close(fd)
+            print('after-close', open('\(home)/personal.txt').read().strip())
+            PY
+            """
+        let result = try asUser(script)
+        for marker in ["cp-refused", "cat-refused", "again-refused", "onedrive-ok", "system-ok", "after-close personal"] {
+            XCTAssertTrue(result.output.contains(marker), "\(marker) missing: \(result.output) \(result.error)\n\(daemon.log)")
+        }
+        XCTAssertFalse(FileManager.default.fileExists(atPath: daemon.mnt("imported.txt")), "a refused create leaves nothing in the mount")
+        XCTAssertEqual(try asUser("cat '\(m)/cat.txt'").output, "", "the shell made it; no byte of the personal file went in")
+        XCTAssertEqual(try asUser("cat '\(m)/team.txt'").output, "synced\n")
+        let events = try daemon.api("GET", "/v1/events?follow=false").body
+        XCTAssertTrue(events.contains("openFromBlocked") && events.contains("personal.txt") && events.contains("LocalDrive"), events)
     }
 
     /// A daemon killed with SIGKILL while holders write leaves every open on the machine going.
