@@ -73,7 +73,7 @@ let package = Package(
         .target(name: "CustodyClient", dependencies: ["CustodyAPI"]),
 
         .executableTarget(name: "custodyctl", dependencies: [
-            "CLinux", "CustodyAPI", "CustodyClient", "CustodyCrypto", "CustodySystem",
+            "CLinux", "CSystemd", "CustodyAPI", "CustodyClient", "CustodyCrypto", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
@@ -105,6 +105,7 @@ let package = Package(
                                                                 .product(name: "NIOHTTP1", package: "swift-nio"),
                                                                 .product(name: "Yams", package: "Yams")]),
         .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTestSupport", "CustodyTPM", "CustodyCrypto"]),
+        .testTarget(name: "CustodyClientTests", dependencies: ["CustodyClient", "CustodyAPI"]),
         .testTarget(name: "CustodyGuardTests", dependencies: ["CustodyTestSupport", "CustodyGuard", "CustodyCore", "CustodySystem", "CLinux"]),
         .testTarget(name: "CustodySessionsTests", dependencies: ["CustodyTestSupport", "CustodySessions", "CustodyCore"]),
         .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyTestSupport", "CustodyMetrics", "CustodyCore"]),

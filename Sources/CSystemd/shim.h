@@ -81,4 +81,21 @@ static inline int custody_message_read_bool(sd_bus_message *message) {
     return result < 0 ? result : (value ? 1 : 0);
 }
 
+/* org.freedesktop.Notifications.Notify(app, 0, icon, summary, body, [], {"urgency": byte}, timeout):
+   the notification's ID, or -errno. */
+static inline int64_t custody_notify(sd_bus *bus, const char *app, const char *icon, const char *summary, const char *body,
+                                     unsigned char urgency, int32_t timeout) {
+    sd_bus_error error = SD_BUS_ERROR_NULL;
+    sd_bus_message *reply = NULL;
+    int result = sd_bus_call_method(bus, "org.freedesktop.Notifications", "/org/freedesktop/Notifications",
+                                    "org.freedesktop.Notifications", "Notify", &error, &reply, "susssasa{sv}i",
+                                    app, (uint32_t)0, icon, summary, body, 0, 1, "urgency", "y", urgency, timeout);
+    sd_bus_error_free(&error);
+    if (result < 0) return result;
+    uint32_t id = 0;
+    result = sd_bus_message_read(reply, "u", &id);
+    sd_bus_message_unref(reply);
+    return result < 0 ? result : (int64_t)id;
+}
+
 #endif

@@ -45,6 +45,7 @@ final class GuardTests: XCTestCase {
         try """
             [settings]
             MultiIdentity = true
+            LockGracePeriod = 1
             [locations]
             OneDriveForBusiness = ["\(oneDrive)"]
             """.write(toFile: config, atomically: true, encoding: .utf8)
@@ -237,6 +238,49 @@ final class GuardTests: XCTestCase {
         XCTAssertEqual(try asUser("cat '\(m)/team.txt'").output, "synced\n")
         let events = try daemon.api("GET", "/v1/events?follow=false").body
         XCTAssertTrue(events.contains("openFromBlocked") && events.contains("personal.txt") && events.contains("LocalDrive"), events)
+    }
+
+    /// The person at the keyboard is told: `custodyctl agent`, on a private session bus with
+    /// python-dbusmock's notification daemon, shows a blocked save (identity, location, program;
+    /// no path), at most one a minute here, and a lock.
+    func testTheAgentShowsRefusalsAndLocksAsNotifications() throws {
+        try start()
+        guard let daemon else { return }
+        XCTAssertEqual(try asUser("echo CORPSECRET > '\(daemon.mnt("plan.txt"))'").status, 0)
+        let session = work + "/session"
+        try FileManager.default.createDirectory(atPath: session, withIntermediateDirectories: true)
+        XCTAssertEqual(chown(session, uid, uid), 0)
+        let address = "unix:path=\(session)/bus"
+        let calls = session + "/notifications.log"
+        let asTheUser = ["setpriv", "--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "env", "DBUS_SESSION_BUS_ADDRESS=\(address)"]
+        var started: [pid_t] = []
+        defer {
+            for pid in started.reversed() {
+                kill(pid, SIGTERM)
+                XCTAssertTrue(waitForExit(pid, seconds: 10), "process \(pid) did not stop")
+            }
+        }
+        started.append(try spawn(asTheUser[0], Array(asTheUser.dropFirst()) + ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--address=\(address)"],
+                                 stderrPath: session + "/bus.err"))
+        try eventually("the session bus is up") { FileManager.default.fileExists(atPath: session + "/bus") }
+        started.append(try spawn(asTheUser[0], Array(asTheUser.dropFirst()) + ["/usr/bin/python3", "-m", "dbusmock", "--template", "notification_daemon", "-l", calls],
+                                 stderrPath: session + "/mock.err"))
+        try eventually("the notification daemon is on the bus") { FileManager.default.fileExists(atPath: calls) }
+        started.append(try spawn(asTheUser[0], Array(asTheUser.dropFirst()) + [MountedDaemon.tool("custodyctl"), "agent", "--socket", daemon.socket, "--interval", "60"],
+                                 stderrPath: session + "/agent.err"))
+        // Blocked saves until the agent, once connected, shows one.
+        try eventually("a notification of the blocked save", timeout: 20, interval: 0.3) {
+            _ = try? self.asUser("cp '\(daemon.mnt("plan.txt"))' '\(self.home)/copy.txt'")
+            return (self.contents(calls) ?? "").contains("Notify")
+        }
+        for _ in 0..<3 { _ = try asUser("cp '\(daemon.mnt("plan.txt"))' '\(home)/copy.txt'") }
+        XCTAssertEqual(try daemon.ctl(["lock", "dana@contoso.com"]).status, 0)
+        try eventually("a notification of the lock", timeout: 30, interval: 0.2) { (self.contents(calls) ?? "").contains("dana@contoso.com locked") }
+        let shown = contents(calls) ?? ""
+        XCTAssertTrue(shown.contains("Save blocked") && shown.contains("cp may not save dana@contoso.com's data to LocalDrive"), shown)
+        XCTAssertEqual(shown.components(separatedBy: "Save blocked").count - 1, 1, "one a minute: \(shown)")
+        XCTAssertFalse(shown.contains(home), "no notification names a path: \(shown)")
+        XCTAssertFalse(shown.contains("copy.txt"), "no notification names a file: \(shown)")
     }
 
     /// A daemon killed with SIGKILL while holders write leaves every open on the machine going.

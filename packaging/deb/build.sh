@@ -41,7 +41,7 @@ gzip -9n "$root"/usr/share/man/man*/*
 
 mkdir -p "$root/DEBIAN"
 install -m 0755 "$here/postinst" "$here/postrm" "$root/DEBIAN/"
-echo /etc/custody/custody.toml > "$root/DEBIAN/conffiles"
+printf "%s\n" /etc/custody/custody.toml /etc/xdg/autostart/custody-agent.desktop > "$root/DEBIAN/conffiles"
 # Shared-library dependencies, as debhelper would compute them.
 mkdir -p "$stage/debian"
 printf 'Source: custody\n\nPackage: custody\nArchitecture: any\n' > "$stage/debian/control"

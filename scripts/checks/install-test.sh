@@ -14,9 +14,15 @@ for f in usr/local/bin/custodyd usr/local/bin/custodyctl usr/local/lib/systemd/s
          usr/local/lib/systemd/system/custodyd.socket usr/local/lib/sysusers.d/custody.conf \
          usr/local/lib/tmpfiles.d/custody.conf etc/custody/custody.toml etc/custody/custody.toml.example \
          usr/local/share/doc/custody/docs/openapi.yaml usr/local/share/bash-completion/completions/custodyctl \
-         usr/local/share/man/man1/custodyctl.1 usr/local/share/man/man8/custodyd.8 usr/local/share/man/man5/custody.toml.5; do
+         usr/local/share/man/man1/custodyctl.1 usr/local/share/man/man8/custodyd.8 usr/local/share/man/man5/custody.toml.5 \
+         etc/xdg/autostart/custody-agent.desktop; do
     [ -e "$DEST/$f" ] || fail "$f was not installed"
 done
+# The notification agent starts in every graphical session, from the installed custodyctl.
+grep -qx "Exec=/usr/local/bin/custodyctl agent" "$DEST/etc/xdg/autostart/custody-agent.desktop" || fail "the autostart entry does not run custodyctl agent"
+if command -v desktop-file-validate >/dev/null; then
+    out=$(desktop-file-validate "$DEST/etc/xdg/autostart/custody-agent.desktop" 2>&1) || fail "desktop-file-validate: $out"
+fi
 # `man custodyctl` (and the others) find the installed pages and render them.
 for page in custodyctl custodyd custody.toml; do
     found=$(MANPATH="$DEST/usr/local/share/man" man -w "$page") || fail "man -w $page finds nothing"
