@@ -19,7 +19,7 @@ PROMTOOL := .build/tools/promtool
 
 DEMO_DIR ?= $(if $(XDG_RUNTIME_DIR),$(XDG_RUNTIME_DIR)/custody-demo,$(CURDIR)/demo)
 
-.PHONY: all deps pip-deps promtool bench-deps build release static run test test-unit soak test-install install uninstall man deb bench bench-format bench-scale bench-wipe fuzz fuzz-http clean
+.PHONY: all deps pip-deps promtool bench-deps build release static run test test-unit soak test-install install uninstall man deb bench bench-guard bench-format bench-scale bench-wipe fuzz fuzz-http clean
 
 # Where `make install` puts things (DESTDIR for staging).
 PREFIX ?= /usr/local
@@ -166,6 +166,12 @@ uninstall:
 
 bench: bench-deps release
 	python3 bench/bench.py
+	python3 bench/guard.py
+
+# What the guard costs a process that holds no managed data, on the raw disk: off, on with no
+# holder, on while another process holds data (part of `make bench`).
+bench-guard: bench-deps release
+	python3 bench/guard.py
 
 # How costs grow: trees of 10k, 100k and 1M files (create, ls -lR, find, du, a wipe of a third)
 # and 1-8 parallel clients, raw disk against the mount; a table, JSON and a PNG in bench/runs/.

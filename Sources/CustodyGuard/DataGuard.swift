@@ -17,6 +17,9 @@ import Synchronization
 public final class DataGuard: DataHolders, @unchecked Sendable {
     private let engine: Engine
     private let selection: GuardedFileSystems
+    /// Idle CPUs kept able to wake at once while opens come back to back (`WakeLatencyBoost`):
+    /// each open a holder's presence makes the kernel ask about wakes two threads.
+    private let wakeBoost: WakeLatencyBoost?
     private let log: @Sendable (String) -> Void
 
     // Set up by `start`; the guard thread owns the descriptors afterwards.
@@ -79,9 +82,10 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         var openFrom = false
     }
 
-    public init(engine: Engine, selection: GuardedFileSystems, log: @escaping @Sendable (String) -> Void) {
+    public init(engine: Engine, selection: GuardedFileSystems, lowLatency: Bool = true, log: @escaping @Sendable (String) -> Void) {
         self.engine = engine
         self.selection = selection
+        self.wakeBoost = lowLatency ? WakeLatencyBoost.shared : nil
         self.log = log
         self.wake = clinux_wake_descriptor()
         self.rules = engine.saveRules()
@@ -138,6 +142,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
 
     public var status: GuardStatus {
         var status = statusBox.withLock { $0 }
+        if status.level == "fanotify" { status.fileSystems = watchedForMounts.withLock { $0.values.map(\.mountPoint).sorted() } }
         status.holders = holderCount.load(ordering: .relaxed)
         status.refusals = refusalCount.load(ordering: .relaxed)
         return status
@@ -337,6 +342,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             followProcesses()
             applyRequests()
             for event in events.prefix(Int(count)) {
+                wakeBoost?.noteRequest()
                 _ = clinux_guard_answer(group, event.fd, decide(event) ? 1 : 0)
             }
         }

@@ -10,7 +10,8 @@ public enum GuardedFileSystems: Equatable, Sendable {
     case all
     /// None: the guard is off.
     case none
-    /// The file systems that hold these paths, as they are at start.
+    /// The file systems that hold these paths, and those mounted below them, also later
+    /// (`/media` covers a USB stick mounted at /media/dana/STICK when it comes).
     case holding([String])
 }
 
@@ -46,10 +47,19 @@ enum FileSystemSelection {
             }
         case .holding(let paths):
             for path in paths {
-                guard let device = reach(path), result[device] == nil else { continue }
-                let entry = entries.last { Self.device($0.device) == device }
-                result[device] = WatchedFileSystem(device: device, mountPoint: path, type: entry?.fileSystemType ?? "",
-                                                   location: location(of: entry?.fileSystemType ?? ""))
+                if let device = reach(path), result[device] == nil {
+                    let entry = entries.last { Self.device($0.device) == device }
+                    if !pseudo.contains(entry?.fileSystemType ?? "") {
+                        result[device] = WatchedFileSystem(device: device, mountPoint: path, type: entry?.fileSystemType ?? "",
+                                                           location: location(of: entry?.fileSystemType ?? ""))
+                    }
+                }
+                for entry in entries where entry.mountPoint.isPath(inside: path) && !pseudo.contains(entry.fileSystemType) {
+                    guard let device = Self.device(entry.device), result[device] == nil,
+                          let reached = reach(entry.mountPoint), reached == device else { continue }
+                    result[device] = WatchedFileSystem(device: device, mountPoint: entry.mountPoint, type: entry.fileSystemType,
+                                                       location: location(of: entry.fileSystemType))
+                }
             }
         }
         return result

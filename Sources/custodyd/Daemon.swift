@@ -291,7 +291,8 @@ final class Daemon: @unchecked Sendable {
         case .none: selection = .none
         case .holding(let paths): selection = .holding(paths)
         }
-        let dataGuard = DataGuard(engine: engine, selection: selection) { [logger] message in logger.notice("guard: \(message)") }
+        let lowLatency = configuration.mounts.first?.lowLatency ?? true
+        let dataGuard = DataGuard(engine: engine, selection: selection, lowLatency: lowLatency) { [logger] message in logger.notice("guard: \(message)") }
         let status = dataGuard.start()
         engine.attach(holders: dataGuard)
         self.dataGuard = dataGuard

@@ -101,9 +101,14 @@ final class DecisionPartsTests: XCTestCase {
         let covered = FileSystemSelection.select(.all, entries: entries) { $0 == "/dev/shm" ? FileSystemSelection.device("8:1") : devices[$0] ?? nil }
         XCTAssertFalse(covered.values.contains { $0.mountPoint == "/dev/shm" }, "a mount point another mount covers cannot be marked by its path")
         XCTAssertEqual(FileSystemSelection.device("8:1"), FileSystemSelection.makeDevice(major: 8, minor: 1))
+        let listed = FileSystemSelection.select(.holding(["/dev/shm", "/srv"]), entries: entries + [MountEntryFixture.entry("/srv/nfs/x", "proc", "0:70")]) {
+            $0 == "/srv" ? FileSystemSelection.device("8:1") : devices[$0] ?? nil
+        }
+        XCTAssertEqual(Set(listed.values.map(\.mountPoint)), ["/dev/shm", "/srv", "/srv/nfs"], "what holds the paths, and what is mounted below them")
+        XCTAssertEqual(listed.values.first { $0.mountPoint == "/srv/nfs" }?.location, "Other")
         var info = stat()
         XCTAssertEqual(stat("/", &info), 0)
-        XCTAssertEqual(FileSystemSelection.select(.holding(["/"]), entries: MountTable.entries()).keys.first, UInt64(info.st_dev))
+        XCTAssertTrue(FileSystemSelection.select(.holding(["/"]), entries: MountTable.entries()).keys.contains(UInt64(info.st_dev)))
     }
 
     func testAFileJustCreatedIsRemovedAndAnOlderOneIsNot() throws {

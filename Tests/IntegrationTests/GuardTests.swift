@@ -12,7 +12,9 @@ final class GuardTests: XCTestCase {
     var daemon: MountedDaemon?
     var work = ""
     var home: String { work + "/home" }
-    var usb: String { work + "/usb" }
+    /// A tmpfs standing for /media; the USB stick is mounted below it.
+    var media: String { work + "/media" }
+    var usb: String { media + "/usb" }
     var oneDrive: String { home + "/OneDrive - Contoso" }
     var uid: UInt32 = 0
     var loopImage: String { work + "/usb.img" }
@@ -21,7 +23,7 @@ final class GuardTests: XCTestCase {
         if let daemon, daemon.pid > 0 { kill(daemon.pid, SIGTERM) }
         daemon?.destroy()
         daemon = nil
-        for mountPoint in [home, usb] where !work.isEmpty && MountTable.entry(at: mountPoint) != nil {
+        for mountPoint in [home, media + "/later", usb, media] where !work.isEmpty && MountTable.entry(at: mountPoint) != nil {
             _ = try? runCommand(["umount", "-l", mountPoint])
         }
         if !work.isEmpty { _ = try? runCommand(["rm", "-rf", work]) }
@@ -32,8 +34,10 @@ final class GuardTests: XCTestCase {
     func start(saveTo: [String]? = ["AccountDocument", "OneDriveForBusiness"], openFrom: [String]? = nil) throws {
         work = try makeTemporaryDirectory("custody-guard")
         XCTAssertEqual(chmod(work, 0o755), 0)
-        for directory in [home, usb] { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
+        for directory in [home, media] { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
         try mustRun(["mount", "-t", "tmpfs", "-o", "size=64m,mode=1777", "custody-guard-home", home])
+        try mustRun(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "custody-guard-media", media])
+        try FileManager.default.createDirectory(atPath: usb, withIntermediateDirectories: true)
         try mustRun(["truncate", "-s", "32M", loopImage])
         try mustRun(["mkfs.ext4", "-q", "-F", loopImage])
         try mustRun(["mount", "-o", "loop", loopImage, usb])
@@ -50,7 +54,7 @@ final class GuardTests: XCTestCase {
             OneDriveForBusiness = ["\(oneDrive)"]
             """.write(toFile: config, atomically: true, encoding: .utf8)
         let daemon = try MountedDaemon(extraArguments: ["--config", config, "--allow-other", "--socket-mode", "0666",
-                                                        "--guard-file-systems", home, "--guard-file-systems", usb])
+                                                        "--guard-file-systems", home, "--guard-file-systems", media])
         self.daemon = daemon
         try daemon.openToOtherUsers()
         try mustRun(["chmod", "1777", daemon.mountPoint])
@@ -281,6 +285,24 @@ final class GuardTests: XCTestCase {
         XCTAssertEqual(shown.components(separatedBy: "Save blocked").count - 1, 1, "one a minute: \(shown)")
         XCTAssertFalse(shown.contains(home), "no notification names a path: \(shown)")
         XCTAssertFalse(shown.contains("copy.txt"), "no notification names a file: \(shown)")
+    }
+
+    /// A stick mounted after the daemon started is watched as soon as it appears.
+    func testAFileSystemMountedLaterIsCovered() throws {
+        try start()
+        guard let daemon else { return }
+        XCTAssertEqual(try asUser("echo CORPSECRET > '\(daemon.mnt("plan.txt"))'").status, 0)
+        let later = media + "/later"
+        try FileManager.default.createDirectory(atPath: later, withIntermediateDirectories: true)
+        try mustRun(["mount", "-t", "tmpfs", "-o", "size=8m,mode=1777", "custody-guard-later", later])
+        try eventually("the new file system is watched") {
+            let status = try daemon.apiJSON("GET", "/v1/status").json
+            return ((status["guard"] as? [String: Any])?["fileSystems"] as? [String])?.contains(later) == true
+        }
+        let copied = try asUser("cp '\(daemon.mnt("plan.txt"))' '\(later)/stick.txt' 2>/dev/null || echo refused")
+        XCTAssertTrue(copied.output.contains("refused"), copied.output + copied.error)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: later + "/stick.txt"))
+        XCTAssertEqual(try runCommand(["umount", later]).status, 0)
     }
 
     /// A daemon killed with SIGKILL while holders write leaves every open on the machine going.
