@@ -12,6 +12,7 @@ final class LocationTests: XCTestCase {
     var config: String!
 
     override func tearDown() {
+        if let work, MountTable.entry(at: work + "/usb") != nil { _ = try? runCommand(["umount", "-l", work + "/usb"]) }
         // Started with --config, the daemon outlives an unmount: stop it first.
         if let daemon, daemon.pid > 0 { kill(daemon.pid, SIGTERM) }
         daemon?.destroy()
@@ -125,6 +126,34 @@ final class LocationTests: XCTestCase {
         let errno = try daemon.ctl(["run", "--identity", "alice@contoso.com", "--", "/usr/bin/python3", "-c",
                                     "import os\ntry:\n  os.open('\(outside)/p.txt', os.O_CREAT|os.O_WRONLY)\nexcept OSError as e:\n  print(e.errno)"])
         XCTAssertEqual(errno.output.trimmingCharacters(in: .whitespacesAndNewlines), "13", errno.error)
+
+        // Every way of copying out, as in the guard's test, through custodyctl run (Landlock),
+        // onto the disk and onto a second file system standing for a USB stick.
+        let usb = work + "/usb"
+        try FileManager.default.createDirectory(atPath: usb, withIntermediateDirectories: true)
+        try mustRun(["mount", "-t", "tmpfs", "-o", "size=8m", "custody-locations-usb", usb])
+        let copies = """
+            set -u
+            cd '\(daemon.mountPoint)'
+            echo CORP2 > plan2.txt
+            tee '\(outside)/tee.txt' < corp.txt >/dev/null 2>&1 || echo tee-refused
+            dd if=corp.txt of='\(outside)/dd.txt' status=none 2>/dev/null || echo dd-refused
+            mv plan2.txt '\(usb)/' 2>/dev/null || echo mv-refused
+            tar cf '\(outside)/a.tar' corp.txt 2>/dev/null || echo tar-refused
+            cp corp.txt '\(usb)/stick.txt' 2>/dev/null || echo usb-refused
+            /usr/bin/python3 -c "open('\(outside)/py.txt', 'w').write(open('corp.txt').read())" 2>/dev/null || echo python-refused
+            /usr/bin/python3 -c "import os; s = os.open('corp.txt', os.O_RDONLY); d = os.open('\(usb)/cfr.txt', os.O_WRONLY | os.O_CREAT, 0o600); os.copy_file_range(s, d, 100)" 2>/dev/null || echo copy-range-refused
+            /usr/bin/python3 -c "import os; open('\(outside)/.r.tmp', 'w').write(open('corp.txt').read()); os.rename('\(outside)/.r.tmp', '\(outside)/r.txt')" 2>/dev/null || echo atomic-save-refused
+            """
+        let copied = try daemon.ctl(["run", "--identity", "alice@contoso.com", "--", "sh", "-c", copies])
+        for marker in ["tee-refused", "dd-refused", "mv-refused", "tar-refused", "usb-refused", "python-refused", "copy-range-refused", "atomic-save-refused"] {
+            XCTAssertTrue(copied.output.contains(marker), "\(marker) missing: \(copied.output) \(copied.error)")
+        }
+        for path in [outside + "/tee.txt", outside + "/dd.txt", usb + "/plan2.txt", outside + "/a.tar", usb + "/stick.txt", outside + "/py.txt",
+                     usb + "/cfr.txt", outside + "/.r.tmp", outside + "/r.txt"] {
+            XCTAssertFalse(FileManager.default.fileExists(atPath: path), "\(path) was created")
+        }
+        XCTAssertTrue(FileManager.default.fileExists(atPath: daemon.mnt("plan2.txt")), "mv kept its source")
 
         // Another identity, or the same one once its policy allows LocalDrive, is not confined.
         XCTAssertEqual(try daemon.ctl(["run", "--identity", "me@gmail.com", "--", "sh", "-c", "echo mine > '\(outside)/mine.txt'"]).status, 0)
