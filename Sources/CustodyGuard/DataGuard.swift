@@ -80,6 +80,16 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         let removedEmptyFile: Bool
         /// Data from `location` into the identities (open-from), not out of them.
         var openFrom = false
+        /// Read at once (from /proc: no file is opened), while the process is still there.
+        var executable: String? = nil
+        var uid: UInt32? = nil
+    }
+
+    private func report(refusal: Refusal) {
+        var refusal = refusal
+        refusal.executable = try? Syscall.readlink("/proc/\(refusal.process)/exe")
+        refusal.uid = LinuxProcessTable().uid(of: refusal.process)
+        report(.refusal(refusal))
     }
 
     public init(engine: Engine, selection: GuardedFileSystems, lowLatency: Bool = true, log: @escaping @Sendable (String) -> Void) {
@@ -169,8 +179,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             guard let fileSystem = watched[file.device] else { continue }
             let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
             guard !rules.allows([account.upn], toSaveTo: location) else { continue }
-            report(.refusal(Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
-                                    operation: "read (it holds a file open for writing there)", removedEmptyFile: false)))
+            report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                    operation: "read (it holds a file open for writing there)", removedEmptyFile: false))
             return "it holds \(file.path) open for writing, in \(location), where \(account.upn)'s data may not be saved"
         }
         let done = DispatchSemaphore(value: 0)
@@ -198,8 +208,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             guard let fileSystem = watched[file.device] else { continue }
             let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
             guard !rules.allows([account.upn], toOpenFrom: location) else { continue }
-            report(.refusal(Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
-                                    operation: "write into the identity's file (it reads a file from there)", removedEmptyFile: false, openFrom: true)))
+            report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                    operation: "write into the identity's file (it reads a file from there)", removedEmptyFile: false, openFrom: true))
             return "it reads \(file.path), in \(location), from where \(account.upn)'s policy opens no data"
         }
         let done = DispatchSemaphore(value: 0)
@@ -365,20 +375,22 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         if let (process, holder) = holding, intent != .read, !rules.allows(holder.identities, toSaveTo: location) {
             let removed = intent.creates && Self.removeIfJustCreated(path, info, exclusive: intent.exclusive)
             refusalCount.add(1, ordering: .relaxed)
-            report(.refusal(Refusal(thread: event.tid, process: process, identities: holder.identities.sorted(), location: location,
-                                    path: path, operation: intent.creates ? "create" : "open for writing", removedEmptyFile: removed)))
+            report(refusal: Refusal(thread: event.tid, process: process, identities: holder.identities.sorted(), location: location,
+                                    path: path, operation: intent.creates ? "create" : "open for writing", removedEmptyFile: removed))
             return false
         }
         if let (process, receiver) = receiving, intent.reads, info.st_uid != 0, info.st_size > 0,
            !rules.allows(receiver.identities, toOpenFrom: location) {
             // Only while it can still write into a managed file: afterwards it is an ordinary process.
-            guard WritableFiles.of(process: process).contains(where: { mountDevices.contains($0.device) }) else {
+            // Descriptors only: reading /proc/PID/maps takes the process's memory lock, which a thread of
+            // it faulting on a file of a mount may hold while it waits for this daemon.
+            guard WritableFiles.descriptors(of: process, { $0 != O_RDONLY }).contains(where: { mountDevices.contains($0.device) }) else {
                 receivers.drop(process)
                 return true
             }
             refusalCount.add(1, ordering: .relaxed)
-            report(.refusal(Refusal(thread: event.tid, process: process, identities: receiver.identities.sorted(), location: location,
-                                    path: path, operation: "read (it writes into the identity's files)", removedEmptyFile: false, openFrom: true)))
+            report(refusal: Refusal(thread: event.tid, process: process, identities: receiver.identities.sorted(), location: location,
+                                    path: path, operation: "read (it writes into the identity's files)", removedEmptyFile: false, openFrom: true))
             return false
         }
         return true
@@ -428,8 +440,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                 case .message(let text):
                     log(text)
                 case .refusal(let refusal):
-                    let executable = try? Syscall.readlink("/proc/\(refusal.process)/exe")
-                    let uid = LinuxProcessTable().uid(of: refusal.process)
+                    let executable = refusal.executable, uid = refusal.uid
                     let names = refusal.identities.joined(separator: ", ")
                     let reason = refusal.openFrom ? "\(refusal.location) is not among the open-from locations of \(names)"
                         : "\(refusal.location) is not among the save-to locations of \(names)"

@@ -23,31 +23,42 @@ enum WritableFiles {
         descriptors(of: pid, owned: { $0 != 0 }) { $0 != O_WRONLY }
     }
 
-    /// Regular files among `pid`'s descriptors whose access mode `access` accepts.
+    /// Regular files among `pid`'s descriptors whose access mode `access` accepts. Where a
+    /// descriptor is comes from its fdinfo (`mnt_id`) and the mount table: a file in one of
+    /// Custody's mounts is never looked at (a `stat` would be a request to this very daemon, maybe
+    /// to the thread asking), only reported by its device; nor are pseudo file systems'.
     static func descriptors(of pid: Int32, owned: (uid_t) -> Bool = { _ in true }, _ access: (Int32) -> Bool) -> [WritableFile] {
         var result: [WritableFile] = []
+        let mounts = Dictionary(MountTable.entries().map { ($0.id, $0) }, uniquingKeysWith: { _, last in last })
         let directory = "/proc/\(pid)/fd"
         guard let stream = opendir(directory) else { return [] }
         defer { closedir(stream) }
         while let entry = readdir(stream) {
             let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard let number = Int32(name) else { continue }
-            var info = stat()
-            guard stat("\(directory)/\(number)", &info) == 0, info.st_mode & S_IFMT == S_IFREG, owned(info.st_uid),
-                  let flags = openFlags(pid, number), access(flags & O_ACCMODE),
+            guard let number = Int32(name), let info = fdinfo(pid, number), access(info.flags & O_ACCMODE),
+                  let mount = mounts[info.mountID], !FileSystemSelection.pseudo.contains(mount.fileSystemType) || mount.fileSystemType == "fuse.custody",
                   let path = try? Syscall.readlink("\(directory)/\(number)") else { continue }
-            result.append(WritableFile(path: path, device: UInt64(info.st_dev)))
+            if mount.fileSystemType == "fuse.custody" {
+                if let device = FileSystemSelection.device(mount.device) { result.append(WritableFile(path: path, device: device)) }
+                continue
+            }
+            var status = stat()
+            guard stat("\(directory)/\(number)", &status) == 0, status.st_mode & S_IFMT == S_IFREG, owned(status.st_uid) else { continue }
+            result.append(WritableFile(path: path, device: UInt64(status.st_dev)))
         }
         return result
     }
 
-    /// The `flags:` line of /proc/PID/fdinfo/N (octal).
-    static func openFlags(_ pid: Int32, _ fd: Int32) -> Int32? {
+    /// The `flags:` (octal) and `mnt_id:` lines of /proc/PID/fdinfo/N.
+    static func fdinfo(_ pid: Int32, _ fd: Int32) -> (flags: Int32, mountID: Int)? {
         guard let text = readTextFile("/proc/\(pid)/fdinfo/\(fd)") else { return nil }
-        for line in text.split(separator: "\n") where line.hasPrefix("flags:") {
-            return Int32(line.dropFirst("flags:".count).trimmingCharacters(in: " \t"), radix: 8)
+        var flags: Int32?, mountID: Int?
+        for line in text.split(separator: "\n") {
+            if line.hasPrefix("flags:") { flags = Int32(line.dropFirst("flags:".count).trimmingCharacters(in: " \t"), radix: 8) }
+            if line.hasPrefix("mnt_id:") { mountID = Int(line.dropFirst("mnt_id:".count).trimmingCharacters(in: " \t")) }
         }
-        return nil
+        guard let flags, let mountID else { return nil }
+        return (flags, mountID)
     }
 
     /// Mappings with `w` and `s` in their permissions that map a file.

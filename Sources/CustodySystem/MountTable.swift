@@ -7,12 +7,15 @@ public struct MountEntry: Sendable, Equatable {
     public var source: String
     /// The file system's device number as "major:minor" (the name of its `/sys/class/bdi` entry).
     public var device: String = ""
+    /// The mount's ID (the first field; `mnt_id` in /proc/PID/fdinfo/FD).
+    public var id: Int = 0
 
-    public init(mountPoint: String, fileSystemType: String, source: String, device: String = "") {
+    public init(mountPoint: String, fileSystemType: String, source: String, device: String = "", id: Int = 0) {
         self.mountPoint = mountPoint
         self.fileSystemType = fileSystemType
         self.source = source
         self.device = device
+        self.id = id
     }
 }
 
@@ -29,7 +32,8 @@ public enum MountTable {
                 mountPoint: unescape(fields[4]),
                 fileSystemType: String(fields[dash + 1]),
                 source: unescape(fields[dash + 2]),
-                device: String(fields[2])))
+                device: String(fields[2]),
+                id: Int(fields[0]) ?? 0))
         }
         return result
     }
