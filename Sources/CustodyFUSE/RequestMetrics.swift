@@ -59,7 +59,8 @@ extension MountFileSystem {
         case .blockAuthenticationFailed: return .block
         case .headerAuthenticationFailed, .corruptHeader, .wrongKey, .notProtected, .unsupportedVersion, .invalidOwner: return .header
         case .truncated, .corruptLength: return .truncated
-        case .unsupported, .io, .crypto: return nil
+        // Names are not content: a name that does not open is reported where names are read.
+        case .unsupported, .io, .crypto, .corruptName: return nil
         }
     }
 }

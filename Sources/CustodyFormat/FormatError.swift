@@ -21,6 +21,9 @@ public enum FormatError: Error, Equatable, Sendable, CustomStringConvertible {
     case corruptLength(UInt64)
     /// An owner identity that is empty or longer than the header holds.
     case invalidOwner(String)
+    /// A stored name or symlink target that does not open with the key offered (changed, moved from
+    /// another directory, another identity's) or is not a name at all.
+    case corruptName(String)
     /// An operation the file's kind does not support (for example content I/O on a plain record).
     case unsupported(String)
     /// The storage below failed.
@@ -39,6 +42,7 @@ public enum FormatError: Error, Equatable, Sendable, CustomStringConvertible {
         case .truncated(let block): return "the content was truncated after block \(block)"
         case .corruptLength(let length): return "content length \(length) is impossible for this format"
         case .invalidOwner(let reason): return "invalid owner identity: \(reason)"
+        case .corruptName(let reason): return "encrypted name: \(reason)"
         case .unsupported(let what): return "unsupported: \(what)"
         case .io(let errno): return "I/O error: \(errno)"
         case .crypto(let error): return "crypto error: \(error)"

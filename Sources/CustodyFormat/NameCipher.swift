@@ -1,0 +1,251 @@
+import CustodyCrypto
+
+/// Names of a managed identity's files, directories and symlinks as the backing store keeps them,
+/// and symlink targets: encrypted under a key of that identity, so that a copy of the disk shows
+/// neither the names nor whose they are (a key tag groups the names of one identity, and nothing
+/// more).
+///
+/// A name is encrypted deterministically within its directory, so that a lookup finds it without
+/// listing the directory: AES-256-GCM with a nonce derived from the directory's tweak and the name
+/// (`HKDF(nonceKey, tweak ‖ name)`, 12 bytes), which only the same name in the same directory
+/// repeats. Stored: `~c3` ‖ key tag (6 characters) ‖ `.` ‖ base64url(nonce ‖ ciphertext ‖ GCM tag),
+/// without padding. When that is longer than `NameCipher.maxStoredLength`, the stored name is
+/// `~c3` ‖ key tag ‖ `-` ‖ base64url(SHA-256 of the full form) and the full form lives beside it
+/// (an extended attribute): `StoredName.long`.
+///
+/// A symlink target is sealed with a random nonce (it is never looked up): `~c3` ‖ key tag ‖ `:` ‖
+/// base64url(nonce ‖ ciphertext ‖ GCM tag). The associated data binds each kind, so a name cannot
+/// be passed off as a target.
+public final class NameKey: Sendable {
+    /// Six base64url characters (36 bits) from the key: which identity's key opens a stored name.
+    public let tag: String
+    private let cipher: AESGCMKey
+    private let nonceKey: SecretBytes
+
+    /// The name key of an identity, from its key `secret` (32 bytes or more).
+    public init(deriving secret: SecretBytes) throws(CryptoError) {
+        cipher = try AESGCMKey(HKDF.derive(key: secret, salt: Array("custody names".utf8), info: Array("v3 cipher".utf8), count: 32))
+        nonceKey = try HKDF.derive(key: secret, salt: Array("custody names".utf8), info: Array("v3 nonce".utf8), count: 32)
+        let tagBytes = try HKDF.derive(key: secret, salt: Array("custody names".utf8), info: Array("v3 tag".utf8), count: 6)
+        tag = String(Base64URL.encode(tagBytes.withUnsafeBytes { Array($0) }).prefix(6))
+    }
+
+    func seal(_ plaintext: [UInt8], nonce: [UInt8], aad: [UInt8]) throws(CryptoError) -> [UInt8] {
+        var output = nonce + plaintext + [UInt8](repeating: 0, count: AESGCMKey.tagSize)
+        var failure: CryptoError?
+        output.withUnsafeMutableBytes { out in
+            nonce.withUnsafeBytes { nonceBytes in
+                aad.withUnsafeBytes { aadBytes in
+                    guard let base = out.baseAddress else { return }
+                    let plain = UnsafeRawBufferPointer(start: base + nonce.count, count: plaintext.count)
+                    do throws(CryptoError) {
+                        try cipher.seal(nonce: nonceBytes, aad: aadBytes, plaintext: plain,
+                                        ciphertext: base + nonce.count, tag: base + nonce.count + plaintext.count)
+                    } catch {
+                        failure = error
+                    }
+                }
+            }
+        }
+        if let failure { throw failure }
+        return output
+    }
+
+    func open(_ sealed: [UInt8], aad: [UInt8]) throws(CryptoError) -> [UInt8] {
+        let nonceSize = AESGCMKey.nonceSize, tagSize = AESGCMKey.tagSize
+        guard sealed.count >= nonceSize + tagSize else { throw .authenticationFailed }
+        let length = sealed.count - nonceSize - tagSize
+        // One spare byte, so that an empty name still has an address to decrypt into.
+        var plaintext = [UInt8](repeating: 0, count: length + 1)
+        var failure: CryptoError?
+        sealed.withUnsafeBytes { all in
+            aad.withUnsafeBytes { aadBytes in
+                plaintext.withUnsafeMutableBytes { out in
+                    guard let base = all.baseAddress, let target = out.baseAddress else {
+                        failure = .authenticationFailed
+                        return
+                    }
+                    do throws(CryptoError) {
+                        try cipher.open(nonce: UnsafeRawBufferPointer(start: base, count: nonceSize), aad: aadBytes,
+                                        ciphertext: UnsafeRawBufferPointer(start: base + nonceSize, count: length),
+                                        tag: base + nonceSize + length, plaintext: target)
+                    } catch {
+                        failure = error
+                    }
+                }
+            }
+        }
+        if let failure { throw failure }
+        plaintext.removeLast()
+        return plaintext
+    }
+
+    /// The nonce of `name` in the directory with `tweak`.
+    func nonce(for name: [UInt8], tweak: [UInt8]) throws(CryptoError) -> [UInt8] {
+        let derived = try HKDF.derive(key: nonceKey, salt: [], info: [UInt8(truncatingIfNeeded: tweak.count)] + tweak + name,
+                                      count: AESGCMKey.nonceSize)
+        return derived.withUnsafeBytes { Array($0) }
+    }
+}
+
+/// A name as the backing directory holds it.
+public enum StoredName: Equatable, Sendable {
+    /// Not encrypted (no owner, an unmanaged owner, or a name too short to be one of ours).
+    case plain([UInt8])
+    /// Encrypted, short enough to be the entry's name.
+    case short(String)
+    /// Encrypted and too long: `name` is the entry's name, `full` the encrypted form kept beside it.
+    case long(name: String, full: String)
+
+    /// The bytes of the entry's name in the backing directory.
+    public var entryName: [UInt8] {
+        switch self {
+        case .plain(let bytes): return bytes
+        case .short(let name), .long(let name, _): return Array(name.utf8)
+        }
+    }
+}
+
+public enum NameCipher {
+    /// Every encrypted name and target starts so; a plain name that does too cannot be stored
+    /// (`isReserved`).
+    public static let prefix = "~c3"
+    /// The longest stored entry name: what every Linux file system allows.
+    public static let maxStoredLength = 255
+    /// Bytes of a directory's tweak.
+    public static let tweakSize = 16
+    static let nameData = Array("custody v3 name".utf8)
+    static let targetData = Array("custody v3 symlink target".utf8)
+
+    /// Encrypts `name` (1…255 bytes, no slash, no NUL, not `.` or `..`) for the directory whose
+    /// tweak is `tweak`.
+    public static func encrypt(_ name: [UInt8], tweak: [UInt8], key: NameKey) throws(FormatError) -> StoredName {
+        try check(name)
+        let sealed: [UInt8]
+        do {
+            let nonce = try key.nonce(for: name, tweak: tweak)
+            sealed = try key.seal(name, nonce: nonce, aad: nameData + tweak)
+        } catch {
+            throw .crypto(error)
+        }
+        let full = prefix + key.tag + "." + Base64URL.encode(sealed)
+        if full.utf8.count <= maxStoredLength { return .short(full) }
+        return .long(name: prefix + key.tag + "-" + Base64URL.encode(full.utf8.withContiguousStorageIfAvailable { sha256(UnsafeRawBufferPointer($0)) } ?? Array(full.utf8).withUnsafeBytes { sha256($0) }), full: full)
+    }
+
+    /// The name `stored` stands for; `full` is the long form kept beside a `.long` entry. Throws
+    /// `FormatError.corruptName` for a stored name that does not open with `key` in this directory
+    /// (changed, moved from another directory, or another identity's).
+    public static func decrypt(_ stored: String, full: String? = nil, tweak: [UInt8], key: NameKey) throws(FormatError) -> [UInt8] {
+        guard let kind = self.kind(of: stored), kind.tag == key.tag else { throw .corruptName("not a name of this key") }
+        var body = kind.body
+        if kind.separator == "-" {
+            guard let full, let longKind = self.kind(of: full), longKind.separator == ".", longKind.tag == key.tag,
+                  Base64URL.encode(full.utf8.withContiguousStorageIfAvailable { sha256(UnsafeRawBufferPointer($0)) } ?? Array(full.utf8).withUnsafeBytes { sha256($0) }) == kind.body else {
+                throw .corruptName("the long form does not match the name")
+            }
+            body = longKind.body
+        } else if kind.separator != "." {
+            throw .corruptName("not a name")
+        }
+        guard let sealed = Base64URL.decode(body) else { throw .corruptName("not base64url") }
+        let name: [UInt8]
+        do { name = try key.open(sealed, aad: nameData + tweak) } catch { throw .corruptName("authentication failed") }
+        try check(name)
+        return name
+    }
+
+    /// Seals a symlink's target (1…4095 bytes).
+    public static func sealTarget(_ target: [UInt8], key: NameKey) throws(FormatError) -> String {
+        guard !target.isEmpty, target.count < 4096, !target.contains(0) else { throw .corruptName("a symlink target of \(target.count) bytes") }
+        do {
+            let sealed = try key.seal(target, nonce: try Random.bytes(AESGCMKey.nonceSize), aad: targetData)
+            return prefix + key.tag + ":" + Base64URL.encode(sealed)
+        } catch {
+            throw .crypto(error)
+        }
+    }
+
+    public static func openTarget(_ stored: String, key: NameKey) throws(FormatError) -> [UInt8] {
+        guard let kind = self.kind(of: stored), kind.separator == ":", kind.tag == key.tag, let sealed = Base64URL.decode(kind.body) else {
+            throw .corruptName("not a symlink target of this key")
+        }
+        do { return try key.open(sealed, aad: targetData) } catch { throw .corruptName("authentication failed") }
+    }
+
+    /// The key tag of a stored name or target, nil for a plain one.
+    public static func keyTag(of stored: String) -> String? { kind(of: stored)?.tag }
+
+    /// Whether a plain name would read as an encrypted one (the mount refuses to create it).
+    public static func isReserved(_ name: [UInt8]) -> Bool { name.starts(with: Array(prefix.utf8)) }
+
+    static func kind(of stored: String) -> (tag: String, separator: Character, body: Substring)? {
+        guard stored.hasPrefix(prefix) else { return nil }
+        let rest = stored.dropFirst(prefix.count)
+        guard rest.count > 7 else { return nil }
+        let tag = rest.prefix(6), separator = rest[rest.index(rest.startIndex, offsetBy: 6)]
+        guard tag.allSatisfy(Base64URL.isDigit), ":.-".contains(separator) else { return nil }
+        return (String(tag), separator, rest.dropFirst(7))
+    }
+
+    static func check(_ name: [UInt8]) throws(FormatError) {
+        guard !name.isEmpty, name.count <= 255, !name.contains(0), !name.contains(UInt8(ascii: "/")), name != [0x2e], name != [0x2e, 0x2e] else {
+            throw .corruptName("not a file name (\(name.count) bytes)")
+        }
+    }
+}
+
+/// base64url without padding (RFC 4648, section 5): names may not hold a slash.
+enum Base64URL {
+    static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
+
+    static func isDigit(_ character: Character) -> Bool {
+        guard let ascii = character.asciiValue else { return false }
+        return alphabet.contains(ascii)
+    }
+
+    static func encode(_ bytes: [UInt8]) -> String {
+        var output: [UInt8] = []
+        output.reserveCapacity((bytes.count * 4 + 2) / 3)
+        var index = 0
+        while index + 3 <= bytes.count {
+            let value = UInt32(bytes[index]) << 16 | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2])
+            for shift in [18, 12, 6, 0] { output.append(alphabet[Int(value >> UInt32(shift) & 63)]) }
+            index += 3
+        }
+        let left = bytes.count - index
+        if left > 0 {
+            var value = UInt32(bytes[index]) << 16
+            if left == 2 { value |= UInt32(bytes[index + 1]) << 8 }
+            for shift in [18, 12, 6].prefix(left + 1) { output.append(alphabet[Int(value >> UInt32(shift) & 63)]) }
+        }
+        return String(decoding: output, as: UTF8.self)
+    }
+
+    static func decode<S: StringProtocol>(_ text: S) -> [UInt8]? {
+        var values: [UInt32] = []
+        for byte in text.utf8 {
+            guard let value = alphabet.firstIndex(of: byte) else { return nil }
+            values.append(UInt32(value))
+        }
+        guard values.count % 4 != 1 else { return nil }
+        var output: [UInt8] = []
+        var index = 0
+        while index + 4 <= values.count {
+            let value = values[index] << 18 | values[index + 1] << 12 | values[index + 2] << 6 | values[index + 3]
+            output += [UInt8(value >> 16 & 255), UInt8(value >> 8 & 255), UInt8(value & 255)]
+            index += 4
+        }
+        let left = values.count - index
+        if left >= 2 {
+            var value = values[index] << 18 | values[index + 1] << 12
+            if left == 3 { value |= values[index + 2] << 6 }
+            output.append(UInt8(value >> 16 & 255))
+            if left == 3 { output.append(UInt8(value >> 8 & 255)) }
+            // Bits past the last byte must be zero: one spelling per value.
+            let spare = left == 2 ? value & 0xFFFF : value & 0xFF
+            guard spare == 0 else { return nil }
+        }
+        return output
+    }
+}

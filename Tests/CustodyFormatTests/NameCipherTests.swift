@@ -1,0 +1,93 @@
+import CustodyCrypto
+@testable import CustodyFormat
+import XCTest
+
+/// Encrypted names and symlink targets: vectors computed independently (Python's `cryptography`
+/// AES-GCM and an RFC 5869 HKDF over `hmac`), round trips, long names, and what must not open.
+final class NameCipherTests: XCTestCase {
+    let tweak = Array(UInt8(0xa0)...UInt8(0xaf))
+
+    func key(_ first: UInt8 = 0) throws -> NameKey {
+        try NameKey(deriving: SecretBytes(copying: Array(first..<first &+ 32).withUnsafeBytes { $0 }))
+    }
+
+    func testVectors() throws {
+        let key = try self.key()
+        XCTAssertEqual(key.tag, "PnpDo-")
+        XCTAssertEqual(try NameCipher.encrypt(Array("acquisition-plan.txt".utf8), tweak: tweak, key: key),
+                       .short("~c3PnpDo-.zqlFxekKklraZCXRHYhr64TFZSmJjqJjDDUBUk2IjwvLDRlV2PYsLb7UhDFRTL2b"))
+        XCTAssertEqual(try NameCipher.encrypt(Array("Übersicht 2027 – Entlassungen.xlsx".utf8), tweak: tweak, key: key),
+                       .short("~c3PnpDo-.tnCovjEd-TLZ45jq9ZabvNmeKKPgIQIVeisWTpSD6DPdeeNJnd7Re7cWj-3492XI90_QCjlFThiM6F5b11egQqw"))
+        guard case .long(let name, let full) = try NameCipher.encrypt([UInt8](repeating: UInt8(ascii: "x"), count: 255), tweak: tweak, key: key) else {
+            return XCTFail("a 255-byte name is long when encrypted")
+        }
+        XCTAssertEqual(name, "~c3PnpDo--yadM391clJydP93EMmzndqvORXEkM03gP63SbJrBXqk")
+        XCTAssertEqual(full.utf8.count, 388)
+        XCTAssertTrue(full.hasPrefix("~c3PnpDo-.qLoec7OE2o5ViWiSin2b9sgovdSxcI"))
+    }
+
+    func testRoundTripsOfEveryKindOfName() throws {
+        let key = try self.key()
+        var names: [[UInt8]] = [Array("a".utf8), Array("..a".utf8), Array(".git".utf8), Array("日本語のファイル名.txt".utf8),
+                                [0xff, 0xfe, 0x41], [UInt8](repeating: 0x7a, count: 255), Array("e\u{301}".utf8)]
+        names.append(Array(String(repeating: "é", count: 127).utf8))
+        for name in names {
+            let stored = try NameCipher.encrypt(name, tweak: tweak, key: key)
+            XCTAssertLessThanOrEqual(stored.entryName.count, NameCipher.maxStoredLength)
+            XCTAssertFalse(stored.entryName.contains(UInt8(ascii: "/")))
+            switch stored {
+            case .short(let text): XCTAssertEqual(try NameCipher.decrypt(text, tweak: tweak, key: key), name)
+            case .long(let entry, let full): XCTAssertEqual(try NameCipher.decrypt(entry, full: full, tweak: tweak, key: key), name)
+            case .plain: XCTFail("encrypted names are never plain")
+            }
+            XCTAssertEqual(try NameCipher.encrypt(name, tweak: tweak, key: key), stored, "deterministic within a directory")
+        }
+    }
+
+    func testWhatMustNotOpen() throws {
+        let key = try self.key(), other = try self.key(100)
+        guard case .short(let stored) = try NameCipher.encrypt(Array("plan.txt".utf8), tweak: tweak, key: key) else { return XCTFail() }
+        XCTAssertNotEqual(try NameCipher.encrypt(Array("plan.txt".utf8), tweak: [UInt8](repeating: 1, count: 16), key: key), .short(stored),
+                          "another directory: another name")
+        XCTAssertThrowsError(try NameCipher.decrypt(stored, tweak: [UInt8](repeating: 1, count: 16), key: key), "moved from another directory")
+        XCTAssertThrowsError(try NameCipher.decrypt(stored, tweak: tweak, key: other), "another identity's key")
+        var bytes = Array(stored.utf8)
+        bytes[20] = bytes[20] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+        XCTAssertThrowsError(try NameCipher.decrypt(String(decoding: bytes, as: UTF8.self), tweak: tweak, key: key), "changed")
+        XCTAssertThrowsError(try NameCipher.decrypt("plan.txt", tweak: tweak, key: key), "a plain name")
+        guard case .long(let entry, let full) = try NameCipher.encrypt([UInt8](repeating: 0x61, count: 200), tweak: tweak, key: key) else { return XCTFail() }
+        XCTAssertThrowsError(try NameCipher.decrypt(entry, tweak: tweak, key: key), "the long form is needed")
+        guard case .long(_, let otherFull) = try NameCipher.encrypt([UInt8](repeating: 0x62, count: 200), tweak: tweak, key: key) else { return XCTFail() }
+        XCTAssertThrowsError(try NameCipher.decrypt(entry, full: otherFull, tweak: tweak, key: key), "another entry's long form")
+        XCTAssertEqual(try NameCipher.decrypt(entry, full: full, tweak: tweak, key: key), [UInt8](repeating: 0x61, count: 200))
+        for bad in [[UInt8](), Array("a/b".utf8), [0x61, 0], Array(".".utf8), Array("..".utf8), [UInt8](repeating: 0x61, count: 256)] {
+            XCTAssertThrowsError(try NameCipher.encrypt(bad, tweak: tweak, key: key), "\(bad)")
+        }
+        XCTAssertTrue(NameCipher.isReserved(Array("~c3anything".utf8)))
+        XCTAssertFalse(NameCipher.isReserved(Array("~c2".utf8)))
+        XCTAssertEqual(NameCipher.keyTag(of: stored), key.tag)
+        XCTAssertNil(NameCipher.keyTag(of: "plan.txt"))
+    }
+
+    func testSymlinkTargets() throws {
+        let key = try self.key()
+        let target = Array("../Project Falcon/acquisition-plan.txt".utf8)
+        let sealed = try NameCipher.sealTarget(target, key: key)
+        XCTAssertFalse(sealed.contains("Falcon") || sealed.contains("/"))
+        XCTAssertNotEqual(try NameCipher.sealTarget(target, key: key), sealed, "a fresh nonce each time")
+        XCTAssertEqual(try NameCipher.openTarget(sealed, key: key), target)
+        XCTAssertThrowsError(try NameCipher.openTarget(sealed, key: try self.key(7)))
+        guard case .short(let name) = try NameCipher.encrypt(target.filter { $0 != UInt8(ascii: "/") }, tweak: [], key: key) else { return XCTFail() }
+        XCTAssertThrowsError(try NameCipher.openTarget(name, key: key), "a name is not a target")
+    }
+
+    func testBase64URL() {
+        for count in 0..<40 {
+            let bytes = (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+            XCTAssertEqual(Base64URL.decode(Base64URL.encode(bytes)), bytes)
+        }
+        XCTAssertNil(Base64URL.decode("a"), "a length no encoding has")
+        XCTAssertNil(Base64URL.decode("ab+c"), "not the URL alphabet")
+        XCTAssertNil(Base64URL.decode("AB"), "bits past the last byte")
+    }
+}
