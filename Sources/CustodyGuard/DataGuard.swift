@@ -2,6 +2,7 @@ import CLinux
 import CustodyCore
 import CustodySystem
 import Dispatch
+import Foundation
 import Glibc
 import Synchronization
 
@@ -68,7 +69,15 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     enum Report {
         case refusal(Refusal)
         case message(String)
+        /// The holders as they are now, for `holders.json`.
+        case holders([Int32: ProcessHolders.Holder])
     }
+
+    /// Where the holders are kept across restarts of the daemon: a process that read managed data
+    /// still has it when the daemon comes back.
+    private var holdersFile: String { engine.stateDirectory + "/holders.json" }
+    /// What was last handed to the reporter (guard thread only).
+    private var savedHolders: [Int32: ProcessHolders.Holder] = [:]
 
     struct Refusal {
         let thread: Int32
@@ -123,6 +132,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         }
         mountTable = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC)
         refreshFileSystems()
+        restoreHolders()
         running.store(true, ordering: .releasing)
         do {
             guardThread = try DaemonThread.start("guard") { [self] in guardLoop() }
@@ -253,6 +263,10 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             if fds[3].revents != 0 { refreshFileSystems() }
             if fds[0].revents != 0 { answerOpens() }
             updateMarks()
+            if holders.processes != savedHolders {
+                savedHolders = holders.processes
+                report(.holders(savedHolders))
+            }
         }
         if armed { _ = clinux_guard_unmark_all(group) }
         armed = false
@@ -264,7 +278,10 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         while true {
             let count = events.withUnsafeMutableBufferPointer { clinux_process_events_read(processEvents, $0.baseAddress, Int32($0.count)) }
             if count < 0 {
-                if errno == ENOBUFS { resynchronize() }
+                if errno == ENOBUFS {
+                    resynchronize()
+                    report(.message("process events were lost; the holders were read from /proc again"))
+                }
                 return
             }
             for event in events.prefix(Int(count)) {
@@ -288,7 +305,6 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         }
         holders.resynchronize(threads: Self.threads(of:), children: children)
         receivers.resynchronize(threads: Self.threads(of:), children: children)
-        report(.message("process events were lost; the holders were read from /proc again"))
     }
 
     private func applyRequests() {
@@ -425,6 +441,52 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         return result
     }
 
+    // MARK: Holders across restarts
+
+    struct SavedHolder: Codable {
+        var process: Int32
+        /// The process's start time (clock ticks since boot): a reused ID is another process.
+        var start: UInt64
+        var since: UInt64
+        var identities: [String]
+    }
+
+    /// Writes the holders (reporter thread: it may open files; the guard's thread may not).
+    private func saveHolders(_ table: [Int32: ProcessHolders.Holder]) {
+        var saved: [SavedHolder] = []
+        for (process, holder) in table.sorted(by: { $0.key < $1.key }) {
+            guard let stat = ProcessStat(process) else { continue }
+            saved.append(SavedHolder(process: process, start: stat.start, since: holder.since, identities: holder.identities.sorted()))
+        }
+        guard let data = try? JSONEncoder().encode(saved) else { return }
+        let temporary = holdersFile + ".new"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return log("cannot keep the holders in \(holdersFile): \(String(cString: strerror(errno)))") }
+        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        let synced = fsync(fd) == 0
+        close(fd)
+        if written != data.count || !synced || rename(temporary, holdersFile) != 0 {
+            log("cannot keep the holders in \(holdersFile): \(String(cString: strerror(errno)))")
+        }
+    }
+
+    /// Takes up the holders a previous run kept that still run (same ID and start time), and the
+    /// processes they started since (before the threads start: no other thread reads the table).
+    private func restoreHolders() {
+        guard let data = FileManager.default.contents(atPath: holdersFile),
+              let saved = try? JSONDecoder().decode([SavedHolder].self, from: data) else { return }
+        var restored = 0
+        for entry in saved {
+            guard let stat = ProcessStat(entry.process), stat.start == entry.start else { continue }
+            holders.hold(entry.process, identities: Set(entry.identities), threads: Self.threads(of: entry.process) ?? [], since: entry.since)
+            restored += 1
+        }
+        guard restored > 0 else { return }
+        resynchronize()
+        holderCount.store(holders.processes.count, ordering: .relaxed)
+        log("\(restored) process\(restored == 1 ? "" : "es") still hold\(restored == 1 ? "s" : "") managed data from before the restart")
+    }
+
     // MARK: The reporter
 
     private func reporterLoop() {
@@ -439,6 +501,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                 switch item {
                 case .message(let text):
                     log(text)
+                case .holders(let table):
+                    saveHolders(table)
                 case .refusal(let refusal):
                     let executable = refusal.executable, uid = refusal.uid
                     let names = refusal.identities.joined(separator: ", ")

@@ -4,7 +4,7 @@ import CLinux
 /// lock). A process holds the identities whose files it read, and so does every process it starts
 /// afterwards; the table follows forks, executions and exits from the kernel's process events.
 struct ProcessHolders {
-    struct Holder: Equatable {
+    struct Holder: Equatable, Sendable {
         var identities: Set<String>
         var threads: Set<Int32>
         /// When it started holding (clock ticks since boot), to tell its later children.

@@ -305,6 +305,55 @@ final class GuardTests: XCTestCase {
         XCTAssertEqual(try runCommand(["umount", later]).status, 0)
     }
 
+    /// A process that read managed data still holds it when the daemon comes back, and so do the
+    /// processes it started meanwhile.
+    func testHoldersAreKeptAcrossARestart() throws {
+        try start()
+        guard let daemon else { return }
+        XCTAssertEqual(try asUser("echo CORPSECRET > '\(daemon.mnt("plan.txt"))'").status, 0)
+        let go = work + "/go", output = work + "/holder.out"
+        let python = """
+            import os, subprocess, time
+            data = open('\(daemon.mnt("plan.txt"))').read()
+            print('read', flush=True)
+            while not os.path.exists('\(go)'):
+                time.sleep(0.05)
+            try:
+                open('\(home)/after-restart.txt', 'w').write(data)
+                print('wrote')
+            except OSError as e:
+                print('errno', e.errno)
+            child = subprocess.run(['sh', '-c', "echo x > '\(home)/child.txt' 2>/dev/null || echo child-refused"], capture_output=True, text=True)
+            print(child.stdout.strip(), flush=True)
+            """
+        let holder = try spawn("setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", python], stdoutPath: output)
+        defer {
+            kill(holder, SIGKILL)
+            _ = waitForExit(holder, seconds: 5)
+        }
+        try eventually("the holder read the file") { (self.contents(output) ?? "").contains("read") }
+        // A restart: the daemon stops (unmounting) and starts again on the same state.
+        kill(daemon.pid, SIGTERM)
+        var status: Int32 = 0
+        XCTAssertTrue(waitForExit(daemon.pid, seconds: 15, status: &status))
+        XCTAssertEqual(status, 0, daemon.log)
+        daemon.pid = 0
+        try daemon.start(extraArguments: ["--config", work + "/custody.toml", "--allow-other", "--socket-mode", "0666",
+                                          "--guard-file-systems", home, "--guard-file-systems", media])
+        XCTAssertTrue(daemon.log.contains("still holds managed data from before the restart"), daemon.log)
+        FileManager.default.createFile(atPath: go, contents: nil)
+        XCTAssertTrue(waitForExit(holder, seconds: 15))
+        let printed = contents(output) ?? ""
+        XCTAssertTrue(printed.contains("errno 1"), "still a holder after the restart: \(printed)")
+        XCTAssertTrue(printed.contains("child-refused"), printed)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: home + "/after-restart.txt"))
+        let saved = try String(contentsOfFile: daemon.state + "/holders.json", encoding: .utf8)
+        XCTAssertTrue(saved.hasPrefix("["), saved)
+        var info = stat()
+        XCTAssertEqual(stat(daemon.state + "/holders.json", &info), 0)
+        XCTAssertEqual(info.st_mode & 0o777, 0o600)
+    }
+
     /// A daemon killed with SIGKILL while holders write leaves every open on the machine going.
     func testOpensCarryOnWhenTheDaemonIsKilled() throws {
         try start()
