@@ -455,8 +455,10 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     private func saveHolders(_ table: [Int32: ProcessHolders.Holder]) {
         var saved: [SavedHolder] = []
         for (process, holder) in table.sorted(by: { $0.key < $1.key }) {
-            guard let stat = ProcessStat(process) else { continue }
-            saved.append(SavedHolder(process: process, start: stat.start, since: holder.since, identities: holder.identities.sorted()))
+            // A wiped (or deregistered) identity's name does not linger in the state directory.
+            let identities = holder.identities.filter { (try? engine.account($0)) != nil }.sorted()
+            guard !identities.isEmpty, let stat = ProcessStat(process) else { continue }
+            saved.append(SavedHolder(process: process, start: stat.start, since: holder.since, identities: identities))
         }
         guard let data = try? JSONEncoder().encode(saved) else { return }
         let temporary = holdersFile + ".new"
