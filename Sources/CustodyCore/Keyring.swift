@@ -21,6 +21,8 @@ struct Keyring {
     var classBPrivate: SecretBytes?
     /// Class C: from the first unlock until the daemon stops.
     var classC: ClassKeyEntry?
+    /// The key of the identity's names (`NameCipher`), derived from class C: held as long as it is.
+    var nameKey: NameKey?
     var lock: Lock = .locked
     /// Wrong passphrases (or login passwords) in a row, and when the next attempt may be made.
     var failures = 0
@@ -41,6 +43,7 @@ struct Keyring {
         classA = unlocked.complete
         classBPrivate = unlocked.completeUnlessOpenPrivate
         classC = unlocked.untilFirstAuthentication
+        if let classC, nameKey == nil { nameKey = try? NameKey(deriving: classC.key.secret) }
         lock = .unlocked
         failures = 0
         retryAt = 0
