@@ -17,12 +17,25 @@ struct Status: ParsableCommand {
             lines.append(status.accounts.isEmpty ? "accounts: none" : "accounts:")
             lines += status.accounts.map(describe)
             if let key = status.machineKey { lines += describe(key) }
+            if let guardStatus = status.guard { lines.append(describe(guardStatus)) }
             if let problems = status.stateProblems, !problems.isEmpty {
                 lines.append("state problems:")
                 lines += problems.map { "  \($0.message)" }
             }
             return lines.joined(separator: "\n")
         }
+    }
+}
+
+/// The guard in one line: what keeps holders of managed data to their save-to locations.
+func describe(_ guardStatus: CustodyGuardStatus) -> String {
+    switch guardStatus.level {
+    case "fanotify":
+        return "guard: on (fanotify) for \(guardStatus.fileSystems.count) file system\(guardStatus.fileSystems.count == 1 ? "" : "s"); "
+            + "\(guardStatus.holders) process\(guardStatus.holders == 1 ? "" : "es") hold\(guardStatus.holders == 1 ? "s" : "") managed data; "
+            + "\(guardStatus.refusals) refused"
+    default:
+        return "guard: \(guardStatus.level)" + (guardStatus.reason.map { " (\($0))" } ?? "") + ": only the mounts and custodyctl run keep data to its locations"
     }
 }
 

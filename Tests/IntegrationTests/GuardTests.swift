@@ -63,6 +63,8 @@ final class GuardTests: XCTestCase {
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
         let status = try daemon.apiJSON("GET", "/v1/status").json
         XCTAssertEqual(field(status, "guard.level"), "fanotify", "\(status)")
+        let shown = try daemon.ctl(["status"]).output
+        XCTAssertTrue(shown.contains("guard: on (fanotify) for 3 file systems; 0 processes hold managed data; 0 refused"), shown)
     }
 
     /// Runs `script` as the test user (whose processes act as dana's account).
