@@ -7,7 +7,10 @@
 #include <linux/cn_proc.h>
 #include <linux/connector.h>
 #include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <linux/openat2.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,4 +204,62 @@ int clinux_open_call_flags(int tid, long long *flags) {
 #endif
     }
     return -1;
+}
+
+int clinux_unix_sockets(struct clinux_unix_socket *sockets, int capacity) {
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0)
+        return -1;
+    struct {
+        struct nlmsghdr header;
+        struct unix_diag_req request;
+    } message;
+    memset(&message, 0, sizeof(message));
+    message.header.nlmsg_len = sizeof(message);
+    message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    message.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    message.request.sdiag_family = AF_UNIX;
+    message.request.udiag_states = 1 << 1; /* TCP_ESTABLISHED: connected sockets */
+    message.request.udiag_show = UDIAG_SHOW_PEER | UDIAG_SHOW_NAME;
+    if (send(fd, &message, sizeof(message), 0) != (ssize_t)sizeof(message)) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    int count = 0, done = 0;
+    while (!done) {
+        char buffer[32768] __attribute__((aligned(NLMSG_ALIGNTO)));
+        ssize_t length = recv(fd, buffer, sizeof(buffer), 0);
+        if (length < 0) {
+            if (errno == EINTR)
+                continue;
+            int saved = errno;
+            close(fd);
+            errno = saved;
+            return -1;
+        }
+        if (length == 0)
+            break;
+        for (struct nlmsghdr *header = (struct nlmsghdr *)buffer; NLMSG_OK(header, length); header = NLMSG_NEXT(header, length)) {
+            if (header->nlmsg_type == NLMSG_DONE || header->nlmsg_type == NLMSG_ERROR) {
+                done = 1;
+                break;
+            }
+            struct unix_diag_msg *socketMessage = NLMSG_DATA(header);
+            struct clinux_unix_socket entry = { .inode = socketMessage->udiag_ino, .peer = 0, .named = 0 };
+            int attributes = (int)(header->nlmsg_len - NLMSG_LENGTH(sizeof(*socketMessage)));
+            for (struct rtattr *attribute = (struct rtattr *)(socketMessage + 1); RTA_OK(attribute, attributes);
+                 attribute = RTA_NEXT(attribute, attributes)) {
+                if (attribute->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(attribute) >= sizeof(uint32_t))
+                    entry.peer = *(uint32_t *)RTA_DATA(attribute);
+                if (attribute->rta_type == UNIX_DIAG_NAME && RTA_PAYLOAD(attribute) > 0)
+                    entry.named = 1;
+            }
+            if (count < capacity)
+                sockets[count++] = entry;
+        }
+    }
+    close(fd);
+    return count;
 }

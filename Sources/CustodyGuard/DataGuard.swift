@@ -193,10 +193,18 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                                     operation: "read (it holds a file open for writing there)", removedEmptyFile: false))
             return "it holds \(file.path) open for writing, in \(location), where \(account.upn)'s data may not be saved"
         }
-        let done = DispatchSemaphore(value: 0)
-        requests.withLock { $0.append(HoldRequest(process: process, identities: [account.upn], rules: rules, done: done)) }
+        // The processes at the other end of its socketpairs (rsync's writer) hold it too.
+        let holders = [process] + SocketPairs.peers(of: process)
+        var waits: [DispatchSemaphore] = []
+        requests.withLock { queue in
+            for holder in holders {
+                let done = DispatchSemaphore(value: 0)
+                waits.append(done)
+                queue.append(HoldRequest(process: holder, identities: [account.upn], rules: rules, done: done))
+            }
+        }
         signalWake()
-        guard done.wait(timeout: .now() + 5) == .success else { return "the guard did not answer" }
+        for done in waits where done.wait(timeout: .now() + 5) != .success { return "the guard did not answer" }
         admitted.withLock { table in
             if table.count > 4096 { table.removeAll() }
             var identities = table[process].flatMap { $0.start == start ? $0.identities : nil } ?? []

@@ -111,14 +111,15 @@ final class GuardTests: XCTestCase {
             read line < plan.txt; echo "$line" > '\(home)/shell.txt' 2>/dev/null || echo shell-refused
             cp plan.txt '\(oneDrive)/synced.txt' && echo onedrive-ok
             cp plan.txt copy-in-mount.txt && echo mount-ok
+            rsync plan.txt '\(home)/rsync.txt' 2>/dev/null || echo rsync-refused
             """
         let result = try asUser(script)
         for marker in ["wrote", "cp-refused", "redirect-refused", "tee-refused", "dd-refused", "mv-refused", "tar-refused", "devnull-ok",
-                       "usb-refused", "python-refused", "copy-range-refused", "atomic-save-refused", "shell-refused", "onedrive-ok", "mount-ok"] {
+                       "usb-refused", "python-refused", "copy-range-refused", "atomic-save-refused", "shell-refused", "onedrive-ok", "mount-ok", "rsync-refused"] {
             XCTAssertTrue(result.output.contains(marker), "\(marker) missing: \(result.output) \(result.error)\n\(daemon.log)")
         }
         // No file the refused opens would have made is left, and no byte of the data landed.
-        for name in ["copy.txt", "tee.txt", "dd.txt", "plan2.txt", "report.txt", ".report.txt.tmp", "py.txt"] {
+        for name in ["copy.txt", "tee.txt", "dd.txt", "plan2.txt", "report.txt", ".report.txt.tmp", "py.txt", "rsync.txt"] {
             XCTAssertFalse(FileManager.default.fileExists(atPath: home + "/" + name), "\(name) was left in the home directory")
         }
         for name in ["stick.txt", "cfr.txt"] {

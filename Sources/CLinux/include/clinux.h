@@ -153,6 +153,16 @@ int clinux_process_events_open(void);
    events were lost, the reader must look at /proc again). */
 int clinux_process_events_read(int fd, struct clinux_process_event *events, int capacity);
 
+/* One connected Unix socket of the machine: its inode, its peer's, and whether it has an address
+   (a service's socket, and the sockets it accepted; the two ends of a socketpair have none). */
+struct clinux_unix_socket {
+    uint64_t inode;
+    uint64_t peer;
+    int named;
+};
+/* Every connected Unix socket (sock_diag), at most `capacity`: their number, or -1 with errno. */
+int clinux_unix_sockets(struct clinux_unix_socket *sockets, int capacity);
+
 /* What thread `tid`, stopped in an open call (open, openat, openat2, creat, open_by_handle_at),
    asked for: its open flags, read from /proc/TID/syscall (and, for openat2, its memory). 0 with
    *flags set; -1 when the thread is in no such call (an exec, an io_uring worker). */
