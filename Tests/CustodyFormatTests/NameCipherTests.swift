@@ -1,5 +1,9 @@
 import CustodyCrypto
+import CustodySystem
 @testable import CustodyFormat
+import Dispatch
+import Synchronization
+import Glibc
 import XCTest
 
 /// Encrypted names and symlink targets: vectors computed independently (Python's `cryptography`
@@ -89,5 +93,34 @@ final class NameCipherTests: XCTestCase {
         XCTAssertNil(Base64URL.decode("a"), "a length no encoding has")
         XCTAssertNil(Base64URL.decode("ab+c"), "not the URL alphabet")
         XCTAssertNil(Base64URL.decode("AB"), "bits past the last byte")
+    }
+}
+
+/// A directory's tweak: made once, kept, the same for two callers at once, and refused when it is
+/// not the size a tweak is.
+final class DirectoryTweakTests: XCTestCase {
+    func testATweakIsMadeOnceAndKept() throws {
+        let directory = "/tmp/custody-tweak-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        XCTAssertEqual(mkdir(directory, 0o700), 0)
+        defer { rmdir(directory) }
+        XCTAssertNil(try DirectoryTweak.read(directory))
+        // Two threads racing to make it agree on one.
+        let results = Mutex<[[UInt8]]>([])
+        DispatchQueue.concurrentPerform(iterations: 8) { _ in
+            let tweak = (try? DirectoryTweak.ensure(directory)) ?? []
+            results.withLock { $0.append(tweak) }
+        }
+        let made = try DirectoryTweak.read(directory)
+        XCTAssertEqual(made?.count, NameCipher.tweakSize)
+        let seen = results.withLock { $0 }
+        XCTAssertEqual(seen.count, 8)
+        XCTAssertTrue(seen.allSatisfy { $0 == made }, "\(seen)")
+        XCTAssertEqual(try DirectoryTweak.ensure(directory), made)
+        // Through an O_PATH descriptor's /proc path, as the mount holds directories.
+        let fd = open(directory, Linux.O_PATH | O_DIRECTORY)
+        defer { close(fd) }
+        XCTAssertEqual(try DirectoryTweak.read("/proc/self/fd/\(fd)"), made)
+        XCTAssertNoThrow(try Syscall.setxattr(directory, DirectoryTweak.attributeName, "short", 5, 0))
+        XCTAssertThrowsError(try DirectoryTweak.read(directory), "not a tweak's size")
     }
 }

@@ -1,0 +1,53 @@
+import CustodyCrypto
+import CustodySystem
+import Glibc
+
+/// The tweak of a backing directory: 16 random bytes in the directory's attribute
+/// `trusted.custody.dirid` (only root can set `trusted.*`), which the names of managed entries in
+/// it are encrypted with (`NameCipher`), so that the same name in two directories is stored
+/// differently. Made when the directory first holds an encrypted name; it moves with the
+/// directory, so renaming a directory leaves the names inside as they are.
+public enum DirectoryTweak {
+    public static let attributeName = "trusted.custody.dirid"
+
+    /// The tweak of the directory at `path` (a `/proc/self/fd/N` path does for a descriptor, an
+    /// `O_PATH` one included); nil when it has none.
+    public static func read(_ path: String) throws(FormatError) -> [UInt8]? {
+        var value = [UInt8](repeating: 0, count: NameCipher.tweakSize + 1)
+        var length = 0
+        var failure: Errno?
+        value.withUnsafeMutableBytes { buffer in
+            do throws(Errno) {
+                length = try Syscall.getxattr(path, attributeName, buffer.baseAddress, buffer.count)
+            } catch {
+                failure = error
+            }
+        }
+        if let failure {
+            if failure == .noData { return nil }
+            throw .io(failure)
+        }
+        guard length == NameCipher.tweakSize else { throw .corruptName("the directory's tweak is \(length) bytes") }
+        return Array(value.prefix(length))
+    }
+
+    /// The directory's tweak, made now if it has none. Two callers at once agree: the attribute is
+    /// created only if absent, and whoever loses the race reads the winner's.
+    public static func ensure(_ path: String) throws(FormatError) -> [UInt8] {
+        if let existing = try read(path) { return existing }
+        let fresh: [UInt8]
+        do { fresh = try Random.bytes(NameCipher.tweakSize) } catch { throw .crypto(error) }
+        var failure: Errno?
+        fresh.withUnsafeBytes { bytes in
+            do throws(Errno) {
+                try Syscall.setxattr(path, attributeName, bytes.baseAddress, bytes.count, Linux.XATTR_CREATE)
+            } catch {
+                failure = error
+            }
+        }
+        guard let failure else { return fresh }
+        guard failure == .exists else { throw .io(failure) }
+        guard let winner = try read(path) else { throw .corruptName("the directory's tweak went away") }
+        return winner
+    }
+}
