@@ -61,8 +61,8 @@ final class GuardTests: XCTestCase {
         func list(_ names: [String]?) -> String { names.map { "[" + $0.map { "\"\($0)\"" }.joined(separator: ", ") + "]" } ?? "null" }
         let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "d-oid", "upn": "dana@contoso.com", "uid": \#(uid), "policy": {"protectionLevel": "untilFirstAuth", "saveToLocations": \#(list(saveTo)), "openFromLocations": \#(list(openFrom))}}"#)
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
-        let status = try daemon.apiJSON("GET", "/v1/status").json
-        XCTAssertEqual(field(status, "guard.level"), "fanotify", "\(status)")
+        // The guard starts once the mounts serve: a test reads only after it runs.
+        try eventually("the guard runs") { (try? daemon.apiJSON("GET", "/v1/status").json).flatMap { field($0, "guard.level") } == "fanotify" }
         let shown = try daemon.ctl(["status"]).output
         XCTAssertTrue(shown.contains("guard: on (fanotify) for 3 file systems; 0 processes hold managed data; 0 refused"), shown)
     }
@@ -343,6 +343,10 @@ final class GuardTests: XCTestCase {
         daemon.pid = 0
         try daemon.start(extraArguments: ["--config", work + "/custody.toml", "--allow-other", "--socket-mode", "0666",
                                           "--guard-file-systems", home, "--guard-file-systems", media])
+        // The guard starts after the mount: wait for it to have taken the holder up.
+        try eventually("the holder taken up again") {
+            (try? daemon.apiJSON("GET", "/v1/status").json).flatMap { field($0, "guard.holders") } == "1"
+        }
         XCTAssertTrue(daemon.log.contains("still holds managed data from before the restart"), daemon.log)
         FileManager.default.createFile(atPath: go, contents: nil)
         XCTAssertTrue(waitForExit(holder, seconds: 15))
