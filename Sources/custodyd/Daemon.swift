@@ -254,6 +254,8 @@ final class Daemon: @unchecked Sendable {
                 logger.error("\(error)")
             }
         }
+        // The guard first: no read through a mount may come before it can make a holder.
+        startGuard()
         for configured in configuration.mounts {
             guard let running = attachMount(configured) else {
                 stopAll()
@@ -273,7 +275,6 @@ final class Daemon: @unchecked Sendable {
                 return false
             }
         }
-        startGuard()
         if configuration.followSessions {
             let monitor = LoginMonitor(engine: engine) { [logger] message in logger.notice("\(message)") }
             if monitor.start() { sessions = monitor }
