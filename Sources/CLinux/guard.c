@@ -191,6 +191,13 @@ int clinux_open_call_flags(int tid, long long *flags) {
     case SYS_open_by_handle_at:
         *flags = (long long)args[2];
         return 0;
+    /* Running a program opens it (and its interpreter) to read. */
+    case SYS_execve:
+#ifdef SYS_execveat
+    case SYS_execveat:
+#endif
+        *flags = O_RDONLY;
+        return 0;
 #ifdef SYS_openat2
     case SYS_openat2: {
         struct open_how how;

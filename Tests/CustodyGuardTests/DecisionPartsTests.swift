@@ -41,6 +41,7 @@ final class DecisionPartsTests: XCTestCase {
         }
         XCTAssertEqual(intent, .write(creates: false, exclusive: false, reads: false))
         XCTAssertEqual(OpenIntent.of(thread: getpid()), .unknown, "a thread not in an open call")
+
     }
 
     func testRulesAllowOnlyWhatEveryIdentityAllows() {

@@ -109,13 +109,16 @@ final class GuardTests: XCTestCase {
             os.rename('\(home)/.report.txt.tmp', '\(home)/report.txt')
             PY
             read line < plan.txt; echo "$line" > '\(home)/shell.txt' 2>/dev/null || echo shell-refused
+            '\(home)/tool' && echo exec-ok
             cp plan.txt '\(oneDrive)/synced.txt' && echo onedrive-ok
             cp plan.txt copy-in-mount.txt && echo mount-ok
             rsync plan.txt '\(home)/rsync.txt' 2>/dev/null || echo rsync-refused
             """
+        // A program on the watched disk, where the data may not go: a holder still runs it.
+        try mustRun(["cp", "/bin/true", home + "/tool"])
         let result = try asUser(script)
         for marker in ["wrote", "cp-refused", "redirect-refused", "tee-refused", "dd-refused", "mv-refused", "tar-refused", "devnull-ok",
-                       "usb-refused", "python-refused", "copy-range-refused", "atomic-save-refused", "shell-refused", "onedrive-ok", "mount-ok", "rsync-refused"] {
+                       "usb-refused", "python-refused", "copy-range-refused", "atomic-save-refused", "shell-refused", "onedrive-ok", "mount-ok", "rsync-refused", "exec-ok"] {
             XCTAssertTrue(result.output.contains(marker), "\(marker) missing: \(result.output) \(result.error)\n\(daemon.log)")
         }
         // No file the refused opens would have made is left, and no byte of the data landed.

@@ -164,8 +164,9 @@ struct clinux_unix_socket {
 int clinux_unix_sockets(struct clinux_unix_socket *sockets, int capacity);
 
 /* What thread `tid`, stopped in an open call (open, openat, openat2, creat, open_by_handle_at),
-   asked for: its open flags, read from /proc/TID/syscall (and, for openat2, its memory). 0 with
-   *flags set; -1 when the thread is in no such call (an exec, an io_uring worker). */
+   asked for: its open flags, read from /proc/TID/syscall (and, for openat2, its memory); an
+   execve or execveat opens to read. 0 with *flags set; -1 when the thread is in no such call (an
+   io_uring worker). */
 int clinux_open_call_flags(int tid, long long *flags);
 
 #endif
