@@ -286,7 +286,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         while true {
             let count = events.withUnsafeMutableBufferPointer { clinux_process_events_read(processEvents, $0.baseAddress, Int32($0.count)) }
             if count < 0 {
-                if errno == ENOBUFS {
+                // Lost events matter only while somebody holds data (a busy machine loses some).
+                if errno == ENOBUFS, !holders.isEmpty || !receivers.isEmpty {
                     resynchronize()
                     report(.message("process events were lost; the holders were read from /proc again"))
                 }
