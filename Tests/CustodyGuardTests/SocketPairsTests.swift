@@ -30,7 +30,14 @@ final class SocketPairsTests: XCTestCase {
         process.standardOutput = output
         try process.run()
         defer { process.terminate() }
-        let line = String(decoding: output.fileHandleForReading.availableData, as: UTF8.self).split(separator: " ")
+        // The whole line: the pieces of a print may come in more than one write.
+        var text = ""
+        while !text.contains("\n") {
+            let data = output.fileHandleForReading.availableData
+            if data.isEmpty { break }
+            text += String(decoding: data, as: UTF8.self)
+        }
+        let line = text.split(separator: " ")
         guard line.count == 2, let child = Int32(line[0]), let lonely = Int32(line[1].trimmingCharacters(in: .whitespacesAndNewlines)) else {
             return XCTFail("no PIDs: \(line)")
         }
