@@ -70,13 +70,7 @@ public struct LinuxProcessTable: ProcessTable {
         return parent
     }
 
-    public func startTime(of pid: Int32) -> UInt64? {
-        guard let text = readTextFile("/proc/\(pid)/stat"), let close = text.lastIndex(of: ")") else { return nil }
-        // Fields after the command name (which may hold spaces and parentheses): state is field 3.
-        let fields = text[text.index(after: close)...].split(separator: " ")
-        guard fields.count > 19 else { return nil }
-        return UInt64(fields[19])
-    }
+    public func startTime(of pid: Int32) -> UInt64? { ProcessStat(pid)?.start }
 
     /// The real uid of a process (first value of `Uid:`).
     public func uid(of pid: Int32) -> UInt32? {

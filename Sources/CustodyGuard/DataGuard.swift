@@ -304,13 +304,11 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
 
     private func resynchronize() {
         var children: [(process: Int32, parent: Int32, start: UInt64)] = []
-        if !holders.isEmpty, let stream = opendir("/proc") {
-            while let entry = readdir(stream) {
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-                guard let pid = Int32(name), let stat = ProcessStat(pid) else { continue }
+        if !holders.isEmpty {
+            for pid in Syscall.numberedEntries("/proc") ?? [] {
+                guard let stat = ProcessStat(pid) else { continue }
                 children.append((pid, stat.parent, stat.start))
             }
-            closedir(stream)
         }
         holders.resynchronize(threads: Self.threads(of:), children: children)
         receivers.resynchronize(threads: Self.threads(of:), children: children)
@@ -439,16 +437,7 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
         return unlinkat(directory, name, 0) == 0
     }
 
-    static func threads(of process: Int32) -> [Int32]? {
-        guard let stream = opendir("/proc/\(process)/task") else { return nil }
-        defer { closedir(stream) }
-        var result: [Int32] = []
-        while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            if let tid = Int32(name) { result.append(tid) }
-        }
-        return result
-    }
+    static func threads(of process: Int32) -> [Int32]? { Syscall.numberedEntries("/proc/\(process)/task") }
 
     // MARK: Holders across restarts
 
@@ -535,28 +524,5 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                 signalWake()
             }
         }
-    }
-}
-
-/// Fields of /proc/PID/stat the guard reads.
-struct ProcessStat {
-    let parent: Int32
-    /// Clock ticks since boot.
-    let start: UInt64
-
-    init?(_ pid: Int32) {
-        guard let text = readTextFile("/proc/\(pid)/stat"), let close = text.lastIndex(of: ")") else { return nil }
-        let fields = text[text.index(after: close)...].split(separator: " ")
-        guard fields.count > 19, let parent = Int32(fields[1]), let start = UInt64(fields[19]) else { return nil }
-        self.parent = parent
-        self.start = start
-    }
-
-    /// Now, in the same clock ticks since boot.
-    static func now() -> UInt64 {
-        var now = timespec()
-        clock_gettime(CLOCK_BOOTTIME, &now)
-        let ticks = UInt64(max(sysconf(Int32(_SC_CLK_TCK)), 1))
-        return UInt64(now.tv_sec) * ticks + UInt64(now.tv_nsec) * ticks / 1_000_000_000
     }
 }

@@ -1,4 +1,5 @@
 import CLinux
+import CustodySystem
 import Glibc
 
 /// The processes it started that are at the other end of a process's socketpairs (Unix sockets
@@ -24,15 +25,9 @@ enum SocketPairs {
             wanted.insert(socket.peer)
         }
         guard !wanted.isEmpty else { return [] }
-        var result: [Int32] = []
-        guard let stream = opendir("/proc") else { return [] }
-        defer { closedir(stream) }
-        while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard let other = Int32(name), other != pid, other != getpid() else { continue }
-            if !socketInodes(of: other).isDisjoint(with: wanted), descends(other, from: pid) { result.append(other) }
+        return (Syscall.numberedEntries("/proc") ?? []).filter { other in
+            other != pid && other != getpid() && !socketInodes(of: other).isDisjoint(with: wanted) && descends(other, from: pid)
         }
-        return result
     }
 
     /// Whether `process` was started by `ancestor` (directly or not). Only the process's own
@@ -51,17 +46,9 @@ enum SocketPairs {
     /// The inodes of the sockets among `pid`'s descriptors ("socket:[N]").
     static func socketInodes(of pid: Int32) -> Set<UInt64> {
         var result: Set<UInt64> = []
-        let directory = "/proc/\(pid)/fd"
-        guard let stream = opendir(directory) else { return [] }
-        defer { closedir(stream) }
-        var target = [CChar](repeating: 0, count: 64)
-        while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard Int32(name) != nil else { continue }
-            let length = readlink("\(directory)/\(name)", &target, target.count - 1)
-            guard length > 9 else { continue }
-            let text = String(decoding: target.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            guard text.hasPrefix("socket:["), text.hasSuffix("]"), let inode = UInt64(text.dropFirst(8).dropLast()) else { continue }
+        for fd in Syscall.numberedEntries("/proc/\(pid)/fd") ?? [] {
+            guard let text = try? Syscall.readlink("/proc/\(pid)/fd/\(fd)"), text.hasPrefix("socket:["), text.hasSuffix("]"),
+                  let inode = UInt64(text.dropFirst(8).dropLast()) else { continue }
             result.insert(inode)
         }
         return result

@@ -31,11 +31,8 @@ enum WritableFiles {
         var result: [WritableFile] = []
         let mounts = Dictionary(MountTable.entries().map { ($0.id, $0) }, uniquingKeysWith: { _, last in last })
         let directory = "/proc/\(pid)/fd"
-        guard let stream = opendir(directory) else { return [] }
-        defer { closedir(stream) }
-        while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard let number = Int32(name), let info = fdinfo(pid, number), access(info.flags & O_ACCMODE),
+        for number in Syscall.numberedEntries(directory) ?? [] {
+            guard let info = fdinfo(pid, number), access(info.flags & O_ACCMODE),
                   let mount = mounts[info.mountID], !FileSystemSelection.pseudo.contains(mount.fileSystemType) || mount.fileSystemType == "fuse.custody",
                   let path = try? Syscall.readlink("\(directory)/\(number)") else { continue }
             if mount.fileSystemType == "fuse.custody" {
@@ -51,13 +48,10 @@ enum WritableFiles {
 
     /// The `flags:` (octal) and `mnt_id:` lines of /proc/PID/fdinfo/N.
     static func fdinfo(_ pid: Int32, _ fd: Int32) -> (flags: Int32, mountID: Int)? {
-        guard let text = readTextFile("/proc/\(pid)/fdinfo/\(fd)") else { return nil }
-        var flags: Int32?, mountID: Int?
-        for line in text.split(separator: "\n") {
-            if line.hasPrefix("flags:") { flags = Int32(line.dropFirst("flags:".count).trimmingCharacters(in: " \t"), radix: 8) }
-            if line.hasPrefix("mnt_id:") { mountID = Int(line.dropFirst("mnt_id:".count).trimmingCharacters(in: " \t")) }
-        }
-        guard let flags, let mountID else { return nil }
+        // The same "name: value" lines as /proc/PID/status.
+        guard let text = readTextFile("/proc/\(pid)/fdinfo/\(fd)"),
+              let flags = ProcStatus.values("flags:", in: text)?.first.flatMap({ Int32($0, radix: 8) }),
+              let mountID = ProcStatus.values("mnt_id:", in: text)?.first.flatMap({ Int($0) }) else { return nil }
         return (flags, mountID)
     }
 
@@ -77,16 +71,10 @@ enum WritableFiles {
             guard permissions[1] == UInt8(ascii: "w"), permissions[3] == UInt8(ascii: "s"), fields[4] != "0" else { continue }
             let device = fields[3].split(separator: ":")
             guard device.count == 2, let major = UInt64(device[0], radix: 16), let minor = UInt64(device[1], radix: 16) else { continue }
-            let path = fields[5].trimmingCharacters(in: " ")
+            let path = String(fields[5].drop { $0 == " " })
             guard path.hasPrefix("/") else { continue }
             result.append(WritableFile(path: path, device: FileSystemSelection.makeDevice(major: major, minor: minor)))
         }
         return result
-    }
-}
-
-extension Substring {
-    func trimmingCharacters(in set: String) -> String {
-        String(drop { set.contains($0) }.reversed().drop { set.contains($0) }.reversed())
     }
 }
