@@ -60,8 +60,13 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     /// processes already admitted (start time, identities), so that a process's next read of the
     /// same identity costs two small /proc reads.
     private let watchedForMounts = Mutex<[UInt64: WatchedFileSystem]>([:])
-    private let admitted = Mutex<[Int32: (start: UInt64, identities: Set<String>)]>([:])
-    private let admittedWriters = Mutex<[Int32: (start: UInt64, identities: Set<String>)]>([:])
+    private let admitted = Mutex<[Admission: (start: UInt64, identities: Set<String>)]>([:])
+
+    /// A process admitted as a holder, or as a receiver.
+    private struct Admission: Hashable {
+        let process: Int32
+        let receives: Bool
+    }
     private let statusBox: Mutex<GuardStatus>
     private let refusalCount = Atomic<UInt64>(0)
     private let holderCount = Atomic<Int>(0)
@@ -177,68 +182,64 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     // MARK: The mounts' side
 
     public func admit(thread: Int32, holding account: Account) -> String? {
+        admitProcess(of: thread, account: account, receives: false) { process, rules, watched in
+            // A file it can already write to, where the identity may not save, would receive the data.
+            for file in WritableFiles.of(process: process) {
+                guard let fileSystem = watched[file.device] else { continue }
+                let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
+                guard !rules.allows([account.upn], toSaveTo: location) else { continue }
+                report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                        operation: "read (it holds a file open for writing there)", removedEmptyFile: false))
+                return "it holds \(file.path) open for writing, in \(location), where \(account.upn)'s data may not be saved"
+            }
+            return nil
+        }
+    }
+
+    public func admit(thread: Int32, writingInto account: Account) -> String? {
+        admitProcess(of: thread, account: account, receives: true) { process, rules, watched in
+            for file in WritableFiles.readable(by: process) {
+                guard let fileSystem = watched[file.device] else { continue }
+                let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
+                guard !rules.allows([account.upn], toOpenFrom: location) else { continue }
+                report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                        operation: "write into the identity's file (it reads a file from there)", removedEmptyFile: false, openFrom: true))
+                return "it reads \(file.path), in \(location), from where \(account.upn)'s policy opens no data"
+            }
+            return nil
+        }
+    }
+
+    /// What both admissions share: the process of `thread`, unless it is known to be admitted for
+    /// `account` already, is checked by `conflict` (a reason to refuse, or nil), then handed to the
+    /// guard's thread as a holder (`receives`: a receiver) and, when the guard has it, remembered.
+    private func admitProcess(of thread: Int32, account: Account, receives: Bool,
+                              _ conflict: (Int32, SaveRules, [UInt64: WatchedFileSystem]) -> String?) -> String? {
         guard running.load(ordering: .acquiring) else { return nil }
         let table = LinuxProcessTable()
         guard let process = table.process(ofThread: thread), process != getpid(), let start = table.startTime(of: process) else { return nil }
-        let known = admitted.withLock { $0[process] }
+        let key = Admission(process: process, receives: receives)
+        let known = admitted.withLock { $0[key] }
         if let known, known.start == start, known.identities.contains(account.upn) { return nil }
         let rules = engine.saveRules()
-        // A file it can already write to, where the identity may not save, would receive the data.
-        let watched = watchedForMounts.withLock { $0 }
-        for file in WritableFiles.of(process: process) {
-            guard let fileSystem = watched[file.device] else { continue }
-            let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
-            guard !rules.allows([account.upn], toSaveTo: location) else { continue }
-            report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
-                                    operation: "read (it holds a file open for writing there)", removedEmptyFile: false))
-            return "it holds \(file.path) open for writing, in \(location), where \(account.upn)'s data may not be saved"
-        }
-        // The processes at the other end of its socketpairs (rsync's writer) hold it too.
-        let holders = [process] + SocketPairs.peers(of: process)
+        if let reason = conflict(process, rules, watchedForMounts.withLock { $0 }) { return reason }
+        // A holder's helpers at the other end of its socketpairs (rsync's writer) hold it too.
+        let processes = receives ? [process] : [process] + SocketPairs.peers(of: process)
         var waits: [DispatchSemaphore] = []
         requests.withLock { queue in
-            for holder in holders {
+            for each in processes {
                 let done = DispatchSemaphore(value: 0)
                 waits.append(done)
-                queue.append(HoldRequest(process: holder, identities: [account.upn], rules: rules, done: done))
+                queue.append(HoldRequest(process: each, identities: [account.upn], receives: receives, rules: rules, done: done))
             }
         }
         signalWake()
         for done in waits where done.wait(timeout: .now() + 5) != .success { return "the guard did not answer" }
         admitted.withLock { table in
-            if table.count > 4096 { table.removeAll() }
-            var identities = table[process].flatMap { $0.start == start ? $0.identities : nil } ?? []
+            if table.count > 8192 { table.removeAll() }
+            var identities = table[key].flatMap { $0.start == start ? $0.identities : nil } ?? []
             identities.insert(account.upn)
-            table[process] = (start, identities)
-        }
-        return nil
-    }
-
-    public func admit(thread: Int32, writingInto account: Account) -> String? {
-        guard running.load(ordering: .acquiring) else { return nil }
-        let table = LinuxProcessTable()
-        guard let process = table.process(ofThread: thread), process != getpid(), let start = table.startTime(of: process) else { return nil }
-        let known = admittedWriters.withLock { $0[process] }
-        if let known, known.start == start, known.identities.contains(account.upn) { return nil }
-        let rules = engine.saveRules()
-        let watched = watchedForMounts.withLock { $0 }
-        for file in WritableFiles.readable(by: process) {
-            guard let fileSystem = watched[file.device] else { continue }
-            let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
-            guard !rules.allows([account.upn], toOpenFrom: location) else { continue }
-            report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
-                                    operation: "write into the identity's file (it reads a file from there)", removedEmptyFile: false, openFrom: true))
-            return "it reads \(file.path), in \(location), from where \(account.upn)'s policy opens no data"
-        }
-        let done = DispatchSemaphore(value: 0)
-        requests.withLock { $0.append(HoldRequest(process: process, identities: [account.upn], receives: true, rules: rules, done: done)) }
-        signalWake()
-        guard done.wait(timeout: .now() + 5) == .success else { return "the guard did not answer" }
-        admittedWriters.withLock { table in
-            if table.count > 4096 { table.removeAll() }
-            var identities = table[process].flatMap { $0.start == start ? $0.identities : nil } ?? []
-            identities.insert(account.upn)
-            table[process] = (start, identities)
+            table[key] = (start, identities)
         }
         return nil
     }
