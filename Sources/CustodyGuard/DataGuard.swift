@@ -81,8 +81,11 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     /// Where the holders are kept across restarts of the daemon: a process that read managed data
     /// still has it when the daemon comes back.
     private var holdersFile: String { engine.stateDirectory + "/holders.json" }
-    /// What was last handed to the reporter (guard thread only).
-    private var savedHolders: [Int32: ProcessHolders.Holder] = [:]
+    /// `holders.membership` when the holders were last handed to the reporter (guard thread only).
+    private var savedMembership: UInt64 = 0
+    /// The guard thread's buffers for events from the kernel, kept between batches.
+    private var processEventBuffer = [clinux_process_event](repeating: clinux_process_event(), count: 256)
+    private var openEventBuffer = [clinux_open_event](repeating: clinux_open_event(), count: 64)
 
     struct Refusal {
         let thread: Int32
@@ -272,9 +275,9 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             if fds[3].revents != 0 { refreshFileSystems() }
             if fds[0].revents != 0 { answerOpens() }
             updateMarks()
-            if holders.processes != savedHolders {
-                savedHolders = holders.processes
-                report(.holders(savedHolders))
+            if holders.membership != savedMembership {
+                savedMembership = holders.membership
+                report(.holders(holders.processes))
             }
         }
         if armed { _ = clinux_guard_unmark_all(group) }
@@ -283,9 +286,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
 
     /// Reads every pending process event; after lost events, looks at /proc again.
     private func followProcesses() {
-        var events = [clinux_process_event](repeating: clinux_process_event(), count: 256)
         while true {
-            let count = events.withUnsafeMutableBufferPointer { clinux_process_events_read(processEvents, $0.baseAddress, Int32($0.count)) }
+            let count = processEventBuffer.withUnsafeMutableBufferPointer { clinux_process_events_read(processEvents, $0.baseAddress, Int32($0.count)) }
             if count < 0 {
                 // Lost events matter only while somebody holds data (a busy machine loses some).
                 if errno == ENOBUFS, !holders.isEmpty || !receivers.isEmpty {
@@ -294,11 +296,11 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
                 }
                 return
             }
-            for event in events.prefix(Int(count)) {
+            for event in processEventBuffer.prefix(Int(count)) {
                 holders.apply(event)
                 receivers.apply(event)
             }
-            if count < events.count { break }
+            if count < processEventBuffer.count { break }
         }
         holderCount.store(holders.processes.count, ordering: .relaxed)
     }
@@ -368,14 +370,13 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     }
 
     private func answerOpens() {
-        var events = [clinux_open_event](repeating: clinux_open_event(), count: 64)
         while true {
-            let count = events.withUnsafeMutableBufferPointer { clinux_guard_read(group, $0.baseAddress, Int32($0.count)) }
+            let count = openEventBuffer.withUnsafeMutableBufferPointer { clinux_guard_read(group, $0.baseAddress, Int32($0.count)) }
             guard count > 0 else { return }
             // A fork just before the open is known before the open is judged.
             followProcesses()
             applyRequests()
-            for event in events.prefix(Int(count)) {
+            for event in openEventBuffer.prefix(Int(count)) {
                 wakeBoost?.noteRequest()
                 _ = clinux_guard_answer(group, event.fd, decide(event) ? 1 : 0)
             }

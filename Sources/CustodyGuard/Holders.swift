@@ -12,6 +12,8 @@ struct ProcessHolders {
     }
 
     private(set) var processes: [Int32: Holder] = [:]
+    /// Counts changes of which processes hold what (not of their threads): what is worth saving.
+    private(set) var membership: UInt64 = 0
     /// Every thread of every holder, with its process.
     private var owners: [Int32: Int32] = [:]
 
@@ -26,6 +28,7 @@ struct ProcessHolders {
     /// `process` (with `threads`) holds `identities` from now on, besides what it held.
     mutating func hold(_ process: Int32, identities: Set<String>, threads: [Int32], since: UInt64) {
         var holder = processes[process] ?? Holder(identities: [], threads: [], since: since)
+        if processes[process] == nil || !identities.isSubset(of: holder.identities) { membership &+= 1 }
         holder.identities.formUnion(identities)
         for thread in threads + [process] {
             holder.threads.insert(thread)
@@ -47,6 +50,7 @@ struct ProcessHolders {
                 // A new process started by a holder holds what its parent holds.
                 processes[event.tgid] = Holder(identities: parent.identities, threads: [event.pid], since: parent.since)
                 owners[event.pid] = event.tgid
+                membership &+= 1
             }
         case CLINUX_PROCESS_EXEC:
             // After an execution the process has one thread, whose ID is the process's.
@@ -65,6 +69,7 @@ struct ProcessHolders {
     /// `process` holds nothing any more (nor do its threads).
     mutating func drop(_ process: Int32) {
         guard let holder = processes.removeValue(forKey: process) else { return }
+        membership &+= 1
         for thread in holder.threads { owners.removeValue(forKey: thread) }
     }
 
@@ -74,6 +79,7 @@ struct ProcessHolders {
         holder.threads.remove(thread)
         if holder.threads.isEmpty {
             processes.removeValue(forKey: process)
+            membership &+= 1
         } else {
             processes[process] = holder
         }
@@ -83,6 +89,7 @@ struct ProcessHolders {
     /// answers nil for a process that is gone), and the processes started since by a holder
     /// (`children`: process, parent, start time).
     mutating func resynchronize(threads: (Int32) -> [Int32]?, children: [(process: Int32, parent: Int32, start: UInt64)]) {
+        membership &+= 1
         for (process, holder) in processes {
             for thread in holder.threads { owners.removeValue(forKey: thread) }
             guard let current = threads(process), !current.isEmpty else {

@@ -58,4 +58,29 @@ final class HoldersTests: XCTestCase {
         XCTAssertEqual(table.holder(ofThread: 21)?.holder.identities, ["a@contoso.com"], "a grandchild listed before its parent")
         XCTAssertNil(table.holder(ofThread: 30), "started before its parent held anything")
     }
+
+    /// What is saved across restarts changes with who holds what, not with threads coming and going.
+    func testMembershipCountsProcessesAndIdentitiesNotThreads() {
+        var table = ProcessHolders()
+        var seen = table.membership
+        func changed() -> Bool {
+            defer { seen = table.membership }
+            return table.membership != seen
+        }
+        table.hold(10, identities: ["a@contoso.com"], threads: [10], since: 1)
+        XCTAssertTrue(changed())
+        table.hold(10, identities: ["a@contoso.com"], threads: [10], since: 1)
+        XCTAssertFalse(changed(), "nothing new")
+        table.apply(event(fork, pid: 11, tgid: 10, parent: 10, parentProcess: 10))
+        table.apply(event(exit, pid: 11, tgid: 10))
+        XCTAssertFalse(changed(), "a thread came and went")
+        table.hold(10, identities: ["b@contoso.com"], threads: [], since: 1)
+        XCTAssertTrue(changed(), "another identity")
+        table.apply(event(fork, pid: 20, tgid: 20, parent: 10, parentProcess: 10))
+        XCTAssertTrue(changed(), "a child")
+        table.apply(event(exit, pid: 20, tgid: 20))
+        XCTAssertTrue(changed(), "it exited")
+        table.drop(10)
+        XCTAssertTrue(changed())
+    }
 }
