@@ -63,14 +63,8 @@ public struct DaemonConfiguration: Equatable, Sendable {
     public var followSessions = true
     /// A loopback address and port that also serves the metrics (`metrics-listen`), or nil.
     public var metricsListen: LoopbackAddress?
-    /// The file systems the guard watches (`[guard] file_systems`): nil for all of them.
-    public var guardFileSystems: GuardFileSystems = .all
-
-    /// `[guard] file_systems`: "all" (the default), "none", or a list of paths whose file systems are watched.
-    public enum GuardFileSystems: Equatable, Sendable {
-        case all, none
-        case holding([String])
-    }
+    /// The file systems the guard watches (`[guard] file_systems`).
+    public var guardFileSystems: GuardedFileSystems = .all
 
     public init() {}
 

@@ -38,6 +38,19 @@ public struct GuardStatus: Codable, Equatable, Sendable {
     }
 }
 
+/// Which file systems the guard watches (`[guard] file_systems` in the configuration).
+public enum GuardedFileSystems: Equatable, Sendable {
+    /// Every file system that stores data: disks, tmpfs (/dev/shm, /tmp), removable media and
+    /// network shares, also those mounted later; not pseudo file systems (/proc, /sys, …) and not
+    /// Custody's own mounts (the mount enforces its own rules).
+    case all
+    /// None: the guard is off.
+    case none
+    /// The file systems that hold these paths, and those mounted below them, also later
+    /// (`/media` covers a USB stick mounted at /media/dana/STICK when it comes).
+    case holding([String])
+}
+
 /// What the guard decides with, as of one policy generation: the configured directories and,
 /// for every managed identity whose policy lists save-to locations, the locations it allows.
 public struct SaveRules: Sendable {

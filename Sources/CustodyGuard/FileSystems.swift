@@ -2,19 +2,6 @@ import CustodyCore
 import CustodySystem
 import Glibc
 
-/// Which file systems the guard watches (`[guard] file_systems` in the configuration).
-public enum GuardedFileSystems: Equatable, Sendable {
-    /// Every file system that stores data: disks, tmpfs (/dev/shm, /tmp), removable media and
-    /// network shares, also those mounted later; not pseudo file systems (/proc, /sys, …) and not
-    /// Custody's own mounts (the mount enforces its own rules).
-    case all
-    /// None: the guard is off.
-    case none
-    /// The file systems that hold these paths, and those mounted below them, also later
-    /// (`/media` covers a USB stick mounted at /media/dana/STICK when it comes).
-    case holding([String])
-}
-
 /// A file system the guard watches: a mount point that leads to it (to mark it), and the
 /// location of what it stores (`Other` for network file systems, else `LocalDrive`).
 struct WatchedFileSystem: Equatable, Sendable {

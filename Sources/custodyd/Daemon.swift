@@ -286,14 +286,8 @@ final class Daemon: @unchecked Sendable {
     }
 
     private func startGuard() {
-        let selection: GuardedFileSystems
-        switch configuration.guardFileSystems {
-        case .all: selection = .all
-        case .none: selection = .none
-        case .holding(let paths): selection = .holding(paths)
-        }
         let lowLatency = configuration.mounts.first?.lowLatency ?? true
-        let dataGuard = DataGuard(engine: engine, selection: selection, lowLatency: lowLatency) { [logger] message in logger.notice("guard: \(message)") }
+        let dataGuard = DataGuard(engine: engine, selection: configuration.guardFileSystems, lowLatency: lowLatency) { [logger] message in logger.notice("guard: \(message)") }
         let status = dataGuard.start()
         engine.attach(holders: dataGuard)
         self.dataGuard = dataGuard
