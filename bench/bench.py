@@ -9,9 +9,12 @@ Systems (each mounted once for the run, alternating round by round):
                              process tree, as the README works), so identity resolution is measured;
                              custodyctl's own start with cold caches is its own row
                              (custodyctl_run_cold), and the cold workloads start with it cached
+  custody-encrypted-baseline custody-encrypted with another build of custodyd (BASELINE_CUSTODYD, for
+                             a before-and-after in one run; only when that is set)
   custody-plain              custodyd with no identity: the plaintext passthrough
-  gocryptfs                  gocryptfs (Debian), default settings
-  gocryptfs-plaintextnames   gocryptfs -plaintextnames (Custody does not encrypt names either)
+  gocryptfs                  gocryptfs (Debian), default settings (names encrypted, as Custody's
+                             managed names are)
+  gocryptfs-plaintextnames   gocryptfs -plaintextnames (names in clear)
   passthrough-ll             libfuse's low-level passthrough example (passthrough_ll.c from
                              libfuse3-dev's examples, built here into BENCH_DIR, never committed)
                              with -o writeback,xattr,clone_fd: what FUSE itself costs
@@ -30,7 +33,8 @@ RSS during the large write, the large read and untar, each measured from a quiet
 
 Environment: ROUNDS (3), FIO_SECONDS (10), WORKLOADS (comma list, default all), SYSTEMS (comma
 list), BENCH_DIR (/var/tmp/custody-bench), CUSTODYD (.build/release/custodyd), CUSTODYCTL (next to
-custodyd), CUSTODY_ARGS (more custodyd arguments, such as --no-low-latency).
+custodyd), CUSTODY_ARGS (more custodyd arguments, such as --no-low-latency), BASELINE_CUSTODYD (a
+custodyd to compare with, as custody-encrypted-baseline).
 """
 import json
 import os
@@ -51,8 +55,9 @@ ALL_WORKLOADS = ["custodyctl_run_cold", "round_trip_us", "dd_write", "dd_read_co
                  "rm_rf", "sqlite_300_commits", "fio_randread_4k", "fio_randwrite_4k"]
 WORKLOADS = [w for w in os.environ.get("WORKLOADS", ",".join(ALL_WORKLOADS)).split(",") if w]
 CUSTODYCTL = os.environ.get("CUSTODYCTL", os.path.join(os.path.dirname(CUSTODYD), "custodyctl"))
+BASELINE_CUSTODYD = os.environ.get("BASELINE_CUSTODYD", "")
 ALL_SYSTEMS = ["raw", "custody-encrypted", "custody-encrypted-bound", "custody-encrypted-devfuse", "custody-plain", "gocryptfs",
-               "gocryptfs-plaintextnames", "passthrough-ll"]
+               "gocryptfs-plaintextnames", "passthrough-ll"] + (["custody-encrypted-baseline"] if BASELINE_CUSTODYD else [])
 PASSTHROUGH_LL_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
 # Workloads whose request counts are reported per file (the tree's entries).
 PER_FILE_WORKLOADS = ["untar", "ls_lR_cold", "read_all_cold", "rm_rf"]
@@ -109,8 +114,9 @@ class System:
             state = os.path.join(self.base, "state")
             os.makedirs(state, mode=0o700)
             self.socket = os.path.join(self.base, "control.sock")
-            cmd = [CUSTODYD, "--state", state, "--socket", self.socket, "--multi-identity"]
-            if self.name in ("custody-encrypted", "custody-encrypted-devfuse"):
+            binary = BASELINE_CUSTODYD if self.name == "custody-encrypted-baseline" else CUSTODYD
+            cmd = [binary, "--state", state, "--socket", self.socket, "--multi-identity"]
+            if self.name in ("custody-encrypted", "custody-encrypted-devfuse", "custody-encrypted-baseline"):
                 # Everything root (this benchmark) writes belongs to a managed identity.
                 cmd += ["--default-identity", "0=bench@custody.example"]
             if self.name == "custody-encrypted-devfuse":

@@ -93,6 +93,9 @@ int clinux_fchmod_path(int fd, unsigned int mode) {
 int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags) {
     return setxattr(path, name, value, size, flags);
 }
+int clinux_lsetxattr(const char *path, const char *name, const void *value, size_t size, int flags) {
+    return lsetxattr(path, name, value, size, flags);
+}
 ssize_t clinux_listxattr(const char *path, char *list, size_t size) {
     return listxattr(path, list, size);
 }

@@ -37,6 +37,8 @@ public struct MountConfiguration: Equatable, Sendable {
     /// Serve requests on the CPU that sent them (FUSE over io_uring) where the kernel offers it.
     public var requestRings = true
     public var threads = 8
+    /// Store the names of managed identities' new entries encrypted.
+    public var encryptNames = true
 
     public init(backing: String, mountPoint: String) {
         self.backing = backing
@@ -239,7 +241,7 @@ struct Reader {
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
                                "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout",
                                "MaxUnlockAttempts", "UnlockAttemptsAction"]
-    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads"]
+    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
@@ -417,6 +419,7 @@ struct Reader {
         if let value = bool(table, ["mount", "writeback_cache"], index: index) { mount.writebackCache = value }
         if let value = bool(table, ["mount", "low_latency"], index: index) { mount.lowLatency = value }
         if let value = bool(table, ["mount", "request_rings"], index: index) { mount.requestRings = value }
+        if let value = bool(table, ["mount", "encrypt_names"], index: index) { mount.encryptNames = value }
         if let value = number(table, ["mount", "cache_timeout"], index: index) {
             if value >= 0, value.isFinite { mount.cacheTimeout = value } else { fail(["mount", "cache_timeout"], index: index, "must be 0 or more seconds") }
         }

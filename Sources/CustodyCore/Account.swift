@@ -160,6 +160,8 @@ public struct Account: Codable, Equatable, Sendable {
     public var hasRecoveryKey: Bool?
     /// Set when a policy change needs existing files re-protected; cleared once that is done.
     public var reprotectPending: Bool = false
+    /// The tag of the identity's name key (`NameCipher`), once known: which stored names are its.
+    public var nameTag: String?
 
     public var isEnrolled: Bool { policy != nil }
 

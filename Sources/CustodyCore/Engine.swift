@@ -66,6 +66,8 @@ public final class Engine: @unchecked Sendable {
     /// Changes whenever a policy or the settings change: open handles granted across identities
     /// check their grant again.
     let policyGeneration = Atomic<UInt64>(0)
+    /// Changes whenever a name key appears or goes (`NameKeys.swift`).
+    let nameKeyGenerationCounter = Atomic<UInt64>(0)
     /// No lock completes before this time (monotonic seconds, as a `Double`'s bits): every file
     /// created asks for a class key, which first completes due locks, and this spares it a walk
     /// of every identity's keys when none is due. Written only under `state`'s lock.
@@ -135,6 +137,7 @@ public final class Engine: @unchecked Sendable {
             try machineKeys.create(try Self.storeForNewKeys(settings.machineKey, sealer: machineKeySealer), pcrs: settings.tpm2PCRs)
         }
         var loaded = State()
+        var namesTagged = false
         loaded.accounts = try files.read(AccountsFile.self, from: "accounts.json")?.accounts ?? []
         loaded.uncleanStops = Self.noteRunStart(files, problems: &loaded.problems)
         // A wipe that was journaled is finished before anything of that account is served: its
@@ -170,6 +173,11 @@ public final class Engine: @unchecked Sendable {
                     keys.install(unlocked)
                 }
                 loaded.keys[account.key] = keys
+                if let tag = keys.nameKey?.tag, let index = loaded.accounts.firstIndex(where: { $0.key == account.key }),
+                   loaded.accounts[index].nameTag != tag {
+                    loaded.accounts[index].nameTag = tag
+                    namesTagged = true
+                }
             } catch {
                 // One identity's keys, not the others': it is unavailable, and its keybag stays as found.
                 let reason = "its keybag \(files.path(name)) cannot be used: \(error.description)"
@@ -206,6 +214,7 @@ public final class Engine: @unchecked Sendable {
         for problem in loaded.problems { Self.emit(problem, on: events) }
         // The file says only what holds: identities of exited processes do not linger in it.
         if dropped { try files.save(bindingsSnapshot(loaded)) }
+        if namesTagged { try files.save(accountsSnapshot(loaded)) }
         // Counters that could not be read start again at the back-off limit, kept from now on.
         if loaded.problems.contains(where: { $0.kind == .setAside && $0.file == Self.attemptsFile }) { saveAttempts(attemptsSnapshot(loaded)) }
         // A migration that was stopped midway is finished; a store other than the configured one
@@ -365,6 +374,7 @@ public final class Engine: @unchecked Sendable {
             return (account, accountsSnapshot(state))
         }
         try files.save(snapshot)
+        nameKeyInstalled(account.key)
         return account
     }
 

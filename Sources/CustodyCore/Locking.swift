@@ -135,9 +135,12 @@ extension Engine {
             throw error
         }
         clearFailedUnlocks(key)
-        state.withLock { state in
+        let appeared = state.withLock { state -> Bool in
+            let held = state.keys[key]?.nameKey != nil
             state.keys[key]?.install(unlocked)
+            return !held
         }
+        nameKeyInstalled(key, appeared: appeared)
         // A gate made before (or on another TPM) is made again now that the secret is known right.
         if regate, let current = state.withLock({ $0.keys[key]?.stored }), let updated = regated(current, credential: credential) {
             try? saveKeybag(updated, of: account)

@@ -1,9 +1,34 @@
 import CustodyFormat
 
+/// The name keys held now (`Engine.nameKeys`): a snapshot the mounts keep until the engine's
+/// name-key generation moves on.
+public struct NameKeySet: Sendable {
+    public let generation: UInt64
+    /// By key tag: what a stored name carries.
+    public let byTag: [String: NameKey]
+    /// Every key, for finding a name that is not stored in plain.
+    public let all: [NameKey]
+
+    /// No key, of no generation the engine has (so that a mount's first look asks the engine).
+    public static let empty = NameKeySet(generation: .max, byTag: [:], all: [])
+}
+
+/// Whether the name of an identity's new entry is encrypted, and with which key.
+public enum NameKeyChoice: Sendable {
+    /// No owner, or an unmanaged one: the name is stored as it is.
+    case plain
+    /// A managed identity's name key.
+    case key(NameKey)
+    /// A managed identity whose key is not held (not unlocked since the daemon started, or
+    /// wiped): nothing may be named for it now.
+    case unavailable(String)
+}
+
 /// The keys of managed identities' names (`NameCipher`). An identity's name key comes from its
 /// class C key: it is there from the identity's first unlock (as on iOS, where a locked device
 /// still lists its files) until the daemon stops or the identity is wiped, when it goes with the
-/// identity's other keys.
+/// identity's other keys. Its tag is kept with the account (`Account.nameTag`), so that a wipe
+/// finds the identity's names even when the key was never held since the daemon started.
 extension Engine {
     /// The name key of `identity` while it is held; nil before the identity's first unlock, for an
     /// unmanaged or unknown identity, and after a wipe.
@@ -12,7 +37,29 @@ extension Engine {
         return state.withLock { $0.keys[account.key]?.nameKey }
     }
 
-    /// Every name key held now, by its tag (what a stored name carries), with its identity's UPN.
+    /// How a new entry owned by `owner` is named.
+    public func nameKeyChoice(for owner: String?) -> NameKeyChoice {
+        guard let owner, let account = try? account(owner), account.isEnrolled else { return .plain }
+        guard let key = state.withLock({ $0.keys[account.key]?.nameKey }) else { return .unavailable(account.upn) }
+        return .key(key)
+    }
+
+    /// Changes whenever a name key appears (first unlock, enrolment, recovery) or goes (wipe).
+    public var nameKeyGeneration: UInt64 { nameKeyGenerationCounter.load(ordering: .acquiring) }
+
+    /// Every name key held now.
+    public func nameKeys() -> NameKeySet {
+        state.withLock { state in
+            let generation = nameKeyGenerationCounter.load(ordering: .acquiring)
+            var byTag: [String: NameKey] = [:]
+            for keys in state.keys.values {
+                if let key = keys.nameKey { byTag[key.tag] = key }
+            }
+            return NameKeySet(generation: generation, byTag: byTag, all: Array(byTag.values))
+        }
+    }
+
+    /// Every name key held now, by its tag, with its identity's UPN.
     public func nameKeysByTag() -> [String: (key: NameKey, identity: String)] {
         let accounts = self.accounts()
         return state.withLock { state in
@@ -22,5 +69,25 @@ extension Engine {
             }
             return result
         }
+    }
+
+    /// After `key`'s keys changed: a new name key is announced to the mounts (`appeared`: it was
+    /// not held before), and its tag is kept with the account (written once, when it first appears).
+    func nameKeyInstalled(_ key: IdentityKey, appeared: Bool = true) {
+        let snapshot = state.withLock { state -> OrderedStateFile<AccountsFile>.Snapshot? in
+            nameKeyGenerationCounter.add(1, ordering: .releasing)
+            guard let tag = state.keys[key]?.nameKey?.tag,
+                  let index = state.accounts.firstIndex(where: { $0.key == key }),
+                  state.accounts[index].nameTag != tag else { return nil }
+            state.accounts[index].nameTag = tag
+            return accountsSnapshot(state)
+        }
+        if let snapshot { try? files.save(snapshot) }
+        if appeared { for volume in volumes { volume.namesRevealed() } }
+    }
+
+    /// A name key went (`dropKeys`): the mounts drop their copies at their next name.
+    func nameKeyDropped() {
+        nameKeyGenerationCounter.add(1, ordering: .releasing)
     }
 }

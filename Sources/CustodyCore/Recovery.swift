@@ -98,6 +98,7 @@ extension Engine {
             state.keys[key] = identityKeys
             state.stranded[key] = nil
         }
+        nameKeyInstalled(key)
         try saveKeybag(rebuilt, of: account)
         try finishMachineKeyMigration()
         events.emit(.passphraseChanged, identity: account.upn, "\(account.upn) recovered onto machine key \(current.id) with its recovery key",

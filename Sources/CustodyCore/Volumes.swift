@@ -31,9 +31,26 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
     func policyChanged(_ account: Account)
     /// A wipe of `account` starts: the cached pages of its files go.
     func wipeStarting(_ account: Account)
+    /// `account`'s name key went (a wipe, or deregistering): names the kernel holds decrypted go.
+    func namesHidden(_ account: Account)
+    /// A name key appeared (a first unlock, an enrolment, a recovery): listings the kernel holds
+    /// with names shown as stored go.
+    func namesRevealed()
     /// Cuts the encrypted file at `relativePath` back to its last authentic block
     /// (`Engine.repairFile`), keeping the kernel's view of it coherent; refused while it is open.
     func repair(_ relativePath: String) throws(EngineError) -> RepairOutcome
+    /// The backing path of the object at `relativePath` (names as the backing directory stores
+    /// them: encrypted ones encrypted); a name that is not found is kept as given.
+    func storedPath(of relativePath: String) -> String
+}
+
+extension ProtectedVolume {
+    public func namesHidden(_ account: Account) {}
+    public func namesRevealed() {}
+
+    public func storedPath(of relativePath: String) -> String {
+        relativePath.isEmpty ? backingDirectory : backingDirectory + "/" + relativePath
+    }
 }
 
 /// A path located in a mount: the volume and the path below its mount point.
@@ -43,7 +60,7 @@ public struct VolumePath: Sendable {
     public let relativePath: String
 
     public var mountPath: String { relativePath.isEmpty ? volume.mountPoint : volume.mountPoint + "/" + relativePath }
-    public var backingPath: String { relativePath.isEmpty ? volume.backingDirectory : volume.backingDirectory + "/" + relativePath }
+    public var backingPath: String { volume.storedPath(of: relativePath) }
 }
 
 /// The mounted volumes; the mounts add and remove themselves.

@@ -50,7 +50,9 @@ extension Engine {
     /// then its files are deleted (the wipe handler), then it is unregistered. Without: its keybag
     /// stays sealed on disk, so enrolling it again restores access to its (still encrypted) files.
     public func deregister(_ identity: String, wipe: Bool, progress: (WipeProgress) -> Void = { _ in }) throws(EngineError) {
-        let account = try self.account(identity)
+        var account = try self.account(identity)
+        // The wipe finds the identity's names by their tag, also after a restart (the journal).
+        if account.nameTag == nil { account.nameTag = nameKey(for: account.id)?.tag }
         let key = account.key
         if wipe {
             for volume in volumes { volume.wipeStarting(account) }
@@ -59,6 +61,7 @@ extension Engine {
             let started = clock.now()
             try files.write(account, to: Self.wipeJournalName(account.id))
             dropKeys(key)
+            for volume in volumes { volume.namesHidden(account) }
             try files.destroy(Self.keybagName(account.id))
             // From here every copy of its encrypted files is unreadable.
             var done = WipeProgress(keysDestroyedSeconds: clock.now() - started)
@@ -69,6 +72,7 @@ extension Engine {
             }
         } else {
             dropKeys(key)
+            for volume in volumes { volume.namesHidden(account) }
         }
         let (accounts, bindings) = state.withLock { state in
             state.accounts.removeAll { $0.matches(account.id) }
@@ -93,6 +97,7 @@ extension Engine {
             state.stranded[key] = nil
             _ = state.openKeys.revoke { $0.identity == key }
         }
+        nameKeyDropped()
     }
 
     /// Deletes the files of a wiped account in every mount (and through `wipeHandler`, when set);

@@ -54,7 +54,7 @@ extension MountFileSystem {
     /// The directory and name a node was last looked up by, if the directory is still known.
     func backingEntry(of id: UInt64) -> BackingEntry? {
         guard let entry = inodes.name(of: id), let parent = try? inodes.inode(entry.parent) else { return nil }
-        return BackingEntry(directory: parent, name: entry.name)
+        return BackingEntry(directory: parent, name: entry.storedName)
     }
 
     /// Attribute `name` of an inode's backing object. The xattr calls take no O_PATH descriptor,

@@ -18,6 +18,8 @@ final class Inode: @unchecked Sendable {
     /// The owner's uid, as last read: space for the file is allocated as its owner
     /// (`AllocationCredentials`).
     let ownerUID = Atomic<UInt32>(0)
+    /// A directory's tweak for encrypted names (`EncryptedNames.swift`), once read.
+    let tweak = Mutex<DirectoryTweakState>(.unknown)
 
     init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
         self.fd = fd
@@ -164,6 +166,22 @@ final class InodeTable: @unchecked Sendable {
         state.withLock { $0.byID[id]?.name }
     }
 
+    /// The entry `from` in `directory` is stored as `to` now (its owner changed): nodes last looked
+    /// up by it keep the name the kernel knows and reach the backing entry by the new one.
+    func renamed(in directory: Inode, from: FileName, to: FileName) {
+        state.withLock { state in
+            guard let parent = state.byKey[Key(device: directory.device, number: directory.number)] else { return }
+            for (id, entry) in state.byID where entry.name?.parent == parent && entry.name?.storedName == from {
+                state.byID[id]?.name?.stored = to == entry.name?.name ? nil : to
+            }
+        }
+    }
+
+    /// The names every node was last looked up by.
+    func entryNames() -> [EntryName] {
+        state.withLock { $0.byID.values.compactMap(\.name) }
+    }
+
     /// The node ID the kernel knows a backing object by, if any.
     func id(device: UInt64, number: UInt64) -> UInt64? {
         state.withLock { $0.byKey[Key(device: device, number: number)] }
@@ -190,7 +208,13 @@ final class InodeTable: @unchecked Sendable {
 /// A directory's node ID and a name in it.
 struct EntryName: Sendable {
     var parent: UInt64
+    /// As the kernel knows it (what a program asked for, what a listing showed).
     var name: FileName
+    /// As the backing directory holds it, when that differs (an encrypted name).
+    var stored: FileName? = nil
+
+    /// The name in the backing directory.
+    var storedName: FileName { stored ?? name }
 }
 
 /// A name in a backing directory, as a request reached an object by it.

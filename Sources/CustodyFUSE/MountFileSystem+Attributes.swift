@@ -140,7 +140,7 @@ extension MountFileSystem {
 
     func readlink(_ req: fuse_req_t, _ id: fuse_ino_t) {
         do throws(Errno) {
-            let target = try Syscall.readlinkat(try inodes.inode(UInt64(id)).fd, "")
+            let target = try shownTarget(try Syscall.readlinkat(try inodes.inode(UInt64(id)).fd, ""))
             target.withUnsafeBufferPointer { _ = fuse_reply_readlink(req, $0.baseAddress) }
         } catch {
             replyError(req, error.rawValue)

@@ -78,13 +78,15 @@ extension MountFileSystem {
                 guard let record = Glibc.readdir(stream.dir) else {
                     return (used, used == 0 ? errno : 0)
                 }
-                let name = (UnsafeRawPointer(record) + Self.nameOffset).assumingMemoryBound(to: CChar.self)
+                let storedName = (UnsafeRawPointer(record) + Self.nameOffset).assumingMemoryBound(to: CChar.self)
+                // An encrypted name is listed decrypted when its key is held.
+                let shown = shownName(storedName, in: parent)
                 let next = Int64(record.pointee.d_off)
                 let remaining = size - used
                 let needed: Int
                 if plus {
                     var entry: fuse_entry_param
-                    if Self.isDotOrDotDot(name) || underInodePressure {
+                    if Self.isDotOrDotDot(storedName) || underInodePressure {
                         // Names only (no inode for the kernel) for dot entries, and while the
                         // kernel holds too many inodes: it looks them up when it needs them.
                         entry = fuse_entry_param()
@@ -92,14 +94,17 @@ extension MountFileSystem {
                         entry.attr.st_mode = mode_t(record.pointee.d_type) << 12
                     } else {
                         do {
-                            entry = try lookupEntry(in: parent, id, name)
+                            let listed = shown.map { ResolvedName(shown: $0, stored: FileName(cString: storedName), longForm: nil, key: nil) }
+                                ?? .plain(FileName(cString: storedName))
+                            entry = try lookupEntry(in: parent, id, listed)
                         } catch {
                             // Removed since the listing was read: skip it.
                             stream.offset = next
                             continue
                         }
                     }
-                    needed = fuse_add_direntry_plus(req, buffer + used, remaining, name, &entry, off_t(next))
+                    needed = shown?.cString.withUnsafeBufferPointer { fuse_add_direntry_plus(req, buffer + used, remaining, $0.baseAddress, &entry, off_t(next)) }
+                        ?? fuse_add_direntry_plus(req, buffer + used, remaining, storedName, &entry, off_t(next))
                     if needed > remaining, entry.ino != 0 {
                         inodes.forget(UInt64(entry.ino), count: 1)
                     } else if entry.ino != 0, entry.attr.st_mode & S_IFMT == S_IFREG {
@@ -109,7 +114,8 @@ extension MountFileSystem {
                     var attributes = stat()
                     attributes.st_ino = record.pointee.d_ino
                     attributes.st_mode = mode_t(record.pointee.d_type) << 12
-                    needed = fuse_add_direntry(req, buffer + used, remaining, name, &attributes, off_t(next))
+                    needed = shown?.cString.withUnsafeBufferPointer { fuse_add_direntry(req, buffer + used, remaining, $0.baseAddress, &attributes, off_t(next)) }
+                        ?? fuse_add_direntry(req, buffer + used, remaining, storedName, &attributes, off_t(next))
                 }
                 if needed > remaining {
                     // Did not fit: the next call starts again with this entry.

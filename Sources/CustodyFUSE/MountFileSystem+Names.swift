@@ -41,15 +41,41 @@ extension MountFileSystem {
         return try CreationMask.creating(mode: mode, mask: mask, body)
     }
 
+    /// The owner a new entry in `parent` has, for its name: the caller's identity, else the
+    /// directory's owner (as for files).
+    func newEntryOwner(_ req: fuse_req_t, in parent: Inode) -> String? {
+        guard let engine else { return nil }
+        return engine.ownerForNewFile(callerIdentity(req), directoryOwner: directoryOwner(parent))
+    }
+
+    /// The stored name of a new entry the caller makes called `name` in `parent`.
+    func newEntryName(_ req: fuse_req_t, _ name: UnsafePointer<CChar>, in parent: Inode) throws(Errno) -> ResolvedName {
+        try newEntryName(name, in: parent, key: try nameKey(forNewEntryOf: newEntryOwner(req, in: parent)))
+    }
+
+    /// Makes an entry with `make` (given its stored name), as the caller, with its long form kept
+    /// and the caller as its owner, and answers with it.
+    private func makeEntry(_ req: fuse_req_t, _ parent: Inode, _ parentID: fuse_ino_t, _ resolved: ResolvedName, mode: mode_t,
+                           _ make: (UnsafePointer<CChar>) throws(Errno) -> Void) throws(Errno) {
+        try creatingAsCaller(req, on: parent.device) { () throws(Errno) in try make(resolved.stored.cString) }
+        do throws(Errno) {
+            try storeLongForm(of: resolved, in: parent)
+            try giveToCaller(req, parent: parent, name: resolved.stored.cString, fd: nil, mode: mode)
+        } catch {
+            _ = unlinkat(parent.fd, resolved.stored.cString, mode & S_IFMT == S_IFDIR ? AT_REMOVEDIR : 0)
+            throw error
+        }
+        var entry = try lookupEntry(in: parent, parentID, resolved)
+        fuse_reply_entry(req, &entry)
+    }
+
     func mkdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try creatingAsCaller(req, on: parent.device) { () throws(Errno) in
-                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mkdirat(parent.fd, name, mode) }
+            let resolved = try newEntryName(req, name, in: parent)
+            try makeEntry(req, parent, parentID, resolved, mode: mode | S_IFDIR) { (stored) throws(Errno) in
+                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mkdirat(parent.fd, stored, mode) }
             }
-            try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode | S_IFDIR)
-            var entry = try lookupEntry(in: parent, parentID, name)
-            fuse_reply_entry(req, &entry)
         } catch {
             replyError(req, error.rawValue)
         }
@@ -58,12 +84,10 @@ extension MountFileSystem {
     func mknod(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ mode: mode_t, _ device: dev_t) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try creatingAsCaller(req, on: parent.device) { () throws(Errno) in
-                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mknodat(parent.fd, name, mode, device) }
+            let resolved = try newEntryName(req, name, in: parent)
+            try makeEntry(req, parent, parentID, resolved, mode: mode) { (stored) throws(Errno) in
+                try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.mknodat(parent.fd, stored, mode, device) }
             }
-            try giveToCaller(req, parent: parent, name: name, fd: nil, mode: mode)
-            var entry = try lookupEntry(in: parent, parentID, name)
-            fuse_reply_entry(req, &entry)
         } catch {
             replyError(req, error.rawValue)
         }
@@ -72,23 +96,34 @@ extension MountFileSystem {
     func symlink(_ req: fuse_req_t, _ target: UnsafePointer<CChar>, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            try creatingAsCaller(req, on: parent.device) { () throws(Errno) in try Syscall.symlinkat(target, parent.fd, name) }
-            try giveToCaller(req, parent: parent, name: name, fd: nil, mode: S_IFLNK)
-            var entry = try lookupEntry(in: parent, parentID, name)
-            fuse_reply_entry(req, &entry)
+            let resolved = try newEntryName(req, name, in: parent)
+            let storedTarget = try storedTarget(target, key: resolved.key)
+            try makeEntry(req, parent, parentID, resolved, mode: S_IFLNK) { (stored) throws(Errno) in
+                try Syscall.symlinkat(storedTarget, parent.fd, stored)
+            }
         } catch {
             replyError(req, error.rawValue)
         }
+    }
+
+    /// The key the names of the object `id` are encrypted with (its link keeps it): that of the
+    /// name it was looked up by. EACCES when that key is not held.
+    func nameKey(ofObject id: UInt64) throws(Errno) -> NameKey? {
+        guard engine != nil, let stored = inodes.name(of: id)?.stored?.text,
+              let tag = NameCipher.keyTag(of: stored) else { return nil }
+        guard let key = heldNameKeys().byTag[tag] else { throw Errno.accessDenied }
+        return key
     }
 
     func link(_ req: fuse_req_t, _ id: fuse_ino_t, _ newParentID: fuse_ino_t, _ newName: UnsafePointer<CChar>) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
             let newParent = try inodes.inode(UInt64(newParentID))
+            let resolved = try newEntryName(newName, in: newParent, key: try nameKey(ofObject: UInt64(id)))
             try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
-                try Syscall.linkat(AT_FDCWD, inode.procPath, newParent.fd, newName, AT_SYMLINK_FOLLOW)
+                try Syscall.linkat(AT_FDCWD, inode.procPath, newParent.fd, resolved.stored.cString, AT_SYMLINK_FOLLOW)
             }
-            var entry = try lookupEntry(in: newParent, newParentID, newName)
+            var entry = try lookupEntry(in: newParent, newParentID, resolved)
             fuse_reply_entry(req, &entry)
         } catch {
             replyError(req, error.rawValue)
@@ -98,8 +133,9 @@ extension MountFileSystem {
     func unlink(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            let victim = knownObject(in: parent, name)
-            try Syscall.unlinkat(parent.fd, name, 0)
+            let (resolved, attributes) = try existingEntry(name, in: parent)
+            let victim = knownObject(attributes)
+            try Syscall.unlinkat(parent.fd, resolved.stored.cString, 0)
             removed(victim)
             replyError(req, 0)
             if let victim, victim.inode.isRegularFile { storageEdges.releaseSoon(victim.inode) }
@@ -108,11 +144,10 @@ extension MountFileSystem {
         }
     }
 
-    /// The node the kernel knows for `name` in `parent`, if any, and its link count, looked at
-    /// before it is removed or replaced.
-    func knownObject(in parent: Inode, _ name: UnsafePointer<CChar>) -> (id: UInt64, inode: Inode, links: UInt64)? {
-        guard let attributes = try? Syscall.fstatat(parent.fd, name, AT_SYMLINK_NOFOLLOW),
-              let id = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)),
+    /// The node the kernel knows for the object with `attributes`, if any, and its link count,
+    /// looked at before it is removed or replaced.
+    func knownObject(_ attributes: stat?) -> (id: UInt64, inode: Inode, links: UInt64)? {
+        guard let attributes, let id = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)),
               let inode = try? inodes.inode(id) else { return nil }
         return (id, inode, UInt64(attributes.st_nlink))
     }
@@ -127,8 +162,9 @@ extension MountFileSystem {
     func rmdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            let victim = knownObject(in: parent, name)
-            try Syscall.unlinkat(parent.fd, name, AT_REMOVEDIR)
+            let (resolved, attributes) = try existingEntry(name, in: parent)
+            let victim = knownObject(attributes)
+            try Syscall.unlinkat(parent.fd, resolved.stored.cString, AT_REMOVEDIR)
             removed(victim)
             replyError(req, 0)
         } catch {
@@ -136,20 +172,82 @@ extension MountFileSystem {
         }
     }
 
+    /// RENAME, with `RENAME_NOREPLACE` and `RENAME_EXCHANGE`. A moved entry keeps the key of its
+    /// name (re-encrypted for the new directory and name); a plain one stays plain. When the
+    /// target exists in another form than the one the moved entry gets (a plain file replaced by
+    /// an identity's), the entry is renamed into its form first and the other form removed after,
+    /// so that the name never stops existing; an exchange swaps the entries, then gives each the
+    /// form of its key.
     func rename(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>, _ newParentID: fuse_ino_t, _ newName: UnsafePointer<CChar>, _ flags: UInt32) {
         do throws(Errno) {
             guard flags & Linux.RENAME_WHITEOUT == 0 else { throw Errno.invalidArgument }
             let parent = try inodes.inode(UInt64(parentID))
             let newParent = try inodes.inode(UInt64(newParentID))
-            let replaced = flags & Linux.RENAME_EXCHANGE == 0 ? knownObject(in: newParent, newName) : nil
-            try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
-                try Syscall.renameat2(parent.fd, name, newParent.fd, newName, flags)
+            let (source, sourceAttributes) = try existingEntry(name, in: parent)
+            // A no-key name cannot be encrypted again for another place.
+            if engine != nil, Self.isReservedName(name), source.key == nil { throw Errno.accessDenied }
+            let existing = try? existingEntry(newName, in: newParent)
+            if let existing, existing.1.st_dev == sourceAttributes.st_dev, existing.1.st_ino == sourceAttributes.st_ino {
+                // Two names of one object: rename does nothing.
+                replyError(req, 0)
+                return
             }
+            if flags & Linux.RENAME_NOREPLACE != 0, existing != nil { throw Errno.exists }
+            if flags & Linux.RENAME_EXCHANGE != 0, engine != nil, Self.isReservedName(newName) { throw Errno.accessDenied }
+            let target = try movedName(newName, in: newParent, key: source.key)
+            if flags & Linux.RENAME_EXCHANGE != 0 {
+                guard let (other, _) = existing else { throw Errno.noSuchFile }
+                try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
+                    try Syscall.renameat2(parent.fd, source.stored.cString, newParent.fd, other.stored.cString, flags)
+                    // Each entry now holds the other's object: give each the form of its object's key.
+                    try reform(other.stored, in: newParent, as: target)
+                    try reform(source.stored, in: parent, as: try movedName(name, in: parent, key: other.key))
+                }
+                replyError(req, 0)
+                return
+            }
+            var replaced = knownObject(existing?.1)
+            var otherForm: (ResolvedName, stat)?
+            if let existing, existing.0.stored != target.stored {
+                otherForm = existing
+                let sourceIsDirectory = sourceAttributes.st_mode & S_IFMT == S_IFDIR
+                let targetIsDirectory = existing.1.st_mode & S_IFMT == S_IFDIR
+                if sourceIsDirectory, !targetIsDirectory { throw Errno.notDirectory }
+                if !sourceIsDirectory, targetIsDirectory { throw Errno.isDirectory }
+                if targetIsDirectory {
+                    // An empty directory in the way goes first (rename would replace it only if empty).
+                    try Syscall.unlinkat(newParent.fd, existing.0.stored.cString, AT_REMOVEDIR)
+                    removed(replaced)
+                    (replaced, otherForm) = (nil, nil)
+                }
+            }
+            try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
+                try Syscall.renameat2(parent.fd, source.stored.cString, newParent.fd, target.stored.cString, flags)
+            }
+            try? storeLongForm(of: target, in: newParent)
+            if let (other, _) = otherForm { try Syscall.unlinkat(newParent.fd, other.stored.cString, 0) }
             removed(replaced)
             replyError(req, 0)
             if let replaced, replaced.inode.isRegularFile { storageEdges.releaseIfUnlinked(replaced.inode) }
         } catch {
             replyError(req, error.rawValue)
         }
+    }
+
+    /// The stored name an existing entry moved to `name` in `directory` gets: with the key its
+    /// name had (nil: plain).
+    private func movedName(_ name: UnsafePointer<CChar>, in directory: Inode, key: NameKey?) throws(Errno) -> ResolvedName {
+        let shown = FileName(cString: name)
+        guard engine != nil else { return .plain(shown) }
+        if Self.isReservedName(name) { throw Errno.invalidArgument }
+        guard let key else { return .plain(shown) }
+        return try encryptedName(shown, in: directory, key: key)
+    }
+
+    /// Renames the entry `stored` in `directory` to the form `wanted` (nothing when it has it).
+    private func reform(_ stored: FileName, in directory: Inode, as wanted: ResolvedName) throws(Errno) {
+        guard stored != wanted.stored else { return }
+        try Syscall.renameat2(directory.fd, stored.cString, directory.fd, wanted.stored.cString, Linux.RENAME_NOREPLACE)
+        try? storeLongForm(of: wanted, in: directory)
     }
 }

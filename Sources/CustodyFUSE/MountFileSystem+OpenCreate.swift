@@ -83,6 +83,10 @@ extension MountFileSystem {
                     defer { Syscall.close(fd) }
                     fresh = try applyProtection(wanted, classKey: classKey, fd: fd, inode: inode)
                     if let fresh { inode.protectionState.withLock { $0.content = fresh } }
+                    // Its name follows its new owner.
+                    if wanted.owner != current.owner, let known = inodes.name(of: UInt64(id)), let directory = try? inodes.inode(known.parent) {
+                        renameForOwner(known.storedName, in: directory, owner: wanted.owner?.display)
+                    }
                     current = wanted
                 }
             }
@@ -131,13 +135,22 @@ extension MountFileSystem {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
             var (wanted, classKey): (Protection, ClassKey?) = (.untracked, nil)
+            var resolved = ResolvedName.plain(FileName(cString: name))
+            // An entry of that name stored in another form (put in the backing directory while the
+            // kernel held the name as missing) is opened by its name, then renamed into its form.
+            var renamedInto: ResolvedName?
             if let engine {
                 let caller = callerIdentity(req)
                 let owner = engine.ownerForNewFile(caller, directoryOwner: directoryOwner(parent))
                 try checkCreateTransfer(req, caller: caller, newOwner: owner, in: parent)
                 try checkReceiving(req, owner: owner, flags: fi.pointee.flags | O_CREAT)
                 (wanted, classKey) = try plan(for: owner)
+                let (wanted, other) = try newEntryName(name, in: parent, key: try nameKey(forNewEntryOf: owner),
+                                                       keepingOtherForm: fi.pointee.flags & O_EXCL == 0)
+                resolved = other ?? wanted
+                if other != nil { renamedInto = wanted }
             }
+            let stored = resolved.stored.cString
             var flags = backingFlags(fi.pointee.flags) | O_CREAT | (fi.pointee.flags & O_EXCL)
             if wanted.isEncrypted { flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR }
             // A tracked file starts empty: O_TRUNC empties one that appeared in the backing
@@ -146,21 +159,31 @@ extension MountFileSystem {
             // The inode, and an encrypted file's header and owner record, are made as the caller.
             let (fd, content) = try creatingAsCaller(req, on: parent.device) { () throws(Errno) -> (Int32, ProtectedContent?) in
                 let fd = try withDescriptor { () throws(Errno) in
-                    try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.openat(parent.fd, name, flags | O_NOFOLLOW, mode) }
+                    try withCallerMask(req, mode) { (mode) throws(Errno) in try Syscall.openat(parent.fd, stored, flags | O_NOFOLLOW, mode) }
                 }
                 do throws(Errno) {
+                    try storeLongForm(of: resolved, in: parent)
                     try giveToCaller(req, parent: parent, name: nil, fd: fd, mode: mode)
                     guard wanted != .untracked else { return (fd, nil) }
                     return (fd, try applyProtection(wanted, classKey: classKey, fd: fd, inode: nil, isNew: true))
                 } catch {
                     Syscall.close(fd)
-                    _ = unlinkat(parent.fd, name, 0)
+                    _ = unlinkat(parent.fd, stored, 0)
                     throw error
                 }
             }
+            if let renamedInto {
+                do throws(Errno) {
+                    try Syscall.renameat2(parent.fd, stored, parent.fd, renamedInto.stored.cString, Linux.RENAME_NOREPLACE)
+                    try? storeLongForm(of: renamedInto, in: parent)
+                    resolved = renamedInto
+                } catch {
+                    log("a file created over an entry of the same name keeps that entry's stored name: \(error)")
+                }
+            }
             let handle: OpenFile
-            let (pathFD, stated) = try pathDescriptor(of: fd, named: name, in: parent)
-            var entry = try rememberEntry(pathFD: pathFD, name: EntryName(parent: UInt64(parentID), name: FileName(cString: name)),
+            let (pathFD, stated) = try pathDescriptor(of: fd, named: resolved.stored.cString, in: parent)
+            var entry = try rememberEntry(pathFD: pathFD, name: resolved.entryName(in: UInt64(parentID)),
                                           stated: stated, protection: wanted)
             let inode = try inodes.inode(UInt64(entry.ino))
             metrics?.created(wanted.isEncrypted ? .encrypted : wanted == .untracked ? .none : .plain)

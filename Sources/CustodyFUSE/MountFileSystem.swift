@@ -56,6 +56,10 @@ final class MountFileSystem: @unchecked Sendable {
     let rootDirectory: Int32
     /// Whether writes are near the backing store's reserved blocks (see `writingAsOwner`).
     let rootReserve: RootReserve
+    /// The name keys last taken from the engine (`heldNameKeys`).
+    let nameKeyCache = Mutex<NameKeySet>(.empty)
+    /// Directory tweaks made so far (`DirectoryTweakState.none`).
+    let tweaksMade = Atomic<UInt64>(0)
 
     init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)
@@ -153,10 +157,17 @@ final class MountFileSystem: @unchecked Sendable {
         return entry
     }
 
-    /// Looks `name` up in `parent` (node `parentID`) and registers one kernel lookup of it.
+    /// Looks `name` (as a request gives it) up in `parent` (node `parentID`) and registers one
+    /// kernel lookup of it.
     func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
-        let fd = try openPath(parent.fd, name)
-        return try rememberEntry(pathFD: fd, name: EntryName(parent: UInt64(parentID), name: FileName(cString: name)), in: parent)
+        let (resolved, fd) = try findEntry(name, in: parent) { (stored) throws(Errno) in try openPath(parent.fd, stored) }
+        return try rememberEntry(pathFD: fd, name: resolved.entryName(in: UInt64(parentID)), in: parent)
+    }
+
+    /// Looks up an entry whose stored name is known (just made, or listed).
+    func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ resolved: ResolvedName) throws(Errno) -> fuse_entry_param {
+        let fd = try openPath(parent.fd, resolved.stored.cString)
+        return try rememberEntry(pathFD: fd, name: resolved.entryName(in: UInt64(parentID)), in: parent)
     }
 
     /// An O_PATH descriptor on what `fd` (just opened by `name` in `parent`) refers to: by the
@@ -214,7 +225,7 @@ final class MountFileSystem: @unchecked Sendable {
         if let known {
             inode.protectionState.withLock { $0.protection = known }
         } else if let parent, let name {
-            _ = protection(of: inode, lookedUpAs: BackingEntry(directory: parent, name: name.name))
+            _ = protection(of: inode, lookedUpAs: BackingEntry(directory: parent, name: name.storedName))
         }
         var entry = entryParam(id: id, attributes: presented(attributes, of: inode))
         entry.attr_timeout = attributeTimeout(of: inode)

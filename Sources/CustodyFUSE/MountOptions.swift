@@ -35,6 +35,10 @@ public struct MountOptions: Sendable, Equatable {
     /// The most request threads: those of the /dev/fuse session loop, and with request rings the
     /// workers that serve requests that may wait (fsync, large reads and writes, truncation).
     public var maxThreads: Int = 8
+    /// Store the names (and symlink targets) of managed identities' new entries encrypted
+    /// (`EncryptedNames.swift`). Off, new names are stored as given; encrypted ones are still
+    /// read either way.
+    public var encryptNames: Bool = true
     /// Threads kept for requests somebody waits for (`mostBackgroundRequests`).
     static let threadsForCallers = 2
 

@@ -19,13 +19,23 @@ extension MountFileSystem {
     /// Gives `inode` (node `id`) the owner `ownerName` (nil: no owner). Directories pass it on to
     /// everything below them, and keep it as the owner of files later created in them by callers
     /// without identity.
-    func changeOwner(id: UInt64?, _ inode: Inode, to ownerName: String?, done: () -> Void = {}) throws(Errno) {
+    ///
+    /// Names follow: each entry's stored name is made again with the new owner's name key (or
+    /// plain), the entry's own (`entry`: its directory and stored name, else the name the kernel
+    /// last looked it up by) and, for a directory, every name below it.
+    func changeOwner(id: UInt64?, _ inode: Inode, to ownerName: String?, entry: (directory: Inode, stored: FileName)? = nil,
+                     done: () -> Void = {}) throws(Errno) {
         if inode.isDirectory, let refused = try transferRefusal(below: inode, to: ownerName) {
             // Nothing changes when any file below may not go to the new owner.
             log("refused: \(refused.reason)")
             throw Errno.notPermitted
         }
         try changeOwnerChecked(id: id, inode, to: ownerName, done: done)
+        if let entry {
+            renameForOwner(entry.stored, in: entry.directory, owner: ownerName)
+        } else if let id, let known = inodes.name(of: id), let directory = try? inodes.inode(known.parent) {
+            renameForOwner(known.storedName, in: directory, owner: ownerName)
+        }
     }
 
     /// The first refusal below `directory` (itself included) of giving its contents to `ownerName`.
@@ -64,6 +74,9 @@ extension MountFileSystem {
             inode.protectionState.withLock { $0.protection = protection }
             try forEachChild(of: inode) { (child, childID) throws(Errno) in
                 try changeOwnerChecked(id: childID, child, to: ownerName, done: done)
+            }
+            for name in try Syscall.directoryNames(in: inode.fd) where !name.hasPrefix(Self.stagingPrefix) {
+                renameForOwner(name, in: inode, owner: ownerName)
             }
         } else if inode.isRegularFile {
             let (wanted, classKey) = try plan(for: ownerName)

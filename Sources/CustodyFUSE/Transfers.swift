@@ -139,6 +139,6 @@ extension MountFileSystem {
         guard let root = try? inodes.inode(UInt64(FUSE_ROOT_ID)),
               let base = try? Syscall.readlink(root.procPath), let full = try? Syscall.readlink(inode.procPath) else { return "" }
         guard full.hasBytePrefix(base) else { return "" }
-        return String(full.droppingBytes(base.utf8.count).drop { $0 == "/" })
+        return shownPath(ofStored: String(full.droppingBytes(base.utf8.count).drop { $0 == "/" }), below: base)
     }
 }

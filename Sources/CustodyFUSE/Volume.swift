@@ -32,6 +32,8 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     func lockRequested(_ account: Account) { enforcement?.classAFiles(of: account) }
     func locked(_ account: Account) { enforcement?.classAFiles(of: account) }
     func wipeStarting(_ account: Account) { enforcement?.allFiles(of: account) }
+    func namesHidden(_ account: Account) { if let tag = account.nameTag { wipe.hideNames(tagged: tag) } }
+    func namesRevealed() { wipe.revealNames() }
 
     func policyChanged(_ account: Account) {
         enforcement?.allFiles(of: account)
@@ -48,7 +50,7 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
             let (inode, id) = try locate(relativePath)
             waitForLastClose(inode)
             var done = 0
-            try filesystem.changeOwner(id: id, inode, to: owner) {
+            try filesystem.changeOwner(id: id, inode, to: owner, entry: try? entry(of: relativePath)) {
                 done += 1
                 progress(done)
             }
@@ -83,7 +85,7 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
         let busy = inode.protectionState.withLock { $0.openHandles > 0 || $0.content != nil }
         guard !busy else { throw .fileBusy(shown, reason: "it is open; close it and try again") }
         guard let engine = filesystem.engine else { throw .fileNotEncrypted(shown) }
-        let outcome = try engine.repairFile(storedPath: backingDirectory + "/" + relativePath, shownAs: shown)
+        let outcome = try engine.repairFile(storedPath: storedPath(of: relativePath), shownAs: shown)
         // The kernel keeps the size it knows while it caches the inode (the writeback cache trusts
         // its own): it learns the new one from a truncation through the mount, which finds the
         // stored file already at that size and changes nothing more. Its cached pages go too.
@@ -110,13 +112,49 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
         }
     }
 
+    func storedPath(of relativePath: String) -> String {
+        var path = FileName(backingDirectory)
+        var directory = try? filesystem.inodes.inode(InodeTable.rootID)
+        for name in relativePath.split(separator: "/") where !name.isEmpty {
+            let given = FileName(String(name))
+            guard let parent = directory, name != ".", name != "..",
+                  let (resolved, fd) = try? filesystem.findEntry(given.cString, in: parent, probe: { (stored) throws(Errno) in
+                      try Syscall.openat(parent.fd, stored, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+                  }) else {
+                path = given.appended(to: path)
+                directory = nil
+                continue
+            }
+            path = resolved.stored.appended(to: path)
+            if let attributes = try? Syscall.stat(of: fd), attributes.st_mode & S_IFMT == S_IFDIR {
+                directory = Inode(fd: fd, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: S_IFDIR)
+            } else {
+                Syscall.close(fd)
+                directory = nil
+            }
+        }
+        return path.text ?? String(decoding: path.bytes, as: UTF8.self)
+    }
+
+    /// The directory holding `relativePath` and its stored name there (nil for the root).
+    private func entry(of relativePath: String) throws(Errno) -> (directory: Inode, stored: FileName)? {
+        let names = relativePath.split(separator: "/").filter { !$0.isEmpty }
+        guard let last = names.last else { return nil }
+        let (directory, _) = try locate(names.dropLast().joined(separator: "/"))
+        let (resolved, _) = try filesystem.existingEntry(FileName(String(last)).cString, in: directory)
+        return (directory, resolved.stored)
+    }
+
     /// The inode at `relativePath` (the kernel's, when it knows the object) and its node ID.
     private func locate(_ relativePath: String) throws(Errno) -> (Inode, UInt64?) {
         var inode = try filesystem.inodes.inode(InodeTable.rootID)
         var id: UInt64? = InodeTable.rootID
         for name in relativePath.split(separator: "/") where !name.isEmpty {
             guard name != ".", name != ".." else { throw Errno.invalidArgument }
-            let fd = try Syscall.openat(inode.fd, String(name), Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+            let directory = inode
+            let (_, fd) = try filesystem.findEntry(FileName(String(name)).cString, in: directory) { (stored) throws(Errno) in
+                try Syscall.openat(directory.fd, stored, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC)
+            }
             let attributes: stat
             do { attributes = try Syscall.stat(of: fd) } catch {
                 Syscall.close(fd)

@@ -173,6 +173,9 @@ public enum NameCipher {
         do { return try key.open(sealed, aad: targetData) } catch { throw .corruptName("authentication failed") }
     }
 
+    /// Whether a stored name is the short form of a long one (its full form is kept beside it).
+    public static func isLong(_ stored: String) -> Bool { kind(of: stored)?.separator == "-" }
+
     /// The key tag of a stored name or target, nil for a plain one.
     public static func keyTag(of stored: String) -> String? { kind(of: stored)?.tag }
 

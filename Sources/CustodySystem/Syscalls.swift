@@ -318,6 +318,11 @@ public enum Syscall {
         _ = try valueOrErrno(clinux_setxattr(path, name, value, size, flags))
     }
 
+    /// `setxattr` on `path` itself, a final symlink not followed.
+    public static func lsetxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeRawPointer?, _ size: Int, _ flags: Int32) throws(Errno) {
+        _ = try valueOrErrno(clinux_lsetxattr(path, name, value, size, flags))
+    }
+
     @inlinable
     public static func listxattr(_ path: UnsafePointer<CChar>, _ buffer: UnsafeMutablePointer<CChar>?, _ size: Int) throws(Errno) -> Int {
         try valueOrErrno(clinux_listxattr(path, buffer, size))

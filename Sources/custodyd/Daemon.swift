@@ -199,6 +199,7 @@ final class Daemon: @unchecked Sendable {
         options.lowLatency = mount.lowLatency
         options.requestRings = mount.requestRings
         options.maxThreads = mount.threads
+        options.encryptNames = mount.encryptNames
         options.handleSignals = false
         return options
     }

@@ -115,6 +115,7 @@ final class ConfigurationTests: XCTestCase {
             cache_timeout = 0
             writeback_cache = false
             low_latency = false
+            encrypt_names = false
             """)
         XCTAssertEqual(configuration.stateDirectory, "/var/lib/custody")
         XCTAssertEqual(configuration.logLevel, "debug")
@@ -130,6 +131,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertFalse(configuration.mounts[1].writebackCache)
         XCTAssertTrue(configuration.mounts[0].lowLatency)
         XCTAssertFalse(configuration.mounts[1].lowLatency)
+        XCTAssertTrue(configuration.mounts[0].encryptNames)
+        XCTAssertFalse(configuration.mounts[1].encryptNames)
     }
 
     func testErrorsNameTheLineAndTheKey() {

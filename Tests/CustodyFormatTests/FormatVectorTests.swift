@@ -112,6 +112,14 @@ final class FormatVectorTests: XCTestCase {
             Vector(name: "hole-record", fields: [
                 "file-key": repeated("22", 32), "file-id": fileID, "holes": "1+9,11+9", "nonce": repeated("66", 12),
             ], order: ["file-key", "file-id", "holes", "nonce", "record"]),
+            Vector(name: "name-short", fields: [
+                "name-secret": (0..<32).map { String(format: "%02x", $0) }.joined(), "tweak": (0xa0...0xaf).map { String(format: "%02x", $0) }.joined(),
+                "plain-name": "acquisition-plan.txt",
+            ], order: ["name-secret", "tweak", "plain-name", "key-tag", "nonce", "stored"]),
+            Vector(name: "name-long", fields: [
+                "name-secret": (0..<32).map { String(format: "%02x", $0) }.joined(), "tweak": (0xa0...0xaf).map { String(format: "%02x", $0) }.joined(),
+                "plain-name": String(repeating: "x", count: 255),
+            ], order: ["name-secret", "tweak", "plain-name", "key-tag", "stored", "full"]),
         ]
     }
 
@@ -191,6 +199,16 @@ final class FormatVectorTests: XCTestCase {
             return ["aad": aadHex, "stored-sha256": hexString(stored.withUnsafeBytes { sha256($0) }), "stored-tag": hexString(Array(stored.suffix(16)))]
         case "owner-record":
             return ["record": hexString(OwnerRecord(owner: try Owner(f("owner"))).encoded())]
+        case "name-short", "name-long":
+            let key = try NameKey(deriving: try secretBytes(hex(f("name-secret"))))
+            let plain = Array(f("plain-name").utf8)
+            switch try NameCipher.encrypt(plain, tweak: hex(f("tweak")), key: key) {
+            case .short(let stored):
+                let nonce = try key.nonce(for: plain, tweak: hex(f("tweak")))
+                return ["key-tag": key.tag, "nonce": hexString(nonce), "stored": stored]
+            case .long(let stored, let full): return ["key-tag": key.tag, "stored": stored, "full": full]
+            case .plain: throw FormatError.unsupported("a name stored plain")
+            }
         case "owner-record-encrypted":
             return ["record": hexString(OwnerRecord(owner: try Owner(f("owner")), encryptedClass: ProtectionClass(rawValue: UInt8(f("class"))!)).encoded())]
         default:

@@ -130,7 +130,48 @@ final class MountedDaemon {
     }
 
     func mnt(_ relative: String) -> String { mountPoint + "/" + relative }
-    func back(_ relative: String) -> String { backing + "/" + relative }
+    /// The backing path of `relative`: names as the backing directory stores them. A name stored
+    /// encrypted is found through the mount (the entry with the inode number the mount shows);
+    /// one that does not exist is kept as given.
+    func back(_ relative: String) -> String {
+        var stored = backing, shown = mountPoint
+        for name in relative.split(separator: "/").map(String.init) {
+            shown += "/" + name
+            var attributes = stat()
+            // Listed, not looked up: a lookup of a name that is not there would be cached.
+            if lstat(stored + "/" + name, &attributes) != 0,
+               let inode = Self.entries(in: shown.dropLast(name.utf8.count + 1).description).first(where: { $0.name == name })?.inode,
+               let found = Self.entries(in: stored).first(where: { $0.inode == inode }) {
+                stored += "/" + found.name
+            } else {
+                stored += "/" + name
+            }
+        }
+        return stored
+    }
+
+    /// Before an identity's first unlock (or without its keys) its names show as stored (`~c3…`):
+    /// the errno of reading the one such file at the top of the mount (nil when there is not
+    /// exactly one). Listed, not looked up by its name, which a lookup would cache as missing.
+    func refusalUnderStoredName() -> Int32? {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: mountPoint).filter({ $0.hasPrefix("~c3") }),
+              names.count == 1 else { return nil }
+        return errnoOf { _ = try readFile(self.mnt(names[0])) }
+    }
+
+    /// The entries of `directory`, with their inode numbers.
+    static func entries(in directory: String) -> [(name: String, inode: ino_t)] {
+        guard let stream = opendir(directory) else { return [] }
+        defer { closedir(stream) }
+        var found: [(name: String, inode: ino_t)] = []
+        while let record = readdir(stream) {
+            let name = withUnsafePointer(to: record.pointee.d_name) { pointer in
+                pointer.withMemoryRebound(to: CChar.self, capacity: 256) { String(cString: $0) }
+            }
+            found.append((name, record.pointee.d_ino))
+        }
+        return found
+    }
 }
 
 struct HarnessError: Error, CustomStringConvertible {

@@ -45,9 +45,10 @@ final class StateDirectoryTests: XCTestCase {
         try FileManager.default.removeItem(atPath: daemon.state + "/accounts.json")
         try daemon.start(extraArguments: ["--default-identity", "0=\(Self.alice)"])
 
-        // The mount serves: plain files read, alice's file is refused, not crashed on.
+        // The mount serves: plain files read, alice's file (listed under its stored name: no
+        // account holds its name key) is refused, not crashed on.
         XCTAssertEqual(try readFile(daemon.mnt("plain.txt")), bytes("nobody's"))
-        XCTAssertThrowsError(try readFile(daemon.mnt("report.txt"))) { XCTAssertEqual(($0 as? Errno), .accessDenied, "\($0)") }
+        XCTAssertEqual(daemon.refusalUnderStoredName(), EACCES)
 
         // The status says what was set aside, which keybag no account names, and whose files
         // the mount holds (the owner census runs beside the mount's start).
@@ -104,7 +105,7 @@ final class StateDirectoryTests: XCTestCase {
         XCTAssertEqual(try readFile(daemon.mnt("bob.txt")), bytes("bob's"), "bob's file is served")
         // A process bound to alice cannot read her file.
         let output = daemon.root + "/cat.out"
-        let reader = try spawn("/bin/sh", ["-c", "sleep 0.5; cat '\(daemon.mnt("mine.txt"))'"], stdoutPath: output, stderrPath: output)
+        let reader = try spawn("/bin/sh", ["-c", "sleep 0.5; cat '\(daemon.mountPoint)'/~c3*"], stdoutPath: output, stderrPath: output)
         XCTAssertEqual(try daemon.api("POST", "/v1/bindings", #"{"pid": \#(reader), "identity": "\#(Self.alice)"}"#).status, 201)
         var exit: Int32 = 0
         XCTAssertTrue(waitForExit(reader, seconds: 10, status: &exit))

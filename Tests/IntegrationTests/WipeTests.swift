@@ -51,11 +51,15 @@ final class WipeTests: XCTestCase {
         XCTAssertTrue(response.body.contains(#""deleted":4"#), response.body)
         XCTAssertTrue(response.body.contains(#""code":104"#), response.body)
 
-        // Exactly Alice's files are gone; directories holding others' files stay.
+        // Exactly Alice's files are gone; directories holding others' files stay, under names nobody
+        // can read any more (hers since the directory was given to her).
         let remaining = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && find . | sort"]).split(separator: "\n").map(String.init)
-        XCTAssertEqual(remaining, [".", "./bob-top.txt", "./top.txt", "./work", "./work/bob.txt", "./work/deep", "./work/deep/bob-deep.txt"])
-        XCTAssertEqual(try readFile(daemon.mnt("work/deep/bob-deep.txt")), bytes("deep\n"))
-        XCTAssertEqual(try readFile(daemon.mnt("work/bob.txt")), bytes("bob\n"))
+        let hidden = remaining.map { $0.split(separator: "/", omittingEmptySubsequences: false).map { $0.hasPrefix("~c3") ? "KEPT" : String($0) }.joined(separator: "/") }
+        XCTAssertEqual(hidden.sorted(), [".", "./bob-top.txt", "./top.txt", "./KEPT", "./KEPT/bob.txt", "./KEPT/KEPT", "./KEPT/KEPT/bob-deep.txt"].sorted(), "\(remaining)")
+        let deep = try XCTUnwrap(remaining.first { $0.hasSuffix("/bob-deep.txt") })
+        let bobs = try XCTUnwrap(remaining.first { $0.hasSuffix("/bob.txt") })
+        XCTAssertEqual(try readFile(daemon.mnt(String(deep.dropFirst(2)))), bytes("deep\n"))
+        XCTAssertEqual(try readFile(daemon.mnt(String(bobs.dropFirst(2)))), bytes("bob\n"))
         XCTAssertEqual(try mustRun(["find", daemon.backing, "-type", "f"]).split(separator: "\n").count, 4, "the backing store agrees")
         // The handle opened before the wipe fails; nothing is served from the cache.
         XCTAssertEqual(errnoOf { _ = try Syscall.pread(open, &buffer, 32, 0) }, EACCES)
@@ -83,9 +87,19 @@ final class WipeTests: XCTestCase {
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
         try writeFile(daemon.mnt("kept.txt"), bytes("kept sealed\n"))
         XCTAssertEqual(try daemon.api("DELETE", "/v1/accounts/alice@contoso.com").status, 204)
-        XCTAssertTrue(FileManager.default.fileExists(atPath: daemon.back("kept.txt")), "the file stays (encrypted)")
-        XCTAssertEqual(errnoOf { _ = try readFile(self.daemon.mnt("kept.txt")) }, EACCES, "but nobody can read it meanwhile")
+        // The file stays, encrypted, under a name nobody can read meanwhile (the name key went with
+        // the others): the mount lists it as stored, and refuses its content.
+        let stored = try FileManager.default.contentsOfDirectory(atPath: daemon.backing)
+        XCTAssertEqual(stored.count, 1)
+        XCTAssertTrue(stored.allSatisfy { $0.hasPrefix("~c3") }, "\(stored)")
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.mountPoint), stored)
+        XCTAssertEqual(errnoOf { _ = try Syscall.lstat(self.daemon.mnt("kept.txt")) }, ENOENT)
+        XCTAssertEqual(errnoOf { _ = try readFile(self.daemon.mnt(stored[0])) }, EACCES, "nobody can read it meanwhile")
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "policy": {"protectionLevel": "untilFirstAuth"}}"#).status, 201)
+        // Its name shows again in listings at once; a lookup that found nothing is believed for
+        // up to the negative timeout (1 s).
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.mountPoint), ["kept.txt"])
+        usleep(1_100_000)
         XCTAssertEqual(try readFile(daemon.mnt("kept.txt")), bytes("kept sealed\n"), "re-enrolling restores access")
     }
 
@@ -124,7 +138,12 @@ final class WipeTests: XCTestCase {
         let files = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && find . -type f | sort"]).split(separator: "\n").map(String.init)
         XCTAssertEqual(files.count, 80, "only Bob's 80 files remain")
         XCTAssertTrue(files.allSatisfy { $0.split(separator: "/").last?.hasPrefix("b") == true }, "\(files.prefix(5))")
-        XCTAssertEqual(try readFile(daemon.mnt("d3/b7")), bytes("bob 3 7\n"))
+        // Alice's directories stay (they hold Bob's files) under names nobody can read any more.
+        let directories = Set(files.compactMap { $0.split(separator: "/").dropLast().last.map(String.init) })
+        XCTAssertEqual(directories.count, 8)
+        XCTAssertTrue(directories.allSatisfy { $0.hasPrefix("~c3") }, "\(directories)")
+        let bobs = try directories.map { (directory) throws -> [UInt8] in try readFile(daemon.mnt(directory + "/b7")) }
+        XCTAssertEqual(Set(bobs), Set((1...8).map { bytes("bob \($0) 7\n") }))
         XCTAssertEqual(try daemon.api("GET", "/v1/accounts/alice@contoso.com").status, 404)
         XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: journal).filter { $0.hasSuffix(".json") }, [], "the journal is done")
         XCTAssertEqual(try runCommand(["sh", "-c", "ls '\(daemon.state)/keybags' | wc -l"]).output.trimmingCharacters(in: .whitespacesAndNewlines), "0")
@@ -151,9 +170,10 @@ final class WipeTests: XCTestCase {
         let response = try daemon.api("POST", "/v1/accounts/alice@contoso.com/wipe")
         XCTAssertEqual(response.status, 200, response.body)
         XCTAssertTrue(response.body.contains(#""deleted":12"#), response.body)
-        // Bob's two files stay, and Alice's directory that holds one of them; her other one goes.
-        let left = try mustRun(["sh", "-c", "cd '\(daemon.backing)' && \(names) && for p in * */*; do [ -e \"$p\" ] && printf '%s\\n' \"$p\"; done | od -An -c | tr -s ' '"])
-        let expected = try mustRun(["sh", "-c", "\(names) && printf '%s\\n' \"bob-$mark\" \"$latin1\" \"$latin1/bob-$latin1\" | od -An -c | tr -s ' '"])
+        // Bob's two files stay, and Alice's directory that holds one of them (under a name nobody
+        // can read any more); her other one goes.
+        let left = try mustRun(["sh", "-c", "cd '\(daemon.backing)' && for p in * */*; do [ -e \"$p\" ] && printf '%s\\n' \"$p\"; done | sed 's/^~c3[^/]*/KEPT/' | od -An -c | tr -s ' '"])
+        let expected = try mustRun(["sh", "-c", "\(names) && printf '%s\\n' \"bob-$mark\" \"KEPT\" \"KEPT/bob-$latin1\" | od -An -c | tr -s ' '"])
         XCTAssertEqual(left, expected)
     }
 }

@@ -51,6 +51,7 @@ ssize_t clinux_getxattrat(int directory, const char *path, const char *name, voi
    to. -1 with errno ENOSYS on older kernels. */
 int clinux_fchmod_path(int fd, unsigned int mode);
 int clinux_setxattr(const char *path, const char *name, const void *value, size_t size, int flags);
+int clinux_lsetxattr(const char *path, const char *name, const void *value, size_t size, int flags);
 ssize_t clinux_listxattr(const char *path, char *list, size_t size);
 int clinux_removexattr(const char *path, const char *name);
 /* Gives free heap memory back to the kernel (malloc_trim). */

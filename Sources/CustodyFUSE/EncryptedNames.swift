@@ -1,0 +1,342 @@
+import CustodyCore
+import CustodyFormat
+import CustodySystem
+import Glibc
+import Synchronization
+
+/// What the mount knows of a directory's tweak (`DirectoryTweak`).
+enum DirectoryTweakState {
+    case unknown
+    /// The directory had none when the mount had made `made` tweaks (`MountFileSystem.tweaksMade`):
+    /// true for as long as that count is the same (another node of the same directory, such as
+    /// one the kernel looks up again after forgetting it, may have made one since).
+    case none(made: UInt64)
+    case known([UInt8])
+}
+
+/// A name a request gave, and the entry it is in the backing directory.
+struct ResolvedName {
+    /// As the kernel knows it.
+    let shown: FileName
+    /// As the backing directory holds it.
+    let stored: FileName
+    /// The full encrypted form of a long stored name, kept on the entry (`NameCipher`).
+    let longForm: String?
+    /// The key the stored name is encrypted with; nil for a plain one (or one whose key is not held).
+    let key: NameKey?
+
+    static func plain(_ name: FileName) -> ResolvedName { ResolvedName(shown: name, stored: name, longForm: nil, key: nil) }
+
+    var isEncrypted: Bool { key != nil }
+
+    func entryName(in parent: UInt64) -> EntryName {
+        EntryName(parent: parent, name: shown, stored: stored == shown ? nil : stored)
+    }
+}
+
+/// The one place names are translated between the mount and the backing store.
+///
+/// The name of an entry a managed identity owns (its files, and the directories, symlinks and
+/// other objects its processes make) is stored encrypted under that identity's name key, within
+/// the directory's tweak (`NameCipher`, `DirectoryTweak`); a symlink's target too. Every other
+/// name is stored as it is, so one directory may hold both. A name from a request is found plain
+/// first, then in each held key's form (only in a directory that has a tweak); a listing shows
+/// each stored name decrypted when its key is held, and as stored (`~c3…`, a no-key name) when
+/// not. Such a no-key name can be looked up, listed, removed and opened (its content stays as
+/// protected as its class says); it cannot be renamed, and no new name may start with `~c3`.
+extension MountFileSystem {
+    static let longFormAttribute = "trusted.custody.name"
+
+    // MARK: Keys and tweaks
+
+    /// The name keys held now, refreshed when the engine's change.
+    func heldNameKeys() -> NameKeySet {
+        guard let engine else { return .empty }
+        let generation = engine.nameKeyGeneration
+        let cached = nameKeyCache.withLock { $0 }
+        if cached.generation == generation { return cached }
+        let fresh = engine.nameKeys()
+        nameKeyCache.withLock { $0 = fresh }
+        return fresh
+    }
+
+    /// The key a new entry owned by `owner` is named with (nil: a plain name). Refused while the
+    /// owner is a managed identity whose key is not held.
+    func nameKey(forNewEntryOf owner: String?) throws(Errno) -> NameKey? {
+        guard options.encryptNames, let engine else { return nil }
+        switch engine.nameKeyChoice(for: owner) {
+        case .plain: return nil
+        case .key(let key): return key
+        case .unavailable(let identity):
+            log("a name for \(identity) refused: its keys are not unlocked since the daemon started")
+            throw Errno.accessDenied
+        }
+    }
+
+    /// A path that reaches the directory for the attribute calls.
+    private func attributePath(of directory: Inode) -> String {
+        directory === root && rootDirectory >= 0 ? Syscall.procPath(rootDirectory) : directory.procPath
+    }
+
+    /// The directory's tweak; nil when it has none (no encrypted name is in it).
+    func tweak(of directory: Inode) throws(Errno) -> [UInt8]? {
+        let made = tweaksMade.load(ordering: .acquiring)
+        switch directory.tweak.withLock({ $0 }) {
+        case .none(let then) where then == made: return nil
+        case .known(let tweak): return tweak
+        case .none, .unknown: break
+        }
+        let path = attributePath(of: directory)
+        let read = try asErrno { () throws(FormatError) in try DirectoryTweak.read(path) }
+        directory.tweak.withLock { state in
+            if case .known = state { return }
+            state = read.map { .known($0) } ?? .none(made: made)
+        }
+        return read
+    }
+
+    /// The directory's tweak, made now if it has none.
+    func ensureTweak(of directory: Inode) throws(Errno) -> [UInt8] {
+        if let known = try tweak(of: directory) { return known }
+        let path = attributePath(of: directory)
+        let made = try asErrno { () throws(FormatError) in try DirectoryTweak.ensure(path) }
+        directory.tweak.withLock { $0 = .known(made) }
+        tweaksMade.add(1, ordering: .releasing)
+        return made
+    }
+
+    // MARK: Names from requests
+
+    /// Whether a C name starts with `NameCipher.prefix` (`~c3`).
+    static func isReservedName(_ name: UnsafePointer<CChar>) -> Bool {
+        name[0] == 0x7E && name[1] == 0x63 && name[2] == 0x33
+    }
+
+    /// The entry `name` names in `directory`, found by `probe` (which throws ENOENT when a stored
+    /// name is not there): plain first, then each held key's form.
+    func findEntry<T>(_ name: UnsafePointer<CChar>, in directory: Inode,
+                      probe: (UnsafePointer<CChar>) throws(Errno) -> T) throws(Errno) -> (ResolvedName, T) {
+        let shown = FileName(cString: name)
+        guard engine != nil else { return (.plain(shown), try probe(name)) }
+        if Self.isReservedName(name) {
+            // A stored name: reachable so only while it cannot be shown decrypted.
+            if let text = shown.text, decryptedName(text, in: directory, longForm: nil) != nil { throw Errno.noSuchFile }
+            return (.plain(shown), try probe(name))
+        }
+        do {
+            return (.plain(shown), try probe(name))
+        } catch where error == .noSuchFile {}
+        guard let tweak = try tweak(of: directory) else { throw Errno.noSuchFile }
+        for key in heldNameKeys().all {
+            guard let resolved = try? encrypted(shown, tweak: tweak, key: key) else { continue }
+            do {
+                return (resolved, try probe(resolved.stored.cString))
+            } catch where error == .noSuchFile {}
+        }
+        throw Errno.noSuchFile
+    }
+
+    /// The entry `name` names in `directory` (ENOENT when none).
+    func existingEntry(_ name: UnsafePointer<CChar>, in directory: Inode) throws(Errno) -> (ResolvedName, stat) {
+        try findEntry(name, in: directory) { (stored) throws(Errno) in try Syscall.fstatat(directory.fd, stored, AT_SYMLINK_NOFOLLOW) }
+    }
+
+    /// `shown` encrypted with `key` for `directory` (its tweak made if it has none).
+    func encryptedName(_ shown: FileName, in directory: Inode, key: NameKey) throws(Errno) -> ResolvedName {
+        try encrypted(shown, tweak: try ensureTweak(of: directory), key: key)
+    }
+
+    /// `shown` encrypted with `key` for the directory with `tweak`.
+    private func encrypted(_ shown: FileName, tweak: [UInt8], key: NameKey) throws(Errno) -> ResolvedName {
+        let stored: StoredName
+        do throws(FormatError) { stored = try NameCipher.encrypt(shown.bytes, tweak: tweak, key: key) } catch {
+            throw Errno.invalidArgument
+        }
+        switch stored {
+        case .plain(let bytes): return .plain(FileName(bytes: bytes))
+        case .short(let name): return ResolvedName(shown: shown, stored: FileName(name), longForm: nil, key: key)
+        case .long(let name, let full): return ResolvedName(shown: shown, stored: FileName(name), longForm: full, key: key)
+        }
+    }
+
+    /// The stored name a new entry called `name` gets in `directory`, encrypted with `key` (nil:
+    /// plain). Refused: a name starting with `~c3` (EINVAL), one that exists in another form
+    /// (EEXIST; one in this form is the caller's to meet).
+    func newEntryName(_ name: UnsafePointer<CChar>, in directory: Inode, key: NameKey?) throws(Errno) -> ResolvedName {
+        let (wanted, other) = try newEntryName(name, in: directory, key: key, keepingOtherForm: false)
+        return other ?? wanted
+    }
+
+    /// As above; with `keepingOtherForm`, an entry that exists in another form is not refused but
+    /// returned as `other` (the caller opens it by that name, then renames it into `wanted`).
+    func newEntryName(_ name: UnsafePointer<CChar>, in directory: Inode, key: NameKey?,
+                      keepingOtherForm: Bool) throws(Errno) -> (wanted: ResolvedName, other: ResolvedName?) {
+        let shown = FileName(cString: name)
+        guard engine != nil else { return (.plain(shown), nil) }
+        if Self.isReservedName(name) { throw Errno.invalidArgument }
+        let resolved: ResolvedName
+        if let key {
+            resolved = try encryptedName(shown, in: directory, key: key)
+        } else {
+            resolved = .plain(shown)
+        }
+        if let (existing, _) = try? existingEntry(name, in: directory), existing.stored != resolved.stored {
+            guard keepingOtherForm else { throw Errno.exists }
+            return (resolved, existing)
+        }
+        return (resolved, nil)
+    }
+
+    /// Keeps the long form of a long stored name on its entry, once the entry exists.
+    func storeLongForm(of resolved: ResolvedName, in directory: Inode) throws(Errno) {
+        guard let longForm = resolved.longForm else { return }
+        let path = resolved.stored.appended(to: FileName(Syscall.procPath(directory.fd)))
+        try Array(longForm.utf8).withBytes { (bytes) throws(Errno) in
+            try Syscall.lsetxattr(path.cString, Self.longFormAttribute, bytes.baseAddress, bytes.count, 0)
+        }
+    }
+
+    // MARK: Owner changes
+
+    /// Gives the entry `stored` in `directory` the name its new owner's key makes (plain for no
+    /// owner or an unmanaged one), after an owner change; a symlink's target is sealed again too.
+    /// Returns the stored name it has now. Leaves a name it cannot translate (a no-key name, a key
+    /// not held) as it is.
+    @discardableResult
+    func renameForOwner(_ stored: FileName, in directory: Inode, owner: String?) -> FileName {
+        guard engine != nil, options.encryptNames || stored.hasPrefix(NameCipher.prefix) else { return stored }
+        let shown: FileName
+        if stored.hasPrefix(NameCipher.prefix) {
+            guard let decrypted = shownName(stored.cString, in: directory) else { return stored }
+            shown = decrypted
+        } else {
+            shown = stored
+        }
+        let key: NameKey?
+        do throws(Errno) {
+            key = options.encryptNames ? try nameKey(forNewEntryOf: owner) : nil
+        } catch {
+            return stored
+        }
+        guard let wanted = key.map({ try? encryptedName(shown, in: directory, key: $0) }) ?? .plain(shown) else { return stored }
+        if let attributes = try? Syscall.fstatat(directory.fd, stored.cString, AT_SYMLINK_NOFOLLOW), attributes.st_mode & S_IFMT == S_IFLNK {
+            resealTarget(stored, in: directory, key: key)
+        }
+        guard wanted.stored != stored else { return stored }
+        do throws(Errno) {
+            try Syscall.renameat2(directory.fd, stored.cString, directory.fd, wanted.stored.cString, Linux.RENAME_NOREPLACE)
+        } catch {
+            log("the name of an entry whose owner changed stays as it was: \(error)")
+            return stored
+        }
+        try? storeLongForm(of: wanted, in: directory)
+        inodes.renamed(in: directory, from: stored, to: wanted.stored)
+        return wanted.stored
+    }
+
+    /// Seals a symlink's target with `key` (nil: stores it plain), replacing the link in one rename.
+    private func resealTarget(_ stored: FileName, in directory: Inode, key: NameKey?) {
+        guard let current = try? Syscall.readlinkat(directory.fd, stored.cString), let target = try? shownTarget(current) else { return }
+        guard let wanted = try? target.withUnsafeBufferPointer({ (buffer) throws(Errno) -> [CChar] in
+            guard let base = buffer.baseAddress else { throw Errno.invalidArgument }
+            return try storedTarget(base, key: key)
+        }), wanted != current else { return }
+        let staging = FileName(Self.stagingPrefix + "link-" + String(UInt64.random(in: 0...UInt64.max), radix: 16))
+        do throws(Errno) {
+            try Syscall.symlinkat(wanted, directory.fd, staging.cString)
+            if let attributes = try? Syscall.fstatat(directory.fd, stored.cString, AT_SYMLINK_NOFOLLOW) {
+                try? Syscall.fchownat(directory.fd, staging.cString, attributes.st_uid, attributes.st_gid, AT_SYMLINK_NOFOLLOW)
+            }
+            try Syscall.renameat2(directory.fd, staging.cString, directory.fd, stored.cString, 0)
+        } catch {
+            _ = unlinkat(directory.fd, staging.cString, 0)
+            log("a symlink's target whose owner changed stays as it was: \(error)")
+        }
+    }
+
+    // MARK: Names for listings
+
+    /// The name a listing shows for the stored name `stored` (a C string) in `directory`: nil
+    /// when it is shown as stored (plain, or a no-key name).
+    func shownName(_ stored: UnsafePointer<CChar>, in directory: Inode) -> FileName? {
+        guard engine != nil, Self.isReservedName(stored) else { return nil }
+        return decryptedName(String(cString: stored), in: directory, longForm: nil).map { FileName(bytes: $0) }
+    }
+
+    /// The plain name of a stored one, when its key is held and it opens in this directory.
+    private func decryptedName(_ stored: String, in directory: Inode, longForm: String?) -> [UInt8]? {
+        guard let tag = NameCipher.keyTag(of: stored), let key = heldNameKeys().byTag[tag],
+              let tweak = try? tweak(of: directory) else { return nil }
+        var longForm = longForm
+        if longForm == nil, NameCipher.isLong(stored) { longForm = readLongForm(stored, in: directory) }
+        return try? NameCipher.decrypt(stored, full: longForm, tweak: tweak, key: key)
+    }
+
+    private func readLongForm(_ stored: String, in directory: Inode) -> String? {
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let count = buffer.withUnsafeMutableBytes { bytes in
+            (try? Syscall.getxattr(in: directory.fd, stored, Self.longFormAttribute, bytes.baseAddress, bytes.count)) ?? -1
+        }
+        guard count > 0 else { return nil }
+        return String(validating: buffer.prefix(count), as: UTF8.self)
+    }
+
+    /// A path below the backing directory `base` as the mount shows it: each encrypted name
+    /// decrypted where its key is held (for messages and events; by path, as they are rare).
+    func shownPath(ofStored relative: String, below base: String) -> String {
+        guard engine != nil, relative.utf8.contains(0x7E) else { return relative }
+        var storedSoFar = base
+        var shown: [String] = []
+        for name in relative.split(separator: "/", omittingEmptySubsequences: true).map(String.init) {
+            defer { storedSoFar += "/" + name }
+            guard name.hasBytePrefix(NameCipher.prefix), let tag = NameCipher.keyTag(of: name), let key = heldNameKeys().byTag[tag],
+                  let tweak = try? DirectoryTweak.read(storedSoFar) else {
+                shown.append(name)
+                continue
+            }
+            var longForm: String?
+            if NameCipher.isLong(name) {
+                var buffer = [UInt8](repeating: 0, count: 512)
+                let count = buffer.withUnsafeMutableBytes { bytes in
+                    (try? Syscall.lgetxattr(storedSoFar + "/" + name, Self.longFormAttribute, bytes.baseAddress, bytes.count)) ?? -1
+                }
+                if count > 0 { longForm = String(validating: buffer.prefix(count), as: UTF8.self) }
+            }
+            if let plain = try? NameCipher.decrypt(name, full: longForm, tweak: tweak, key: key) {
+                shown.append(FileName(bytes: plain).description)
+            } else {
+                shown.append(name)
+            }
+        }
+        return shown.joined(separator: "/")
+    }
+
+    // MARK: Symlink targets
+
+    /// The target a symlink made with `target` stores: sealed with `key`, or as given.
+    func storedTarget(_ target: UnsafePointer<CChar>, key: NameKey?) throws(Errno) -> [CChar] {
+        guard let key else { return Array(UnsafeBufferPointer(start: target, count: strlen(target) + 1)) }
+        let bytes = Array(UnsafeRawBufferPointer(start: target, count: strlen(target)))
+        let sealed: String
+        do throws(FormatError) { sealed = try NameCipher.sealTarget(bytes, key: key) } catch {
+            throw Errno.nameTooLong
+        }
+        // What a symlink can hold on Linux: PATH_MAX with its NUL.
+        guard sealed.utf8.count < Int(PATH_MAX) else { throw Errno.nameTooLong }
+        return FileName(sealed).cString
+    }
+
+    /// The target a symlink shows, from what it stores: opened when its key is held, as stored
+    /// when not (EIO when it is held but the target does not open: changed on the disk).
+    func shownTarget(_ stored: [CChar]) throws(Errno) -> [CChar] {
+        guard engine != nil, stored.count > 3, stored[0] == 0x7E, stored[1] == 0x63, stored[2] == 0x33 else { return stored }
+        let text = String(decoding: stored.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        guard let tag = NameCipher.keyTag(of: text), let key = heldNameKeys().byTag[tag] else { return stored }
+        do throws(FormatError) {
+            return FileName(bytes: try NameCipher.openTarget(text, key: key)).cString
+        } catch {
+            log("a symlink's target does not open with its key: changed on the disk")
+            throw Errno.ioError
+        }
+    }
+}
