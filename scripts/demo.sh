@@ -54,7 +54,7 @@ Try, from another terminal (as uid $user_uid, or root):
 
   export PATH="$bin:\$PATH" CUSTODY_SOCKET=$socket
   custodyctl info $dir/Work/report.txt          # owner $account (managed), encrypted, class complete
-  grep -c quarterly $dir/backing/report.txt     # 0: nothing of it on disk in clear
+  grep -rl quarterly $dir/backing               # nothing: not on disk in clear, nor its name
   custodyctl lock $account; sleep 3; cat $dir/Work/report.txt    # Permission denied: locked
   custodyctl unlock $account                    # readable again
   sudo custodyctl --socket $socket wipe $account   # an administrator's selective wipe: keys first, then its files
