@@ -162,6 +162,10 @@ public struct Account: Codable, Equatable, Sendable {
     public var reprotectPending: Bool = false
     /// The tag of the identity's name key (`NameCipher`), once known: which stored names are its.
     public var nameTag: String?
+    /// The IDs (hex) of its class keys, which its files' headers and owner records carry instead
+    /// of its name (`HiddenOwners.swift`): kept here so that its files are known as its also while
+    /// its keybag cannot be used, and by a wipe resumed after the keybag is gone.
+    public var keyIDs: [String]?
 
     public var isEnrolled: Bool { policy != nil }
 

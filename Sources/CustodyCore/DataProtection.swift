@@ -24,7 +24,7 @@ extension Engine {
                 return try ProtectedData.tag(bytes, owner: owner)
             }
             let classKey = try self.classKey(for: name, protectionClass, purpose: .create)
-            return try ProtectedData.encrypt(bytes, owner: owner, protectionClass: protectionClass, classKey: classKey)
+            return try ProtectedData.encrypt(bytes, owner: nil, protectionClass: protectionClass, classKey: classKey)
         } catch let error as EngineError {
             throw error
         } catch {
@@ -37,7 +37,7 @@ extension Engine {
         do {
             return try ProtectedData.unprotect(bytes) { (header) throws(FormatError) -> ClassKey in
                 do throws(EngineError) {
-                    return try self.classKey(for: header.owner.canonical, header.protectionClass, purpose: .open)
+                    return try self.classKey(for: try self.account(of: header).id, header.protectionClass, purpose: .open)
                 } catch {
                     refusal = error
                     throw FormatError.unsupported("no key")
@@ -46,7 +46,7 @@ extension Engine {
         } catch {
             switch refusal {
             case .unknownAccount?, .notEnrolled?:
-                let owner = (try? ProtectedData.header(of: bytes))??.owner.display ?? "its owner"
+                let owner = (try? ProtectedData.header(of: bytes))?.map { ownerName(of: $0) } ?? "its owner"
                 throw .failedToUnprotectData("no keys for \(owner) (wiped, or never enrolled here)")
             case let refusal?: throw refusal
             case nil: throw .failedToUnprotectData("\(error)")
@@ -59,8 +59,8 @@ extension Engine {
         do { header = try ProtectedData.header(of: bytes) } catch { throw .failedToUnprotectData("\(error)") }
         guard let header else { return DataProtectionInfo(isProtected: false, owner: nil, managed: false, encrypted: false, protectionClass: nil) }
         let encrypted = header.kind == .encrypted
-        return DataProtectionInfo(isProtected: true, owner: header.owner.display,
-                                  managed: (try? account(header.owner.canonical))?.isEnrolled ?? false,
+        return DataProtectionInfo(isProtected: true, owner: ownerName(of: header),
+                                  managed: (try? account(of: header))?.isEnrolled ?? false,
                                   encrypted: encrypted, protectionClass: encrypted ? header.protectionClass.description : nil)
     }
 }

@@ -137,7 +137,7 @@ public final class Engine: @unchecked Sendable {
             try machineKeys.create(try Self.storeForNewKeys(settings.machineKey, sealer: machineKeySealer), pcrs: settings.tpm2PCRs)
         }
         var loaded = State()
-        var namesTagged = false
+        var accountsUpdated = false
         loaded.accounts = try files.read(AccountsFile.self, from: "accounts.json")?.accounts ?? []
         loaded.uncleanStops = Self.noteRunStart(files, problems: &loaded.problems)
         // A wipe that was journaled is finished before anything of that account is served: its
@@ -173,10 +173,16 @@ public final class Engine: @unchecked Sendable {
                     keys.install(unlocked)
                 }
                 loaded.keys[account.key] = keys
-                if let tag = keys.nameKey?.tag, let index = loaded.accounts.firstIndex(where: { $0.key == account.key }),
-                   loaded.accounts[index].nameTag != tag {
-                    loaded.accounts[index].nameTag = tag
-                    namesTagged = true
+                if let index = loaded.accounts.firstIndex(where: { $0.key == account.key }) {
+                    // Kept with the account (written once): its name key's tag, its class keys' IDs.
+                    if let tag = keys.nameKey?.tag, loaded.accounts[index].nameTag != tag {
+                        loaded.accounts[index].nameTag = tag
+                        accountsUpdated = true
+                    }
+                    if loaded.accounts[index].keyIDs == nil {
+                        loaded.accounts[index].keyIDs = Self.keyIDs(of: stored)
+                        accountsUpdated = true
+                    }
                 }
             } catch {
                 // One identity's keys, not the others': it is unavailable, and its keybag stays as found.
@@ -214,7 +220,7 @@ public final class Engine: @unchecked Sendable {
         for problem in loaded.problems { Self.emit(problem, on: events) }
         // The file says only what holds: identities of exited processes do not linger in it.
         if dropped { try files.save(bindingsSnapshot(loaded)) }
-        if namesTagged { try files.save(accountsSnapshot(loaded)) }
+        if accountsUpdated { try files.save(accountsSnapshot(loaded)) }
         // Counters that could not be read start again at the back-off limit, kept from now on.
         if loaded.problems.contains(where: { $0.kind == .setAside && $0.file == Self.attemptsFile }) { saveAttempts(attemptsSnapshot(loaded)) }
         // A migration that was stopped midway is finished; a store other than the configured one
@@ -367,6 +373,7 @@ public final class Engine: @unchecked Sendable {
                 ?? Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
             account.policy = policy
             account.hasPassphrase = keys.stored.passphrase != nil
+            account.keyIDs = Self.keyIDs(of: keys.stored)
             if let uid { account.uid = uid }
             state.accounts.removeAll { $0.matches(id) || $0.matches(upn) }
             state.accounts.append(account)
@@ -465,7 +472,7 @@ public final class Engine: @unchecked Sendable {
     /// The file key of a protected file for an open handle: unwrapped once, shared by the file's
     /// open handles, dropped at the last `closeFileKey`.
     public func openFileKey(_ header: FileHeader) throws(EngineError) -> FileKeyLease {
-        let account = try self.account(header.owner.canonical)
+        let account = try self.account(of: header)
         let key = account.key
         if let lease = state.withLock({ $0.openKeys.reuse(header.fileID) }) { return lease }
         let classKey = try self.classKey(for: account.id, header.protectionClass, purpose: .open)
@@ -481,7 +488,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Registers a key the caller made itself (a file it just created) as open.
     public func adoptFileKey(_ fileKey: SecretBytes, header: FileHeader) throws(EngineError) -> FileKeyLease {
-        let account = try self.account(header.owner.canonical)
+        let account = try self.account(of: header)
         let lease = FileKeyLease(identity: account.key, protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
         state.withLock { $0.openKeys.add(lease) }
         return lease

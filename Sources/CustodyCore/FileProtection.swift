@@ -47,11 +47,11 @@ extension Engine {
         switch attributes.st_mode & S_IFMT {
         case S_IFDIR:
             info.kind = "directory"
-            info.owner = try Self.ownerRecord(path)?.owner.display
+            info.owner = try Self.ownerRecord(path).map { ownerName(of: $0) }
         case S_IFREG:
             info.kind = "file"
             if let header = try Self.header(ofFileAt: path) {
-                info.owner = header.owner.display
+                info.owner = ownerName(of: header)
                 if header.kind == .encrypted {
                     info.encrypted = true
                     info.protectionClass = header.protectionClass.description
@@ -60,7 +60,7 @@ extension Engine {
                     info.size = UInt64(max(0, Int(attributes.st_size) - FileHeader.length))
                 }
             } else {
-                info.owner = try Self.ownerRecord(path)?.owner.display
+                info.owner = try Self.ownerRecord(path).map { ownerName(of: $0) }
             }
         default:
             break
@@ -97,7 +97,7 @@ extension Engine {
             do throws(CryptoError) { fileKey = try SecretBytes.random(count: 32) } catch { throw .crypto(error) }
             let target: ProtectedFile
             do {
-                target = try ProtectedFile.create(on: DescriptorStorage(fd: staging), owner: owner, protectionClass: protectionClass,
+                target = try ProtectedFile.create(on: DescriptorStorage(fd: staging), owner: nil, protectionClass: protectionClass,
                                                   classKey: classKey, fileKey: fileKey)
             } catch {
                 throw .failedToEncryptFile(path, reason: "\(error)")
@@ -126,7 +126,7 @@ extension Engine {
         } catch {
             switch error {
             case .unknownAccount, .notEnrolled:
-                throw .failedToDecryptFile(path, reason: "no keys for its owner \(header.owner.display) (wiped, or never enrolled here)")
+                throw .failedToDecryptFile(path, reason: "no keys for its owner \(ownerName(of: header)) (wiped, or never enrolled here)")
             case .locked: throw error
             default: throw .failedToDecryptFile(path, reason: "\(error)")
             }
@@ -173,7 +173,7 @@ extension Engine {
         do { lease = try openFileKey(header) } catch {
             switch error {
             case .unknownAccount, .notEnrolled:
-                throw .failedToDecryptFile(shown, reason: "no keys for its owner \(header.owner.display) (wiped, or never enrolled here)")
+                throw .failedToDecryptFile(shown, reason: "no keys for its owner \(ownerName(of: header)) (wiped, or never enrolled here)")
             case .format(let damage):
                 throw .failedToDecryptFile(shown, reason: "its header cannot be used (\(damage)); a header is not repaired")
             default: throw error
@@ -186,7 +186,7 @@ extension Engine {
             throw .failedToDecryptFile(shown, reason: "\(error)")
         }
         guard outcome.repaired else { return outcome }
-        let owner = (try? account(header.owner.canonical))?.upn ?? header.owner.display
+        let owner = ownerName(of: header)
         var details = ["path": scrubbedPath(shown), "sizeAfter": "\(outcome.sizeAfter)"]
         if let size = outcome.sizeBefore { details["sizeBefore"] = "\(size)" }
         if let block = outcome.firstDamagedBlock { details["firstDamagedBlock"] = "\(block)" }

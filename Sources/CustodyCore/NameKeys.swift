@@ -83,7 +83,9 @@ extension Engine {
             return accountsSnapshot(state)
         }
         if let snapshot { try? files.save(snapshot) }
-        if appeared { for volume in volumes { volume.namesRevealed() } }
+        if appeared, let account = accounts().first(where: { $0.key == key }) {
+            for volume in volumes { volume.namesRevealed(account) }
+        }
     }
 
     /// A name key went (`dropKeys`): the mounts drop their copies at their next name.

@@ -156,9 +156,17 @@ extension Engine {
                 if kind == S_IFDIR { pending.append(name.appended(to: directory)) }
                 guard kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: fd, name: name.cString),
                       record.encryptedClass != nil else { continue }
-                let owner = record.owner.canonical
-                let known = state.withLock { state in
-                    state.accounts.contains { $0.matches(owner) } || state.pendingWipes.contains { $0.matches(owner) }
+                let owner: String
+                let known: Bool
+                switch record.holder {
+                case .named(let named):
+                    owner = named.canonical
+                    known = state.withLock { state in
+                        state.accounts.contains { $0.matches(owner) } || state.pendingWipes.contains { $0.matches(owner) }
+                    }
+                case .keyID(let id):
+                    owner = unknownOwner(keyID: id)
+                    known = account(forKeyID: id) != nil || state.withLock { $0.pendingWipes.contains { $0.keyIDs?.contains(hexString(id)) == true } }
                 }
                 if !known { unknown[owner, default: 0] += 1 }
             }

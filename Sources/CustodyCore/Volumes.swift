@@ -33,9 +33,10 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
     func wipeStarting(_ account: Account)
     /// `account`'s name key went (a wipe, or deregistering): names the kernel holds decrypted go.
     func namesHidden(_ account: Account)
-    /// A name key appeared (a first unlock, an enrolment, a recovery): listings the kernel holds
-    /// with names shown as stored go.
-    func namesRevealed()
+    /// `account`'s name key appeared (a first unlock, an enrolment, a recovery): listings the
+    /// kernel holds with names shown as stored go, and what earlier formats stored for it is
+    /// brought up to date.
+    func namesRevealed(_ account: Account)
     /// Cuts the encrypted file at `relativePath` back to its last authentic block
     /// (`Engine.repairFile`), keeping the kernel's view of it coherent; refused while it is open.
     func repair(_ relativePath: String) throws(EngineError) -> RepairOutcome
@@ -46,7 +47,7 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
 
 extension ProtectedVolume {
     public func namesHidden(_ account: Account) {}
-    public func namesRevealed() {}
+    public func namesRevealed(_ account: Account) {}
 
     public func storedPath(of relativePath: String) -> String {
         relativePath.isEmpty ? backingDirectory : backingDirectory + "/" + relativePath

@@ -172,10 +172,17 @@ public final class FUSEMount: @unchecked Sendable {
         let enforcement = LockEnforcement(filesystem: filesystem, session: session)
         defer { enforcement.settle() }
         let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }
+        let upgrade = engine.map { FormatUpgrade(filesystem: filesystem, engine: $0) }
         let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther,
-                                 filesystem: filesystem, session: session, enforcement: enforcement, reprotection: reprotection)
+                                 filesystem: filesystem, session: session, enforcement: enforcement, reprotection: reprotection,
+                                 upgrade: upgrade)
         engine?.attach(volume)
         defer { engine?.detach(volume) }
+        // What earlier formats stored for identities whose keys are held already is brought up to
+        // date in the background (others' when their keys appear).
+        if let engine, let upgrade, !readOnly {
+            for account in engine.accounts() where engine.nameKey(for: account.id) != nil { upgrade.start(for: account) }
+        }
         // A wipe a stopped daemon journaled is finished before requests are served (with several
         // mounts the daemon does it once all are attached).
         if completesPendingWipes {

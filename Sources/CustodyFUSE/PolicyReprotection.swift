@@ -78,7 +78,7 @@ final class PolicyReprotection: @unchecked Sendable {
                     Syscall.close(child)
                 } else if attributes.st_mode & S_IFMT == S_IFREG,
                           let record = try? OwnerRecord.load(in: fd, name: name.cString),
-                          account.matches(record.owner.canonical) {
+                          filesystem.record(record, isOf: account) {
                     found.append(prefix + [name])
                 }
             }
@@ -135,8 +135,9 @@ extension MountFileSystem {
             let moved = try header.rewrapped(fileKey: lease.fileKey, to: protectionClass, classKey: classKey)
             try storage.writeBytes(moved.encoded(), at: 0)
             try storage.sync()
-            try OwnerRecord(owner: moved.owner, encryptedClass: protectionClass).store(at: inode.procPath)
-            inode.protectionState.withLock { $0.protection = .encrypted(moved.owner, protectionClass) }
+            guard let owner = protection(of: inode).owner else { throw FormatError.unsupported("no owner") }
+            try ownerRecord(for: .encrypted(owner, protectionClass))?.store(at: inode.procPath)
+            inode.protectionState.withLock { $0.protection = .encrypted(owner, protectionClass) }
         } catch .unsupported {
             throw Errno.accessDenied
         } catch {

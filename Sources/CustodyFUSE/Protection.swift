@@ -31,20 +31,12 @@ enum Protection: Equatable {
         return false
     }
 
-    init(record: OwnerRecord?) {
+    init(record: OwnerRecord?, owner: Owner) {
         guard let record else { self = .untracked; return }
         if let protectionClass = record.encryptedClass {
-            self = .encrypted(record.owner, protectionClass)
+            self = .encrypted(owner, protectionClass)
         } else {
-            self = .plain(record.owner)
-        }
-    }
-
-    var record: OwnerRecord? {
-        switch self {
-        case .untracked: return nil
-        case .plain(let owner): return OwnerRecord(owner: owner)
-        case .encrypted(let owner, let protectionClass): return OwnerRecord(owner: owner, encryptedClass: protectionClass)
+            self = .plain(owner)
         }
     }
 }
@@ -110,9 +102,12 @@ extension MountFileSystem {
         if let known = inode.protectionState.withLock({ $0.protection }) { return known }
         var found = Protection.untracked
         if inode.isRegularFile || inode.isDirectory {
-            found = Protection(record: try? OwnerRecord.load { (bytes) throws(Errno) in
+            let record = try? OwnerRecord.load { (bytes) throws(Errno) in
                 try backingGetxattr(inode, lookedUpAs: entry, OwnerRecord.attributeName, bytes.baseAddress, bytes.count)
-            })
+            }
+            found = protection(from: record)
+            // An owner no account names now is asked again next time: an enrolment may name it.
+            if case .keyID(let id)? = record?.holder, engine?.account(forKeyID: id) == nil { return found }
         }
         inode.protectionState.withLock { if $0.protection == nil { $0.protection = found } }
         return found
@@ -137,6 +132,42 @@ extension MountFileSystem {
     }
 
     // MARK: Owners
+
+    /// What an owner record says: a record by key ID names the identity whose keybag holds that
+    /// key (an owner no account here matches is shown as unknown, and opens nothing).
+    func protection(from record: OwnerRecord?) -> Protection {
+        guard let record else { return .untracked }
+        switch record.holder {
+        case .named(let owner):
+            return Protection(record: record, owner: owner)
+        case .keyID(let id):
+            let name = engine.map { $0.account(forKeyID: id)?.upn ?? $0.unknownOwner(keyID: id) } ?? hexString(id)
+            guard let owner = try? Owner(name) else { return .untracked }
+            return Protection(record: record, owner: owner)
+        }
+    }
+
+    /// The owner record of `protection`: a managed identity is recorded by its key ID, any other
+    /// owner by name; nil for no owner.
+    func ownerRecord(for protection: Protection) -> OwnerRecord? {
+        guard let owner = protection.owner else { return nil }
+        let encryptedClass: ProtectionClass?
+        if case .encrypted(_, let protectionClass) = protection { encryptedClass = protectionClass } else { encryptedClass = nil }
+        if let id = engine?.ownerKeyID(for: owner.display) { return OwnerRecord(ownerKeyID: id, encryptedClass: encryptedClass) }
+        return OwnerRecord(owner: owner, encryptedClass: encryptedClass)
+    }
+
+    /// Whether `record` names `account` (by name, or by its key ID, also once its keybag is gone:
+    /// a wipe's account carries it).
+    func record(_ record: OwnerRecord, isOf account: Account) -> Bool {
+        switch record.holder {
+        case .named(let owner):
+            return account.matches(owner.canonical) || account.matches(owner.display)
+        case .keyID(let id):
+            if let known = account.keyIDs { return known.contains(hexString(id)) }
+            return engine?.account(forKeyID: id)?.key == account.key
+        }
+    }
 
     /// What a new (or truncated) file of `ownerName` becomes: encrypted when the owner is managed
     /// and its policy requires it, else plain with the owner recorded, or untracked without owner.
@@ -177,17 +208,17 @@ extension MountFileSystem {
     func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?, isNew: Bool = false) throws(Errno) -> ProtectedContent? {
         func writeRecord() throws(Errno) {
             try asErrno { () throws(FormatError) in
-                if let record = protection.record { try record.store(on: fd) } else { try OwnerRecord.remove(from: fd) }
+                if let record = ownerRecord(for: protection) { try record.store(on: fd) } else { try OwnerRecord.remove(from: fd) }
             }
         }
         if isNew { try writeRecord() }
         var content: ProtectedContent?
-        if case .encrypted(let owner, let protectionClass) = protection, let classKey, let engine {
+        if case .encrypted(_, let protectionClass) = protection, let classKey, let engine {
             // ProtectedFile.create empties the file itself (unless it is known to be empty).
             let fileKey = try asErrno { () throws(CryptoError) in try SecretBytes.random(count: 32) }
             let duplicate = try Syscall.dup(fd)
             let file = try asErrno({ () throws(FormatError) in
-                try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: owner, protectionClass: protectionClass,
+                try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: nil, protectionClass: protectionClass,
                                          classKey: classKey, fileKey: fileKey, storageIsEmpty: isNew)
             }, failed: { _ in Syscall.close(duplicate) })
             let lease = try asErrno({ () throws(EngineError) in try engine.adoptFileKey(fileKey, header: file.header) },
@@ -237,8 +268,8 @@ extension MountFileSystem {
                 // The owner record says encrypted: a header that is not one is damage.
                 let header = try asErrno({ () throws(FormatError) in try ProtectedFile.readHeader(from: storage) },
                                          failed: { noteTampering($0, of: inode, owner: state.protection?.owner?.canonical) })
-                // The owner record names the owner too: a header that names another was changed.
-                if let recorded = state.protection?.owner, recorded.canonical != header.owner.canonical {
+                // The owner record names the owner too: a header of another was changed (or moved here).
+                if let recorded = state.protection?.owner, let engine, Self.owners(of: header, and: recorded, differIn: engine) {
                     noteTampering(.headerAuthenticationFailed, of: inode, owner: recorded.canonical)
                     log("open refused: the header of a file of \(recorded.display) names another owner")
                     throw Errno.ioError
@@ -246,13 +277,13 @@ extension MountFileSystem {
                 guard let engine else { throw Errno.notSupported }
                 let lease: FileKeyLease
                 do throws(EngineError) { lease = try engine.openFileKey(header) } catch {
-                    log("open refused for a file of \(header.owner.display): \(error)")
-                    if case .format(let damage) = error { noteTampering(damage, of: inode, owner: header.owner.canonical) }
+                    log("open refused for a file of \(engine.ownerName(of: header)): \(error)")
+                    if case .format(let damage) = error { noteTampering(damage, of: inode, owner: engine.ownerName(of: header)) }
                     // A wiped or unknown owner's files are as inaccessible as locked ones. An owner
                     // no account names may mean a state directory that does not match the store.
                     switch error {
                     case .unknownAccount:
-                        engine.reportUnknownOwner(header.owner.canonical, in: (try? Syscall.readlink(root.procPath)) ?? "a mount",
+                        engine.reportUnknownOwner(engine.ownerName(of: header), in: (try? Syscall.readlink(root.procPath)) ?? "a mount",
                                                   seen: "found opening one of them")
                         throw Errno.accessDenied
                     case .notEnrolled: throw Errno.accessDenied
@@ -262,7 +293,7 @@ extension MountFileSystem {
                 let file = try asErrno({ () throws(FormatError) in try ProtectedFile(storage: storage, header: header, fileKey: lease.fileKey) },
                                        failed: { error in
                                            engine.closeFileKey(lease)
-                                           noteTampering(error, of: inode, owner: header.owner.display)
+                                           noteTampering(error, of: inode, owner: engine.ownerName(of: header))
                                        })
                 let content = ProtectedContent(fd: fd, file: file, lease: lease, readOnly: readOnly)
                 state.content = content
@@ -272,6 +303,13 @@ extension MountFileSystem {
                 throw error
             }
         }
+    }
+
+    /// Whether a header belongs to another owner than the record says: the named ones compared by
+    /// name, a header that names none by the account its class key belongs to.
+    static func owners(of header: FileHeader, and recorded: Owner, differIn engine: Engine) -> Bool {
+        if let named = header.owner { return named.canonical != recorded.canonical }
+        return (try? engine.account(of: header))?.key != (try? engine.account(recorded.canonical))?.key
     }
 
     /// One handle of `content` closed; the last one drops the file key.

@@ -69,7 +69,7 @@ extension MountFileSystem {
             }
             let protection: Protection = owner.map { .plain($0) } ?? .untracked
             try asErrno { () throws(FormatError) in
-                if let record = protection.record { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
+                if let record = ownerRecord(for: protection) { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
             }
             inode.protectionState.withLock { $0.protection = protection }
             try forEachChild(of: inode) { (child, childID) throws(Errno) in
@@ -131,7 +131,7 @@ extension MountFileSystem {
         if !current.isEncrypted, !wanted.isEncrypted {
             // Between plain forms the bytes stay: only the record changes.
             try asErrno { () throws(FormatError) in
-                if let record = wanted.record { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
+                if let record = ownerRecord(for: wanted) { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
             }
             inode.protectionState.withLock { $0.protection = wanted }
             return

@@ -14,11 +14,13 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     private let wipe: MountWipe
     private let enforcement: LockEnforcement?
     private let reprotection: PolicyReprotection?
+    let upgrade: FormatUpgrade?
 
     init(mountPoint: String, backingDirectory: String, allowsOtherUsers: Bool, filesystem: MountFileSystem, session: OpaquePointer?,
-         enforcement: LockEnforcement? = nil, reprotection: PolicyReprotection? = nil) {
+         enforcement: LockEnforcement? = nil, reprotection: PolicyReprotection? = nil, upgrade: FormatUpgrade? = nil) {
         self.enforcement = enforcement
         self.reprotection = reprotection
+        self.upgrade = upgrade
         self.mountPoint = mountPoint
         self.backingDirectory = backingDirectory
         self.allowsOtherUsers = allowsOtherUsers
@@ -33,7 +35,10 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     func locked(_ account: Account) { enforcement?.classAFiles(of: account) }
     func wipeStarting(_ account: Account) { enforcement?.allFiles(of: account) }
     func namesHidden(_ account: Account) { if let tag = account.nameTag { wipe.hideNames(tagged: tag) } }
-    func namesRevealed() { wipe.revealNames() }
+    func namesRevealed(_ account: Account) {
+        wipe.revealNames()
+        upgrade?.start(for: account)
+    }
 
     func policyChanged(_ account: Account) {
         enforcement?.allFiles(of: account)

@@ -74,7 +74,7 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
 
     private func owns(_ account: Account, _ record: OwnerRecord?) -> Bool {
         guard let record else { return false }
-        return account.matches(record.owner.canonical) || account.matches(record.owner.display)
+        return filesystem.record(record, isOf: account)
     }
 
     /// Drops the names the kernel holds decrypted with the key tagged `tag` (its key went).

@@ -39,10 +39,14 @@ public enum ClassKey: Sendable {
 public struct FileHeader: Equatable, Sendable {
     public static let length = 512
     public static let magic: [UInt8] = [0x89, 0x43, 0x55, 0x53, 0x54, 0x44, 0x59, 0x0A]  // "\x89CUSTDY\n"
-    /// Version 2 (what is written): zero blocks are holes only where the file's hole record lists
-    /// them. Version 1 (still read and written as such): every zero block is a hole.
-    public static let currentVersion: UInt16 = 2
-    public static let supportedVersions: ClosedRange<UInt16> = 1...2
+    /// Version 3 (what is written for encrypted content): as version 2, and the owner is not
+    /// written: the class key ID says whose it is, to whoever holds that identity's keybag.
+    /// Version 2 (still read and written as such): zero blocks are holes only where the file's
+    /// hole record lists them. Version 1 (likewise): every zero block is a hole.
+    public static let currentVersion: UInt16 = 3
+    public static let supportedVersions: ClosedRange<UInt16> = 1...3
+    /// The first version that does not write the owner.
+    public static let hiddenOwnerVersion: UInt16 = 3
     public static let defaultBlockSize: UInt32 = 4096
     public static let fileIDSize = 16
     public static let classKeyIDSize = 8
@@ -62,7 +66,9 @@ public struct FileHeader: Equatable, Sendable {
     public var fileID: [UInt8]
     public var blockSize: UInt32
     public var wrapMethod: WrapMethod
-    public var owner: Owner
+    /// The owner as written (versions 1 and 2, and every plain-kind header); nil from version 3,
+    /// where the class key ID identifies the owner.
+    public var owner: Owner?
     public var classKeyID: [UInt8]
     public var ephemeralPublicKey: [UInt8]
     /// nonce ‖ wrapped key ‖ tag (60 bytes), or empty for the plain kind.
@@ -86,13 +92,19 @@ public struct FileHeader: Equatable, Sendable {
         return header
     }
 
-    /// A header for encrypted content, with `fileKey` wrapped by `classKey`.
+    /// A header for encrypted content, with `fileKey` wrapped by `classKey`. `owner` nil (what the
+    /// daemon writes) makes a version 3 header, which names no owner; an owner given makes a
+    /// version 2 one (or `version`, 1 or 2), which names it.
     /// `wrapNonce` and `ephemeralPrivateKey` are for reproducible test vectors only.
-    public static func encrypted(owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey, fileKey: SecretBytes,
+    public static func encrypted(owner: Owner?, protectionClass: ProtectionClass, classKey: ClassKey, fileKey: SecretBytes,
                                  fileID: [UInt8]? = nil, blockSize: UInt32 = defaultBlockSize,
                                  wrapNonce: [UInt8]? = nil, ephemeralPrivateKey: SecretBytes? = nil,
-                                 version: UInt16 = currentVersion) throws(FormatError) -> FileHeader {
+                                 version: UInt16? = nil) throws(FormatError) -> FileHeader {
+        let version = version ?? (owner == nil ? currentVersion : hiddenOwnerVersion - 1)
         guard supportedVersions.contains(version) else { throw .unsupportedVersion(version) }
+        guard (version >= hiddenOwnerVersion) == (owner == nil) else {
+            throw .invalidOwner(owner == nil ? "a version \(version) header names its owner" : "a version \(version) header does not name its owner")
+        }
         guard blockSize >= 16, blockSize <= 1 << 20, blockSize % 16 == 0 else {
             throw .unsupported("block size \(blockSize) (16 … 1 MiB, a multiple of 16)")
         }
@@ -165,7 +177,7 @@ public struct FileHeader: Equatable, Sendable {
     /// writes over the old header. The file ID and content are unchanged.
     public func rewrapped(fileKey: SecretBytes, to protectionClass: ProtectionClass, classKey: ClassKey) throws(FormatError) -> FileHeader {
         try FileHeader.encrypted(owner: owner, protectionClass: protectionClass, classKey: classKey, fileKey: fileKey,
-                                 fileID: fileID, blockSize: blockSize)
+                                 fileID: fileID, blockSize: blockSize, version: version)
     }
 
     static func agreementWrappingKey(shared: SecretBytes, ephemeralPublicKey: [UInt8], classPublicKey: [UInt8]) throws(CryptoError) -> AESGCMKey {
@@ -206,7 +218,7 @@ public struct FileHeader: Equatable, Sendable {
         bytes.replaceSubrange(Offset.fileID..<Offset.fileID + Self.fileIDSize, with: fileID)
         bytes.storeLE(blockSize, at: Offset.blockSize)
         bytes[Offset.wrapMethod] = wrapMethod.rawValue
-        let canonical = Array(owner.canonical.utf8), display = Array(owner.display.utf8)
+        let canonical = Array((owner?.canonical ?? "").utf8), display = Array((owner?.display ?? "").utf8)
         bytes[Offset.canonicalLength] = UInt8(canonical.count)
         bytes[Offset.displayLength] = UInt8(display.count)
         bytes.replaceSubrange(Offset.classKeyID..<Offset.classKeyID + Self.classKeyIDSize, with: classKeyID)
@@ -239,19 +251,24 @@ public struct FileHeader: Equatable, Sendable {
         }
         guard bytes[Offset.reserved] == 0 else { throw .corruptHeader("reserved byte is not zero") }
         let canonicalLength = Int(bytes[Offset.canonicalLength]), displayLength = Int(bytes[Offset.displayLength])
-        guard (1...Owner.maxLength).contains(canonicalLength), (1...Owner.maxLength).contains(displayLength) else {
+        // From version 3 an encrypted file does not name its owner; a plain-kind header always does.
+        let hidesOwner = version >= hiddenOwnerVersion && kind == .encrypted
+        let lengths: ClosedRange<Int> = hidesOwner ? 0...0 : 1...Owner.maxLength
+        guard lengths.contains(canonicalLength), lengths.contains(displayLength) else {
             throw .corruptHeader("owner lengths \(canonicalLength)/\(displayLength) out of range")
         }
         func allZero(_ range: Range<Int>) -> Bool { bytes[range].allSatisfy { $0 == 0 } }
         guard allZero(Offset.canonical + canonicalLength..<Offset.display), allZero(Offset.display + displayLength..<authenticatedLength) else {
             throw .corruptHeader("owner padding is not zero")
         }
-        guard let canonical = String(validating: bytes[Offset.canonical..<Offset.canonical + canonicalLength], as: UTF8.self),
-              let display = String(validating: bytes[Offset.display..<Offset.display + displayLength], as: UTF8.self) else {
-            throw .corruptHeader("owner is not valid UTF-8")
+        var owner: Owner?
+        if !hidesOwner {
+            guard let canonical = String(validating: bytes[Offset.canonical..<Offset.canonical + canonicalLength], as: UTF8.self),
+                  let display = String(validating: bytes[Offset.display..<Offset.display + displayLength], as: UTF8.self) else {
+                throw .corruptHeader("owner is not valid UTF-8")
+            }
+            do { owner = try Owner(canonical: canonical, display: display) } catch { throw .corruptHeader("\(error)") }
         }
-        let owner: Owner
-        do { owner = try Owner(canonical: canonical, display: display) } catch { throw .corruptHeader("\(error)") }
 
         let header = FileHeader(
             version: version, kind: kind, protectionClass: protectionClass,

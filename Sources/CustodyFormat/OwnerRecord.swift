@@ -2,32 +2,59 @@
 /// it: on ext4 a small attribute sits in the inode, so checking it costs no extra disk read.
 ///
 /// Attribute `trusted.custody.owner` (only root can read or set `trusted.*`, so users cannot forge
-/// it from the backing store). Value: `version (1) = 1 ‖ kind (1): 0 plain, 1 encrypted ‖
+/// it from the backing store). Version 1 names the owner: `1 ‖ kind (1): 0 plain, 1 encrypted ‖
 /// protection class (1) ‖ canonical length (1) ‖ canonical ‖ display length (1) ‖ display`, UTF-8,
-/// lengths 1…180. Unmanaged owners' files stay byte-for-byte plain and this record is their only
-/// mark; for encrypted files the header is authoritative and the record is an index of it.
+/// lengths 1…180 (an unmanaged identity's record, and any record written before version 2).
+/// Version 2 names a managed identity by a key ID instead: `2 ‖ kind ‖ protection class ‖ key ID
+/// (8)`, the ID of the identity's class D key, which only its keybag links to the identity.
+/// Unmanaged owners' files stay byte-for-byte plain and this record is their only mark; for
+/// encrypted files the header is authoritative and the record is an index of it.
 public struct OwnerRecord: Equatable, Sendable {
     public static let attributeName = "trusted.custody.owner"
     public static let version: UInt8 = 1
+    public static let keyIDVersion: UInt8 = 2
 
-    public var owner: Owner
+    /// Who owns the object, as the record says it.
+    public enum Holder: Equatable, Sendable {
+        case named(Owner)
+        /// A managed identity, by the ID of its class D key.
+        case keyID([UInt8])
+    }
+
+    public var holder: Holder
     /// The class of an encrypted file; nil for a plain (unmanaged) one.
     public var encryptedClass: ProtectionClass?
 
+    /// The owner the record names (nil for a record by key ID).
+    public var owner: Owner? {
+        if case .named(let owner) = holder { return owner }
+        return nil
+    }
+
     public init(owner: Owner, encryptedClass: ProtectionClass? = nil) {
-        self.owner = owner
+        holder = .named(owner)
+        self.encryptedClass = encryptedClass
+    }
+
+    public init(ownerKeyID: [UInt8], encryptedClass: ProtectionClass? = nil) {
+        holder = .keyID(ownerKeyID)
         self.encryptedClass = encryptedClass
     }
 
     public func encoded() -> [UInt8] {
-        let canonical = Array(owner.canonical.utf8), display = Array(owner.display.utf8)
-        return [Self.version, encryptedClass == nil ? 0 : 1, encryptedClass?.rawValue ?? 0, UInt8(canonical.count)]
-            + canonical + [UInt8(display.count)] + display
+        let kind: [UInt8] = [encryptedClass == nil ? 0 : 1, encryptedClass?.rawValue ?? 0]
+        switch holder {
+        case .named(let owner):
+            let canonical = Array(owner.canonical.utf8), display = Array(owner.display.utf8)
+            return [Self.version] + kind + [UInt8(canonical.count)] + canonical + [UInt8(display.count)] + display
+        case .keyID(let id):
+            return [Self.keyIDVersion] + kind + id
+        }
     }
 
     public static func decode(_ bytes: [UInt8]) throws(FormatError) -> OwnerRecord {
         guard let first = bytes.first else { throw .corruptHeader("empty owner record") }
-        guard first == version else { throw .unsupportedVersion(UInt16(first)) }
+        guard first == version || first == keyIDVersion else { throw .unsupportedVersion(UInt16(first)) }
         guard bytes.count >= 4 else { throw .corruptHeader("owner record too short") }
         let encryptedClass: ProtectionClass?
         switch bytes[1] {
@@ -39,6 +66,10 @@ public struct OwnerRecord: Equatable, Sendable {
             encryptedClass = value
         default:
             throw .corruptHeader("unknown owner record kind \(bytes[1])")
+        }
+        if first == keyIDVersion {
+            guard bytes.count == 3 + FileHeader.classKeyIDSize else { throw .corruptHeader("owner record length mismatch") }
+            return OwnerRecord(ownerKeyID: Array(bytes[3...]), encryptedClass: encryptedClass)
         }
         let canonicalLength = Int(bytes[3])
         let displayAt = 4 + canonicalLength

@@ -3,8 +3,9 @@ import CustodyCrypto
 /// Whole byte buffers in the protected format: what the data protection API (the SDK's
 /// `IntuneMAMDataProtectionManager`) protects and unprotects.
 public enum ProtectedData {
-    /// Managed owner: header and encrypted blocks.
-    public static func encrypt(_ plaintext: [UInt8], owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey) throws(FormatError) -> [UInt8] {
+    /// Managed owner: header and encrypted blocks (`owner` nil: a header that names no owner, as
+    /// `ProtectedFile.create`).
+    public static func encrypt(_ plaintext: [UInt8], owner: Owner?, protectionClass: ProtectionClass, classKey: ClassKey) throws(FormatError) -> [UInt8] {
         let storage = MemoryStorage()
         let file = try ProtectedFile.create(on: storage, owner: owner, protectionClass: protectionClass, classKey: classKey)
         try plaintext.withBytes { (bytes) throws(FormatError) in try file.write(bytes, at: 0) }

@@ -45,8 +45,9 @@ public final class ProtectedFile: @unchecked Sendable {
     /// A new, empty protected file: writes a fresh header over `storage`, wrapping `fileKey` (a new
     /// random key when nil; the engine passes one so that it can share it with later opens).
     /// `storageIsEmpty`: the caller knows `storage` is empty (a file it has just created), so its
-    /// size is not asked before the header goes on.
-    public static func create(on storage: BlockStorage, owner: Owner, protectionClass: ProtectionClass, classKey: ClassKey,
+    /// size is not asked before the header goes on. `owner`: nil writes a version 3 header, which
+    /// names no owner (what the daemon writes); one given writes a version 2 header naming it.
+    public static func create(on storage: BlockStorage, owner: Owner?, protectionClass: ProtectionClass, classKey: ClassKey,
                               fileKey suppliedKey: SecretBytes? = nil, blockSize: UInt32 = FileHeader.defaultBlockSize,
                               parallelism: Int = defaultParallelism, storageIsEmpty: Bool = false) throws(FormatError) -> ProtectedFile {
         let fileKey: SecretBytes

@@ -26,7 +26,7 @@ final class FormatVectorTests: XCTestCase {
         // The other direction: decode the documented header bytes and unwrap them with the documented keys.
         let classA = try XCTUnwrap(documented.first { $0.name == "header-class-A" })
         let header = try hex(classA.fields["header"]!).withUnsafeBytes { try FileHeader.decode($0) }
-        XCTAssertEqual(header.owner.display, classA.fields["owner"])
+        XCTAssertEqual(header.owner?.display, classA.fields["owner"])
         let key = try header.unwrapFileKey(with: .symmetric(id: hex(classA.fields["class-key-id"]!),
                                                             key: try AESGCMKey(try secretBytes(hex(classA.fields["class-key"]!)))))
         XCTAssertEqual(key.withUnsafeBytes { Array($0) }, hex(classA.fields["file-key"]!))
@@ -112,6 +112,12 @@ final class FormatVectorTests: XCTestCase {
             Vector(name: "hole-record", fields: [
                 "file-key": repeated("22", 32), "file-id": fileID, "holes": "1+9,11+9", "nonce": repeated("66", 12),
             ], order: ["file-key", "file-id", "holes", "nonce", "record"]),
+            Vector(name: "header-class-A-v3", fields: [
+                "version": "3", "class": "3", "file-id": fileID, "block-size": "4096",
+                "class-key-id": "0102030405060708", "class-key": repeated("11", 32), "file-key": repeated("22", 32),
+                "wrap-nonce": repeated("33", 12),
+            ], order: ["version", "class", "file-id", "block-size", "class-key-id", "class-key", "file-key", "wrap-nonce", "header"]),
+            Vector(name: "owner-record-key-id", fields: ["key-id": "0d0e0f1011121314", "class": "3"], order: ["key-id", "class", "record"]),
             Vector(name: "name-short", fields: [
                 "name-secret": (0..<32).map { String(format: "%02x", $0) }.joined(), "tweak": (0xa0...0xaf).map { String(format: "%02x", $0) }.joined(),
                 "plain-name": "acquisition-plan.txt",
@@ -149,6 +155,15 @@ final class FormatVectorTests: XCTestCase {
                 fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")), blockSize: UInt32(f("block-size"))!,
                 wrapNonce: hex(f("wrap-nonce")), version: UInt16(f("version"))!)
             return ["header": hexString(header.encoded())]
+        case "header-class-A-v3":
+            let header = try FileHeader.encrypted(
+                owner: nil, protectionClass: ProtectionClass(rawValue: UInt8(f("class"))!)!,
+                classKey: .symmetric(id: hex(f("class-key-id")), key: try AESGCMKey(try secretBytes(hex(f("class-key"))))),
+                fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")), blockSize: UInt32(f("block-size"))!,
+                wrapNonce: hex(f("wrap-nonce")), version: UInt16(f("version"))!)
+            return ["header": hexString(header.encoded())]
+        case "owner-record-key-id":
+            return ["record": hexString(OwnerRecord(ownerKeyID: hex(f("key-id")), encryptedClass: ProtectionClass(rawValue: UInt8(f("class"))!)).encoded())]
         case "hole-record":
             let cipher = try ContentCipher(fileKey: try secretBytes(hex(f("file-key"))), fileID: hex(f("file-id")))
             var set = HoleSet()

@@ -81,8 +81,11 @@ final class HeaderTests: XCTestCase {
         }
         XCTAssertEqual(decode(Array("plain text file".utf8)), .notProtected)
         XCTAssertEqual(decode([]), .notProtected)
-        var version = good; version[8] = 3
-        XCTAssertEqual(decode(version), .unsupportedVersion(3))
+        var version = good; version[8] = 4
+        XCTAssertEqual(decode(version), .unsupportedVersion(4))
+        // A version 3 header must not name its owner, nor an earlier one leave it out.
+        version[8] = 3
+        if case .corruptHeader = decode(version) {} else { XCTFail("a version 3 header naming its owner") }
         if case .corruptHeader = decode(Array(good[0..<300])) {} else { XCTFail("short header") }
         var kind = good; kind[10] = 9
         XCTAssertEqual(decode(kind), .corruptHeader("unknown content kind 9"))
@@ -120,7 +123,14 @@ final class HeaderTests: XCTestCase {
         XCTAssertEqual(Array(encrypted.encoded().prefix(3)), [1, 1, 2])
         XCTAssertEqual(try OwnerRecord.decode(encrypted.encoded()), encrypted)
         XCTAssertThrowsError(try OwnerRecord.decode([]))
-        XCTAssertThrowsError(try OwnerRecord.decode([2] + record.dropFirst())) { XCTAssertEqual($0 as? FormatError, .unsupportedVersion(2)) }
+        XCTAssertThrowsError(try OwnerRecord.decode([3] + record.dropFirst())) { XCTAssertEqual($0 as? FormatError, .unsupportedVersion(3)) }
+        // Version 2: a managed identity by key ID.
+        let byKey = OwnerRecord(ownerKeyID: [9, 8, 7, 6, 5, 4, 3, 2], encryptedClass: .complete)
+        XCTAssertEqual(byKey.encoded(), [2, 1, 3, 9, 8, 7, 6, 5, 4, 3, 2])
+        XCTAssertEqual(try OwnerRecord.decode(byKey.encoded()), byKey)
+        XCTAssertNil(byKey.owner)
+        XCTAssertThrowsError(try OwnerRecord.decode(Array(byKey.encoded().dropLast())))
+        XCTAssertThrowsError(try OwnerRecord.decode([2] + record.dropFirst()), "a named record is not version 2")
         XCTAssertThrowsError(try OwnerRecord.decode(Array(record.dropLast())))
         XCTAssertThrowsError(try OwnerRecord.decode(record + [0]))
         XCTAssertThrowsError(try OwnerRecord.decode([1, 2, 0] + record.dropFirst(3)), "unknown kind")

@@ -110,7 +110,10 @@ final class ProtectedFileTests: XCTestCase {
             }
             switch index {
             case 0..<8: XCTAssertEqual(error, .notProtected, "byte \(index)")
-            case 8..<10: XCTAssertEqual(error, .unsupportedVersion(index == 8 ? 3 : 258), "byte \(index)")
+            case 8:
+                // Version 3, which must not name its owner.
+                if case .corruptHeader = error {} else { XCTFail("byte 8: \(error)") }
+            case 9: XCTAssertEqual(error, .unsupportedVersion(258), "byte \(index)")
             case 40..<48: XCTAssertEqual(error, .wrongKey(keyID: { var id = [UInt8]([1, 2, 3, 4, 5, 6, 7, 8]); id[index - 40] ^= 1; return id }()), "byte \(index)")
             case 440..<500: XCTAssertEqual(error, .headerAuthenticationFailed, "byte \(index)")
             case 10..<512:
@@ -389,8 +392,21 @@ final class ProtectedDataTests: XCTestCase {
         let message = Array("quarterly numbers".utf8)
         let sealed = try ProtectedData.encrypt(message, owner: try Owner("Alice@Contoso.com"), protectionClass: .complete, classKey: key)
         XCTAssertNil(sealed.firstRange(of: message))
-        XCTAssertEqual(try ProtectedData.header(of: sealed)?.owner.canonical, "alice@contoso.com")
+        XCTAssertEqual(try ProtectedData.header(of: sealed)?.owner?.canonical, "alice@contoso.com")
         XCTAssertEqual(try ProtectedData.unprotect(sealed) { _ in key }, message)
+        // What the daemon writes names no owner: the class key ID is all that says whose it is.
+        let hidden = try ProtectedData.encrypt(message, owner: nil, protectionClass: .complete, classKey: key)
+        let header = try XCTUnwrap(try ProtectedData.header(of: hidden))
+        XCTAssertEqual(header.version, 3)
+        XCTAssertNil(header.owner)
+        XCTAssertEqual(header.classKeyID, key.id)
+        XCTAssertNil(hidden.firstRange(of: Array("contoso".utf8)))
+        XCTAssertEqual(try ProtectedData.unprotect(hidden) { _ in key }, message)
+        // A version 3 header that names an owner, or a version 2 one that does not, is not written.
+        XCTAssertThrowsError(try FileHeader.encrypted(owner: try Owner("a@b.c"), protectionClass: .complete, classKey: key,
+                                                      fileKey: try SecretBytes.random(count: 32), version: 3))
+        XCTAssertThrowsError(try FileHeader.encrypted(owner: nil, protectionClass: .complete, classKey: key,
+                                                      fileKey: try SecretBytes.random(count: 32), version: 2))
 
         let tagged = try ProtectedData.tag(message, owner: try Owner("Bob@Personal.example"))
         XCTAssertEqual(Array(tagged[512...]), message, "unmanaged data stays plain after the header")

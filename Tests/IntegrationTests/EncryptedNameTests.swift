@@ -77,6 +77,14 @@ final class EncryptedNameTests: XCTestCase {
             XCTAssertEqual(try runCommand(["grep", "-rl", secret, daemon.backing, daemon.state]).output, "", secret)
             XCTAssertFalse(try mustRun(["getfattr", "-R", "-h", "-d", "-m", "-", "-e", "text", daemon.backing]).contains(secret), secret)
         }
+        // Nor is Alice's identity anywhere on the disk: not in a header, a record or a name (Bob's
+        // personal files keep naming him).
+        for identity in ["alice", "contoso"] {
+            XCTAssertEqual(try runCommand(["grep", "-rli", identity, daemon.backing]).output, "", identity)
+            XCTAssertFalse(try mustRun(["getfattr", "-R", "-h", "-d", "-m", "-", "-e", "text", daemon.backing]).lowercased().contains(identity), identity)
+            XCTAssertFalse(stored.contains { $0.lowercased().contains(identity) }, identity)
+        }
+        XCTAssertTrue(try mustRun(["getfattr", "-R", "-h", "-d", "-m", "-", "-e", "text", daemon.backing]).contains("bob@personal.example"))
         // The same name in two directories is stored differently.
         let readmes = try mustRun(["sh", "-c", "(ls -1 '\(daemon.back("repository"))'; ls -1 '\(daemon.back("synced"))') | sort | uniq -d"])
         XCTAssertEqual(readmes, "")

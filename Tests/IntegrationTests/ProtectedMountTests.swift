@@ -112,14 +112,23 @@ final class ProtectedMountTests: XCTestCase {
         let steal = try runCommand(["setfattr", "-n", "user.custody.owner", "-v", "mallory@x", daemon.mnt("alice.txt")])
         XCTAssertNotEqual(steal.status, 0, "Alice's policy does not let other identities receive her files")
         XCTAssertTrue(steal.error.contains("not permitted"), steal.error)
-        XCTAssertEqual(try OwnerRecord.load(from: daemon.back("bob.txt"))?.owner.display, "bob@personal.example")
+        XCTAssertEqual(try OwnerRecord.load(from: daemon.back("bob.txt"))?.owner?.display, "bob@personal.example")
+        // Alice's record names her by a key ID, not by name.
+        let aliceRecord = try XCTUnwrap(try OwnerRecord.load(from: daemon.back("alice.txt")))
+        XCTAssertNil(aliceRecord.owner)
+        XCTAssertEqual(aliceRecord.encryptedClass, .complete)
 
-        // A copy of the backing file is still a self-describing protected file.
+        // A copy of the backing file is still a self-describing protected file: it names no owner,
+        // and the daemon that holds the owner's keybag says whose it is.
         try mustRun(["cp", daemon.back("alice.txt"), daemon.root + "/exported"])
         let exported = Array(try Data(contentsOf: URL(fileURLWithPath: daemon.root + "/exported")))
         let header = try exported.withUnsafeBytes { try FileHeader.decode($0) }
-        XCTAssertEqual(header.owner.canonical, "alice@contoso.com")
+        XCTAssertNil(header.owner)
+        XCTAssertEqual(header.version, 3)
         XCTAssertEqual(header.protectionClass, .complete)
+        XCTAssertNil(exported.firstRange(of: Array("contoso".utf8)))
+        let info = try daemon.apiJSON("POST", "/v1/files/info", #"{"path": "\#(daemon.root)/exported"}"#)
+        XCTAssertEqual(field(info.json, "owner"), "Alice@Contoso.com", "\(info.json)")
 
         // A larger random file round-trips (checked by Alice's own sha256 inside the mount).
         let sum = try String(contentsOfFile: daemon.mnt("big.sum"), encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)

@@ -62,7 +62,9 @@ final class StateDirectoryTests: XCTestCase {
         let orphan = try XCTUnwrap(found.first { $0["kind"] as? String == "orphanedKeybag" }, "\(found)")
         XCTAssertEqual(orphan["identity"] as? String, "alice-id")
         let unknown = try XCTUnwrap(found.first { $0["kind"] as? String == "unknownOwner" }, "\(found)")
-        XCTAssertEqual(unknown["identity"] as? String, "alice@contoso.com", "the owner as the files name it")
+        // The files do not name their owner: the census finds it by the key they name, in the
+        // keybag no account names.
+        XCTAssertEqual(unknown["identity"] as? String, "alice-id", "the owner as its keybag names it")
         XCTAssertEqual(unknown["file"] as? String, daemon.backing)
         for moved in found.compactMap({ $0["setAsideAs"] as? String }) {
             XCTAssertEqual(try Data(contentsOf: URL(fileURLWithPath: daemon.state + "/" + moved)), garbage, "kept as found: \(moved)")

@@ -76,7 +76,7 @@ final class WipeTests: XCTestCase {
         let engine = try Engine(stateDirectory: daemon.state)
         let exported = Array(try Data(contentsOf: URL(fileURLWithPath: daemon.root + "/exported.custody")))
         XCTAssertThrowsError(try ProtectedData.unprotect(exported) { (header) throws(FormatError) -> ClassKey in
-            do throws(EngineError) { return try engine.classKey(for: header.owner.canonical, header.protectionClass, purpose: .open) } catch { throw FormatError.unsupported("\(error)") }
+            do throws(EngineError) { return try engine.classKey(for: "alice@contoso.com", header.protectionClass, purpose: .open) } catch { throw FormatError.unsupported("\(error)") }
         }) { error in
             XCTAssertEqual(error as? FormatError, .wrongKey(keyID: (try? exported.withUnsafeBytes { try FileHeader.decode($0) })?.classKeyID ?? []))
         }

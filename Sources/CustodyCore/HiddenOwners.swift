@@ -1,0 +1,81 @@
+import CustodyFormat
+import FoundationEssentials
+
+/// Owners the disk does not name. From format version 3 an encrypted file's header carries no
+/// owner, and a managed identity's owner record carries a key ID instead of the identity
+/// (`docs/format.md`): the ID of one of the identity's class keys, which only its keybag links to
+/// the identity. Whoever holds the keybag (this engine) finds the account; a copy of the disk
+/// does not.
+extension Engine {
+    /// The account whose keybag holds a class key with the ID `id` (of any class); nil when none
+    /// here does (an identity enrolled elsewhere, or wiped).
+    public func account(forKeyID id: [UInt8]) -> Account? {
+        guard id.count == FileHeader.classKeyIDSize else { return nil }
+        let hex = hexString(id)
+        if let account = accounts().first(where: { $0.keyIDs?.contains(hex) == true }) { return account }
+        let wanted = Data(id)
+        let holder = state.withLock { state in
+            state.keys.first { $0.value.stored.classes.values.contains { $0.id == wanted } }?.key
+        }
+        guard let holder else { return nil }
+        return accounts().first { $0.key == holder }
+    }
+
+    /// The account a header belongs to: the one it names (versions 1 and 2), or the one whose
+    /// keybag holds its class key (version 3).
+    public func account(of header: FileHeader) throws(EngineError) -> Account {
+        if let owner = header.owner { return try account(owner.canonical) }
+        guard let account = account(forKeyID: header.classKeyID) else {
+            throw .unknownAccount("the owner of key \(hexString(header.classKeyID))")
+        }
+        return account
+    }
+
+    /// The owner of a header as shown to people: the account's UPN when it is known here, else
+    /// the owner it names, else that its identity is not known here.
+    public func ownerName(of header: FileHeader) -> String {
+        if let account = try? account(of: header) { return account.upn }
+        return header.owner?.display ?? unknownOwner(keyID: header.classKeyID)
+    }
+
+    /// The account an owner record names, by name or by key ID; nil when none here matches.
+    public func account(of record: OwnerRecord) -> Account? {
+        switch record.holder {
+        case .named(let owner): return try? account(owner.canonical)
+        case .keyID(let id): return account(forKeyID: id)
+        }
+    }
+
+    /// The owner of a record as shown to people (as for headers).
+    public func ownerName(of record: OwnerRecord) -> String {
+        switch record.holder {
+        case .named(let owner): return (try? account(owner.canonical))?.upn ?? owner.display
+        case .keyID(let id): return account(forKeyID: id)?.upn ?? unknownOwner(keyID: id)
+        }
+    }
+
+    /// The key ID an owner record of `identity` carries instead of its name (the ID of its class D
+    /// key, which every enrolled identity has); nil for an unmanaged or unknown identity.
+    public func ownerKeyID(for identity: String) -> [UInt8]? {
+        guard let account = try? account(identity), account.isEnrolled else { return nil }
+        return state.withLock { $0.keys[account.key]?.stored[.none].map { Array($0.id) } }
+    }
+
+    /// How an owner that no account here names is shown: the identity of a keybag in the state
+    /// directory that holds the key (one no account names: enrolling that object ID again takes
+    /// it up), else that it is not known here.
+    public func unknownOwner(keyID: [UInt8]) -> String {
+        let wanted = Data(keyID)
+        for name in files.list("keybags") where name.hasSuffix(".json") && !name.contains(".tmp-") {
+            if let stored = try? files.read(StoredKeybag.self, from: "keybags/" + name), stored.classes.values.contains(where: { $0.id == wanted }) {
+                return stored.identity
+            }
+        }
+        return "an identity not known here (key \(hexString(keyID)))"
+    }
+
+    /// The IDs (hex) of every class key of a keybag.
+    static func keyIDs(of stored: StoredKeybag) -> [String] {
+        stored.classes.keys.sorted().compactMap { stored.classes[$0].map { hexString(Array($0.id)) } }
+    }
+}

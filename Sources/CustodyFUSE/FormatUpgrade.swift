@@ -1,0 +1,138 @@
+import CustodyCore
+import CustodyCrypto
+import CustodyFormat
+import CustodySystem
+import Dispatch
+import Glibc
+
+/// Brings what a managed identity stored in earlier formats to format version 3, in the
+/// background, so that the disk stops naming it (`docs/format.md`, "Names" and "Owners a copy
+/// does not name"): an owner record that names the identity is written by key ID, an encrypted
+/// version 2 header that names it is rewrapped without the owner (in place: one sector, it cannot
+/// tear; the content is not touched), and a name stored plain is renamed into the identity's
+/// encrypted form (a symlink's target sealed with it).
+///
+/// It runs for an identity when its name key appears (its first unlock since the daemon started,
+/// an enrolment, a recovery), and leaves for a later run what it cannot do now: a file open at
+/// the moment, a header whose class key is locked away. Version 1 headers (every zero block a
+/// hole) keep their version, and so their owner: rewriting them would change what their holes
+/// mean.
+final class FormatUpgrade: @unchecked Sendable {
+    private let filesystem: MountFileSystem
+    private weak var engine: Engine?
+    private let queue = DispatchQueue(label: "custody.format-upgrade")
+
+    init(filesystem: MountFileSystem, engine: Engine) {
+        self.filesystem = filesystem
+        self.engine = engine
+    }
+
+    /// Queues a pass over the tree for `account`.
+    func start(for account: Account) {
+        queue.async { self.run(account.id) }
+    }
+
+    /// Waits for the passes queued so far (for tests).
+    func settle() { queue.sync {} }
+
+    struct Counts: Equatable {
+        var records = 0
+        var headers = 0
+        var names = 0
+        var left = 0
+    }
+
+    @discardableResult
+    private func run(_ identity: String) -> Counts {
+        var counts = Counts()
+        guard let engine, let account = try? engine.account(identity), account.isEnrolled,
+              let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return counts }
+        walk(root, account: account, counts: &counts)
+        if counts != Counts() {
+            filesystem.log("format upgrade for \(account.upn): \(counts.records) owner records, \(counts.headers) headers, " +
+                           "\(counts.names) names brought to version 3; \(counts.left) left for later")
+        }
+        return counts
+    }
+
+    /// Upgrades every entry of `directory` that `account` owns, then goes down.
+    private func walk(_ directory: Inode, account: Account, counts: inout Counts) {
+        guard let names = try? Syscall.directoryNames(in: directory.fd) else { return }
+        for name in names where !name.hasPrefix(MountFileSystem.stagingPrefix) {
+            guard let attributes = try? Syscall.fstatat(directory.fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
+            let kind = attributes.st_mode & S_IFMT
+            var stored = name
+            if kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: directory.fd, name: name.cString),
+               filesystem.record(record, isOf: account) {
+                let child = inode(named: name, in: directory, attributes: attributes)
+                if let child {
+                    if record.owner != nil { upgradeRecord(child, counts: &counts) }
+                    if kind == S_IFREG { upgradeHeader(child, account: account, counts: &counts) }
+                }
+                stored = renamed(name, in: directory, owner: account.upn, counts: &counts)
+            }
+            if kind == S_IFDIR, let child = inode(named: stored, in: directory, attributes: attributes) {
+                walk(child, account: account, counts: &counts)
+            }
+        }
+    }
+
+    /// The node of an entry: the kernel's, when it knows the object, else one for this pass.
+    private func inode(named name: FileName, in directory: Inode, attributes: stat) -> Inode? {
+        if let id = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)),
+           let known = try? filesystem.inodes.inode(id) {
+            return known
+        }
+        guard let fd = try? Syscall.openat(directory.fd, name.cString, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC) else { return nil }
+        return Inode(fd: fd, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: attributes.st_mode & S_IFMT)
+    }
+
+    private func upgradeRecord(_ inode: Inode, counts: inout Counts) {
+        let protection = filesystem.protection(of: inode)
+        guard let record = filesystem.ownerRecord(for: protection), record.owner == nil else { return }
+        do throws(FormatError) {
+            try record.store(at: inode.procPath)
+            counts.records += 1
+        } catch {
+            counts.left += 1
+        }
+    }
+
+    /// Rewraps a version 2 header without its owner, unless the file is open (its content holds
+    /// the header) or its class key is not at hand.
+    private func upgradeHeader(_ inode: Inode, account: Account, counts: inout Counts) {
+        guard let engine, case .encrypted(_, let protectionClass) = filesystem.protection(of: inode) else { return }
+        let outcome = inode.protectionState.withLock { state -> Bool? in
+            guard state.openHandles == 0, state.content == nil else { return false }
+            guard let fd = try? Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC) else { return false }
+            defer { Syscall.close(fd) }
+            let storage = DescriptorStorage(fd: fd)
+            guard let header = try? ProtectedFile.readHeader(from: storage) else { return false }
+            guard header.owner != nil, header.version == FileHeader.hiddenOwnerVersion - 1 else { return nil }
+            guard let lease = try? engine.openFileKey(header) else { return false }
+            defer { engine.closeFileKey(lease) }
+            do {
+                let classKey = try engine.classKey(for: account.id, protectionClass, purpose: .create)
+                let hidden = try FileHeader.encrypted(owner: nil, protectionClass: header.protectionClass, classKey: classKey,
+                                                      fileKey: lease.fileKey, fileID: header.fileID, blockSize: header.blockSize)
+                try storage.writeBytes(hidden.encoded(), at: 0)
+                try storage.sync()
+                return true
+            } catch {
+                return false
+            }
+        }
+        switch outcome {
+        case true?: counts.headers += 1
+        case false?: counts.left += 1
+        case nil: break
+        }
+    }
+
+    private func renamed(_ name: FileName, in directory: Inode, owner: String, counts: inout Counts) -> FileName {
+        guard !name.hasPrefix(NameCipher.prefix) else { return name }
+        let now = filesystem.renameForOwner(name, in: directory, owner: owner)
+        if now != name { counts.names += 1 }
+        return now
+    }
+}
