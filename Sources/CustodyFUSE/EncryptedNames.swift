@@ -180,11 +180,23 @@ extension MountFileSystem {
         } else {
             resolved = .plain(shown)
         }
-        if let (existing, _) = try? existingEntry(name, in: directory), existing.stored != resolved.stored {
+        if let other = try otherForm(of: resolved, in: directory) {
             guard keepingOtherForm else { throw Errno.exists }
-            return (resolved, existing)
+            return (resolved, other)
         }
         return (resolved, nil)
+    }
+
+    /// The entry that holds `resolved`'s name in another form than its own, if any: the plain
+    /// one, or another held key's (each form computed once; its own is not looked at).
+    private func otherForm(of resolved: ResolvedName, in directory: Inode) throws(Errno) -> ResolvedName? {
+        func exists(_ stored: FileName) -> Bool { (try? Syscall.fstatat(directory.fd, stored.cString, AT_SYMLINK_NOFOLLOW)) != nil }
+        if resolved.isEncrypted, exists(resolved.shown) { return .plain(resolved.shown) }
+        guard let tweak = try tweak(of: directory) else { return nil }
+        for key in heldNameKeys().all where key.tag != resolved.key?.tag {
+            if let form = try? encrypted(resolved.shown, tweak: tweak, key: key), exists(form.stored) { return form }
+        }
+        return nil
     }
 
     /// Keeps the long form of a long stored name on its entry, once the entry exists.

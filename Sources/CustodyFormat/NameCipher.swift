@@ -80,11 +80,19 @@ public final class NameKey: Sendable {
         return plaintext
     }
 
-    /// The nonce of `name` in the directory with `tweak`.
+    /// The nonce of `name` in the directory with `tweak`. Not a secret (it is stored in the name):
+    /// derived into an ordinary array, with no secure allocation per name.
     func nonce(for name: [UInt8], tweak: [UInt8]) throws(CryptoError) -> [UInt8] {
-        let derived = try HKDF.derive(key: nonceKey, salt: [], info: [UInt8(truncatingIfNeeded: tweak.count)] + tweak + name,
-                                      count: AESGCMKey.nonceSize)
-        return derived.withUnsafeBytes { Array($0) }
+        var nonce = [UInt8](repeating: 0, count: AESGCMKey.nonceSize)
+        let info = [UInt8(truncatingIfNeeded: tweak.count)] + tweak + name
+        var failure: CryptoError?
+        nonceKey.withUnsafeBytes { key in
+            nonce.withUnsafeMutableBytes { out in
+                do throws(CryptoError) { try HKDF.derive(.sha256, key: key, salt: [], info: info, into: out) } catch { failure = error }
+            }
+        }
+        if let failure { throw failure }
+        return nonce
     }
 }
 
@@ -183,12 +191,16 @@ public enum NameCipher {
     public static func isReserved(_ name: [UInt8]) -> Bool { name.starts(with: Array(prefix.utf8)) }
 
     static func kind(of stored: String) -> (tag: String, separator: Character, body: Substring)? {
-        guard stored.hasPrefix(prefix) else { return nil }
-        let rest = stored.dropFirst(prefix.count)
-        guard rest.count > 7 else { return nil }
-        let tag = rest.prefix(6), separator = rest[rest.index(rest.startIndex, offsetBy: 6)]
-        guard tag.allSatisfy(Base64URL.isDigit), ":.-".contains(separator) else { return nil }
-        return (String(tag), separator, rest.dropFirst(7))
+        // On the UTF-8 bytes: a listing asks this of every name.
+        let bytes = stored.utf8
+        guard bytes.count > prefix.utf8.count + 7, bytes.starts(with: prefix.utf8) else { return nil }
+        let tagStart = bytes.index(bytes.startIndex, offsetBy: prefix.utf8.count)
+        let separatorAt = bytes.index(tagStart, offsetBy: 6)
+        guard bytes[tagStart..<separatorAt].allSatisfy({ Base64URL.value(of: $0) != nil }) else { return nil }
+        let separator = bytes[separatorAt]
+        guard separator == UInt8(ascii: ":") || separator == UInt8(ascii: ".") || separator == UInt8(ascii: "-") else { return nil }
+        let bodyStart = bytes.index(after: separatorAt)
+        return (String(Substring(bytes[tagStart..<separatorAt])), Character(Unicode.Scalar(separator)), Substring(bytes[bodyStart...]))
     }
 
     static func check(_ name: [UInt8]) throws(FormatError) {
@@ -201,10 +213,16 @@ public enum NameCipher {
 /// base64url without padding (RFC 4648, section 5): names may not hold a slash.
 enum Base64URL {
     static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8)
+    /// Each byte's digit value, 0xFF for a byte that is not a digit.
+    static let values: [UInt8] = {
+        var table = [UInt8](repeating: 0xFF, count: 256)
+        for (value, digit) in alphabet.enumerated() { table[Int(digit)] = UInt8(value) }
+        return table
+    }()
 
-    static func isDigit(_ character: Character) -> Bool {
-        guard let ascii = character.asciiValue else { return false }
-        return alphabet.contains(ascii)
+    static func value(of byte: UInt8) -> UInt8? {
+        let value = values[Int(byte)]
+        return value == 0xFF ? nil : value
     }
 
     static func encode(_ bytes: [UInt8]) -> String {
@@ -227,8 +245,9 @@ enum Base64URL {
 
     static func decode<S: StringProtocol>(_ text: S) -> [UInt8]? {
         var values: [UInt32] = []
+        values.reserveCapacity(text.utf8.count)
         for byte in text.utf8 {
-            guard let value = alphabet.firstIndex(of: byte) else { return nil }
+            guard let value = value(of: byte) else { return nil }
             values.append(UInt32(value))
         }
         guard values.count % 4 != 1 else { return nil }
