@@ -70,7 +70,7 @@ public final class Engine: @unchecked Sendable {
     let nameKeyGenerationCounter = Atomic<UInt64>(0)
     /// Accounts by the IDs of their class keys, for the resolution generation it was made in
     /// (`HiddenOwners.swift`).
-    let keyIDIndex = Mutex<(generation: UInt64, accounts: [Data: Account])?>(nil)
+    let keyIDIndex = Mutex<(generation: UInt64, accounts: [String: Account])?>(nil)
     /// No lock completes before this time (monotonic seconds, as a `Double`'s bits): every file
     /// created asks for a class key, which first completes due locks, and this spares it a walk
     /// of every identity's keys when none is due. Written only under `state`'s lock.

@@ -13,30 +13,21 @@ extension Engine {
         guard id.count == FileHeader.classKeyIDSize else { return nil }
         // Every file probed asks: an index, made again when accounts or their keys change.
         let generation = resolutionGeneration.load(ordering: .acquiring)
-        if let index = keyIDIndex.withLock({ $0 }), index.generation == generation { return index.accounts[Data(id)] }
-        var accounts: [Data: Account] = [:]
+        let wanted = hexString(id)
+        if let index = keyIDIndex.withLock({ $0 }), index.generation == generation { return index.accounts[wanted] }
+        // By the IDs' hex, as accounts keep them.
+        var accounts: [String: Account] = [:]
         let known = self.accounts()
         state.withLock { state in
             for account in known {
-                for id in account.keyIDs ?? [] { if let bytes = Self.bytes(ofHex: id) { accounts[Data(bytes)] = account } }
-                for wrapped in state.keys[account.key]?.stored.classes.values ?? [:].values { accounts[wrapped.id] = account }
+                for id in account.keyIDs ?? [] { accounts[id] = account }
+                if let stored = state.keys[account.key]?.stored {
+                    for id in Self.keyIDs(of: stored) { accounts[id] = account }
+                }
             }
         }
         keyIDIndex.withLock { $0 = (generation, accounts) }
-        return accounts[Data(id)]
-    }
-
-    static func bytes(ofHex text: String) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard digits.count % 2 == 0 else { return nil }
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(digits.count / 2)
-        for index in stride(from: 0, to: digits.count, by: 2) {
-            guard let high = UInt8(String(UnicodeScalar(digits[index])), radix: 16),
-                  let low = UInt8(String(UnicodeScalar(digits[index + 1])), radix: 16) else { return nil }
-            bytes.append(high << 4 | low)
-        }
-        return bytes
+        return accounts[wanted]
     }
 
     /// The account a header belongs to: the one it names (versions 1 and 2), or the one whose

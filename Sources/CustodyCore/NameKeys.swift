@@ -59,18 +59,6 @@ extension Engine {
         }
     }
 
-    /// Every name key held now, by its tag, with its identity's UPN.
-    public func nameKeysByTag() -> [String: (key: NameKey, identity: String)] {
-        let accounts = self.accounts()
-        return state.withLock { state in
-            var result: [String: (key: NameKey, identity: String)] = [:]
-            for account in accounts {
-                if let key = state.keys[account.key]?.nameKey { result[key.tag] = (key, account.upn) }
-            }
-            return result
-        }
-    }
-
     /// After `key`'s keys changed: a new name key is announced to the mounts (`appeared`: it was
     /// not held before), and its tag is kept with the account (written once, when it first appears).
     func nameKeyInstalled(_ key: IdentityKey, appeared: Bool = true) {

@@ -171,20 +171,32 @@ extension MountFileSystem {
     /// returned as `other` (the caller opens it by that name, then renames it into `wanted`).
     func newEntryName(_ name: UnsafePointer<CChar>, in directory: Inode, key: NameKey?,
                       keepingOtherForm: Bool) throws(Errno) -> (wanted: ResolvedName, other: ResolvedName?) {
-        let shown = FileName(cString: name)
-        guard engine != nil else { return (.plain(shown), nil) }
-        if Self.isReservedName(name) { throw Errno.invalidArgument }
-        let resolved: ResolvedName
-        if let key {
-            resolved = try encryptedName(shown, in: directory, key: key)
-        } else {
-            resolved = .plain(shown)
-        }
+        let resolved = try storedForm(of: name, in: directory, key: key)
+        guard engine != nil else { return (resolved, nil) }
         if let other = try otherForm(of: resolved, in: directory) {
             guard keepingOtherForm else { throw Errno.exists }
             return (resolved, other)
         }
         return (resolved, nil)
+    }
+
+    /// The form `name` is stored in, in `directory`, with `key` (nil: plain); EINVAL for a name
+    /// that would read as a stored one. Whether it exists is not looked at.
+    func storedForm(of name: UnsafePointer<CChar>, in directory: Inode, key: NameKey?) throws(Errno) -> ResolvedName {
+        let shown = FileName(cString: name)
+        guard engine != nil else { return .plain(shown) }
+        if Self.isReservedName(name) { throw Errno.invalidArgument }
+        guard let key else { return .plain(shown) }
+        return try encryptedName(shown, in: directory, key: key)
+    }
+
+    /// Renames the entry `stored` in `directory` into the form `wanted` (not over another entry),
+    /// keeps its long form, and tells the inode table.
+    func moveIntoForm(_ stored: FileName, in directory: Inode, _ wanted: ResolvedName) throws(Errno) {
+        guard stored != wanted.stored else { return }
+        try Syscall.renameat2(directory.fd, stored.cString, directory.fd, wanted.stored.cString, Linux.RENAME_NOREPLACE)
+        try? storeLongForm(of: wanted, in: directory)
+        inodes.renamed(in: directory, from: stored, to: wanted.stored)
     }
 
     /// The entry that holds `resolved`'s name in another form than its own, if any: the plain
@@ -234,15 +246,12 @@ extension MountFileSystem {
         if let attributes = try? Syscall.fstatat(directory.fd, stored.cString, AT_SYMLINK_NOFOLLOW), attributes.st_mode & S_IFMT == S_IFLNK {
             resealTarget(stored, in: directory, key: key)
         }
-        guard wanted.stored != stored else { return stored }
         do throws(Errno) {
-            try Syscall.renameat2(directory.fd, stored.cString, directory.fd, wanted.stored.cString, Linux.RENAME_NOREPLACE)
+            try moveIntoForm(stored, in: directory, wanted)
         } catch {
             log("the name of an entry whose owner changed stays as it was: \(error)")
             return stored
         }
-        try? storeLongForm(of: wanted, in: directory)
-        inodes.renamed(in: directory, from: stored, to: wanted.stored)
         return wanted.stored
     }
 
@@ -285,10 +294,13 @@ extension MountFileSystem {
     }
 
     private func readLongForm(_ stored: String, in directory: Inode) -> String? {
+        Self.longForm { (bytes) throws(Errno) in try Syscall.getxattr(in: directory.fd, stored, Self.longFormAttribute, bytes.baseAddress, bytes.count) }
+    }
+
+    /// The long form `read` finds (it reads `longFormAttribute` into a buffer); nil when none.
+    static func longForm(_ read: (UnsafeMutableRawBufferPointer) throws(Errno) -> Int) -> String? {
         var buffer = [UInt8](repeating: 0, count: 512)
-        let count = buffer.withUnsafeMutableBytes { bytes in
-            (try? Syscall.getxattr(in: directory.fd, stored, Self.longFormAttribute, bytes.baseAddress, bytes.count)) ?? -1
-        }
+        let count = buffer.withUnsafeMutableBytes { bytes in (try? read(bytes)) ?? -1 }
         guard count > 0 else { return nil }
         return String(validating: buffer.prefix(count), as: UTF8.self)
     }
@@ -306,14 +318,10 @@ extension MountFileSystem {
                 shown.append(name)
                 continue
             }
-            var longForm: String?
-            if NameCipher.isLong(name) {
-                var buffer = [UInt8](repeating: 0, count: 512)
-                let count = buffer.withUnsafeMutableBytes { bytes in
-                    (try? Syscall.lgetxattr(storedSoFar + "/" + name, Self.longFormAttribute, bytes.baseAddress, bytes.count)) ?? -1
-                }
-                if count > 0 { longForm = String(validating: buffer.prefix(count), as: UTF8.self) }
-            }
+            let path = storedSoFar + "/" + name
+            let longForm = NameCipher.isLong(name)
+                ? Self.longForm { (bytes) throws(Errno) in try Syscall.lgetxattr(path, Self.longFormAttribute, bytes.baseAddress, bytes.count) }
+                : nil
             if let plain = try? NameCipher.decrypt(name, full: longForm, tweak: tweak, key: key) {
                 shown.append(FileName(bytes: plain).description)
             } else {

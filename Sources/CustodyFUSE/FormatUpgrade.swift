@@ -79,12 +79,9 @@ final class FormatUpgrade: @unchecked Sendable {
 
     /// The node of an entry: the kernel's, when it knows the object, else one for this pass.
     private func inode(named name: FileName, in directory: Inode, attributes: stat) -> Inode? {
-        if let id = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)),
-           let known = try? filesystem.inodes.inode(id) {
-            return known
-        }
+        if let known = filesystem.inodes.known(attributes) { return known.inode }
         guard let fd = try? Syscall.openat(directory.fd, name.cString, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC) else { return nil }
-        return Inode(fd: fd, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: attributes.st_mode & S_IFMT)
+        return Inode(fd: fd, attributes: attributes)
     }
 
     private func upgradeRecord(_ inode: Inode, counts: inout Counts) {
@@ -113,8 +110,7 @@ final class FormatUpgrade: @unchecked Sendable {
             defer { engine.closeFileKey(lease) }
             do {
                 let classKey = try engine.classKey(for: account.id, protectionClass, purpose: .create)
-                let hidden = try FileHeader.encrypted(owner: nil, protectionClass: header.protectionClass, classKey: classKey,
-                                                      fileKey: lease.fileKey, fileID: header.fileID, blockSize: header.blockSize)
+                let hidden = try header.rewrapped(fileKey: lease.fileKey, to: header.protectionClass, classKey: classKey, hidingOwner: true)
                 try storage.writeBytes(hidden.encoded(), at: 0)
                 try storage.sync()
                 return true

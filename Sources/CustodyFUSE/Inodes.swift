@@ -28,6 +28,11 @@ final class Inode: @unchecked Sendable {
         self.fileType = fileType
     }
 
+    /// A node around `fd` for the object with `attributes` (its type from them).
+    convenience init(fd: Int32, attributes: stat) {
+        self.init(fd: fd, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: attributes.st_mode & S_IFMT)
+    }
+
     deinit { Syscall.close(fd) }
 
     var isDirectory: Bool { fileType == S_IFDIR }
@@ -180,6 +185,12 @@ final class InodeTable: @unchecked Sendable {
     /// The names every node was last looked up by.
     func entryNames() -> [EntryName] {
         state.withLock { $0.byID.values.compactMap(\.name) }
+    }
+
+    /// The node the kernel knows for the object with `attributes`, and its ID, if it knows one.
+    func known(_ attributes: stat) -> (id: UInt64, inode: Inode)? {
+        guard let id = id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)), let inode = try? inode(id) else { return nil }
+        return (id, inode)
     }
 
     /// The node ID the kernel knows a backing object by, if any.

@@ -147,8 +147,7 @@ extension MountFileSystem {
     /// The node the kernel knows for the object with `attributes`, if any, and its link count,
     /// looked at before it is removed or replaced.
     func knownObject(_ attributes: stat?) -> (id: UInt64, inode: Inode, links: UInt64)? {
-        guard let attributes, let id = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)),
-              let inode = try? inodes.inode(id) else { return nil }
+        guard let attributes, let (id, inode) = inodes.known(attributes) else { return nil }
         return (id, inode, UInt64(attributes.st_nlink))
     }
 
@@ -194,14 +193,14 @@ extension MountFileSystem {
             }
             if flags & Linux.RENAME_NOREPLACE != 0, existing != nil { throw Errno.exists }
             if flags & Linux.RENAME_EXCHANGE != 0, engine != nil, Self.isReservedName(newName) { throw Errno.accessDenied }
-            let target = try movedName(newName, in: newParent, key: source.key)
+            let target = try storedForm(of: newName, in: newParent, key: source.key)
             if flags & Linux.RENAME_EXCHANGE != 0 {
                 guard let (other, _) = existing else { throw Errno.noSuchFile }
                 try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
                     try Syscall.renameat2(parent.fd, source.stored.cString, newParent.fd, other.stored.cString, flags)
                     // Each entry now holds the other's object: give each the form of its object's key.
-                    try reform(other.stored, in: newParent, as: target)
-                    try reform(source.stored, in: parent, as: try movedName(name, in: parent, key: other.key))
+                    try moveIntoForm(other.stored, in: newParent, target)
+                    try moveIntoForm(source.stored, in: parent, try storedForm(of: name, in: parent, key: other.key))
                 }
                 replyError(req, 0)
                 return
@@ -232,22 +231,5 @@ extension MountFileSystem {
         } catch {
             replyError(req, error.rawValue)
         }
-    }
-
-    /// The stored name an existing entry moved to `name` in `directory` gets: with the key its
-    /// name had (nil: plain).
-    private func movedName(_ name: UnsafePointer<CChar>, in directory: Inode, key: NameKey?) throws(Errno) -> ResolvedName {
-        let shown = FileName(cString: name)
-        guard engine != nil else { return .plain(shown) }
-        if Self.isReservedName(name) { throw Errno.invalidArgument }
-        guard let key else { return .plain(shown) }
-        return try encryptedName(shown, in: directory, key: key)
-    }
-
-    /// Renames the entry `stored` in `directory` to the form `wanted` (nothing when it has it).
-    private func reform(_ stored: FileName, in directory: Inode, as wanted: ResolvedName) throws(Errno) {
-        guard stored != wanted.stored else { return }
-        try Syscall.renameat2(directory.fd, stored.cString, directory.fd, wanted.stored.cString, Linux.RENAME_NOREPLACE)
-        try? storeLongForm(of: wanted, in: directory)
     }
 }

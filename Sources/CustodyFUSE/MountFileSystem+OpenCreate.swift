@@ -174,8 +174,7 @@ extension MountFileSystem {
             }
             if let renamedInto {
                 do throws(Errno) {
-                    try Syscall.renameat2(parent.fd, stored, parent.fd, renamedInto.stored.cString, Linux.RENAME_NOREPLACE)
-                    try? storeLongForm(of: renamedInto, in: parent)
+                    try moveIntoForm(resolved.stored, in: parent, renamedInto)
                     resolved = renamedInto
                 } catch {
                     log("a file created over an entry of the same name keeps that entry's stored name: \(error)")

@@ -93,11 +93,11 @@ final class PolicyReprotection: @unchecked Sendable {
         guard let root = try? filesystem.inodes.inode(InodeTable.rootID),
               let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC),
               let attributes = try? Syscall.stat(of: pathFD) else { return .failed }
-        let known = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
+        let known = filesystem.inodes.known(attributes)
         let inode: Inode
-        if let known, let existing = try? filesystem.inodes.inode(known) {
+        if let known {
             Syscall.close(pathFD)
-            inode = existing
+            inode = known.inode
         } else {
             inode = Inode(fd: pathFD, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: S_IFREG)
         }
@@ -107,7 +107,7 @@ final class PolicyReprotection: @unchecked Sendable {
             if case .encrypted(_, let from) = current, case .encrypted(_, let to) = wanted, from != to, let classKey {
                 try filesystem.rewrap(inode, to: to, classKey: classKey)
             } else {
-                try filesystem.reprotect(id: known, inode, to: wanted, classKey: classKey)
+                try filesystem.reprotect(id: known?.id, inode, to: wanted, classKey: classKey)
             }
             return .done
         } catch where error == .resourceBusy {

@@ -105,9 +105,10 @@ extension MountFileSystem {
             let record = try? OwnerRecord.load { (bytes) throws(Errno) in
                 try backingGetxattr(inode, lookedUpAs: entry, OwnerRecord.attributeName, bytes.baseAddress, bytes.count)
             }
-            found = protection(from: record)
+            let (read, settled) = protection(from: record)
+            found = read
             // An owner no account names now is asked again next time: an enrolment may name it.
-            if case .keyID(let id)? = record?.holder, engine?.account(forKeyID: id) == nil { return found }
+            if !settled { return found }
         }
         inode.protectionState.withLock { if $0.protection == nil { $0.protection = found } }
         return found
@@ -134,16 +135,18 @@ extension MountFileSystem {
     // MARK: Owners
 
     /// What an owner record says: a record by key ID names the identity whose keybag holds that
-    /// key (an owner no account here matches is shown as unknown, and opens nothing).
-    func protection(from record: OwnerRecord?) -> Protection {
-        guard let record else { return .untracked }
+    /// key (an owner no account here matches is shown as unknown, and opens nothing; `settled` is
+    /// false then: an enrolment may name it later).
+    func protection(from record: OwnerRecord?) -> (protection: Protection, settled: Bool) {
+        guard let record else { return (.untracked, true) }
         switch record.holder {
         case .named(let owner):
-            return Protection(record: record, owner: owner)
+            return (Protection(record: record, owner: owner), true)
         case .keyID(let id):
-            let name = engine.map { $0.account(forKeyID: id)?.upn ?? $0.unknownOwner(keyID: id) } ?? hexString(id)
-            guard let owner = try? Owner(name) else { return .untracked }
-            return Protection(record: record, owner: owner)
+            let account = engine?.account(forKeyID: id)
+            let name = account?.upn ?? engine?.unknownOwner(keyID: id) ?? hexString(id)
+            guard let owner = try? Owner(name) else { return (.untracked, account != nil) }
+            return (Protection(record: record, owner: owner), account != nil)
         }
     }
 

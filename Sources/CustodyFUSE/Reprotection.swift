@@ -111,12 +111,11 @@ extension MountFileSystem {
                 Syscall.close(childFD)
                 continue
             }
-            let known = inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
-            if let known, let inode = try? inodes.inode(known) {
+            if let known = inodes.known(attributes) {
                 Syscall.close(childFD)
-                try body(inode, known)
+                try body(known.inode, known.id)
             } else {
-                try body(Inode(fd: childFD, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: kind), nil)
+                try body(Inode(fd: childFD, attributes: attributes), nil)
             }
         }
     }

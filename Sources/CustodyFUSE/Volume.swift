@@ -165,12 +165,11 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
                 Syscall.close(fd)
                 throw error
             }
-            if let known = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)),
-               let existing = try? filesystem.inodes.inode(known) {
+            if let known = filesystem.inodes.known(attributes) {
                 Syscall.close(fd)
-                (inode, id) = (existing, known)
+                (inode, id) = (known.inode, known.id)
             } else {
-                (inode, id) = (Inode(fd: fd, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: attributes.st_mode & S_IFMT), nil)
+                (inode, id) = (Inode(fd: fd, attributes: attributes), nil)
             }
         }
         return (inode, id)

@@ -174,10 +174,12 @@ public struct FileHeader: Equatable, Sendable {
     }
 
     /// The same file key wrapped for another class (and class key): what a protection-level change
-    /// writes over the old header. The file ID and content are unchanged.
-    public func rewrapped(fileKey: SecretBytes, to protectionClass: ProtectionClass, classKey: ClassKey) throws(FormatError) -> FileHeader {
-        try FileHeader.encrypted(owner: owner, protectionClass: protectionClass, classKey: classKey, fileKey: fileKey,
-                                 fileID: fileID, blockSize: blockSize, version: version)
+    /// writes over the old header. The file ID and content are unchanged. `hidingOwner`: the
+    /// header of the current version, which names no owner (a version 2 header's upgrade).
+    public func rewrapped(fileKey: SecretBytes, to protectionClass: ProtectionClass, classKey: ClassKey,
+                          hidingOwner: Bool = false) throws(FormatError) -> FileHeader {
+        try FileHeader.encrypted(owner: hidingOwner ? nil : owner, protectionClass: protectionClass, classKey: classKey, fileKey: fileKey,
+                                 fileID: fileID, blockSize: blockSize, version: hidingOwner ? nil : version)
     }
 
     static func agreementWrappingKey(shared: SecretBytes, ephemeralPublicKey: [UInt8], classPublicKey: [UInt8]) throws(CryptoError) -> AESGCMKey {

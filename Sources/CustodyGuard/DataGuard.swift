@@ -187,30 +187,34 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
     public func admit(thread: Int32, holding account: Account) -> String? {
         admitProcess(of: thread, account: account, receives: false) { process, rules, watched in
             // A file it can already write to, where the identity may not save, would receive the data.
-            for file in WritableFiles.of(process: process) {
-                guard let fileSystem = watched[file.device] else { continue }
-                let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
-                guard !rules.allows([account.upn], toSaveTo: location) else { continue }
-                report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
-                                        operation: "read (it holds a file open for writing there)", removedEmptyFile: false))
-                return "it holds \(file.path) open for writing, in \(location), where \(account.upn)'s data may not be saved"
-            }
-            return nil
+            guard let (file, location) = Self.firstRefused(WritableFiles.of(process: process), watched: watched, rules: rules,
+                                                           allowed: { rules.allows([account.upn], toSaveTo: $0) }) else { return nil }
+            report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                    operation: "read (it holds a file open for writing there)", removedEmptyFile: false))
+            return "it holds \(file.path) open for writing, in \(location), where \(account.upn)'s data may not be saved"
         }
     }
 
     public func admit(thread: Int32, writingInto account: Account) -> String? {
         admitProcess(of: thread, account: account, receives: true) { process, rules, watched in
-            for file in WritableFiles.readable(by: process) {
-                guard let fileSystem = watched[file.device] else { continue }
-                let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
-                guard !rules.allows([account.upn], toOpenFrom: location) else { continue }
-                report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
-                                        operation: "write into the identity's file (it reads a file from there)", removedEmptyFile: false, openFrom: true))
-                return "it reads \(file.path), in \(location), from where \(account.upn)'s policy opens no data"
-            }
-            return nil
+            guard let (file, location) = Self.firstRefused(WritableFiles.readable(by: process), watched: watched, rules: rules,
+                                                           allowed: { rules.allows([account.upn], toOpenFrom: $0) }) else { return nil }
+            report(refusal: Refusal(thread: thread, process: process, identities: [account.upn], location: location, path: file.path,
+                                    operation: "write into the identity's file (it reads a file from there)", removedEmptyFile: false, openFrom: true))
+            return "it reads \(file.path), in \(location), from where \(account.upn)'s policy opens no data"
         }
+    }
+
+    /// The first of `files` on a watched file system whose location `allowed` refuses, with that
+    /// location (the one configured for its path, else its file system's).
+    private static func firstRefused(_ files: [WritableFile], watched: [UInt64: WatchedFileSystem], rules: SaveRules,
+                                     allowed: (String) -> Bool) -> (file: WritableFile, location: String)? {
+        for file in files {
+            guard let fileSystem = watched[file.device] else { continue }
+            let location = rules.configuredLocation(of: file.path) ?? fileSystem.location
+            if !allowed(location) { return (file, location) }
+        }
+        return nil
     }
 
     /// What both admissions share: the process of `thread`, unless it is known to be admitted for

@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-${SOAK_ROUNDS:-20}}
-classes=${SOAK_CLASSES:-'IntegrationTests\.(DaemonLifecycleTests|RequestRingTests|UnmountStressTests|FairnessTests|PassthroughOperationTests|ProtectedMountTests|RandomizedOperationTests|WorkloadTests|MultiUserTests|LockMountTests|SetIDBitTests|SpeedFeatureTests|GuardTests|LocationTests)'}
+classes=${SOAK_CLASSES:-'IntegrationTests\.(DaemonLifecycleTests|RequestRingTests|UnmountStressTests|FairnessTests|PassthroughOperationTests|ProtectedMountTests|RandomizedOperationTests|WorkloadTests|MultiUserTests|LockMountTests|SetIDBitTests|SpeedFeatureTests|GuardTests|LocationTests|EncryptedNameTests|FormatUpgradeTests|WipeTests)'}
 export CI=true
 export CUSTODY_STRESS_ROUNDS=${CUSTODY_STRESS_ROUNDS:-20}
 logs=.build/soak/$(date +%Y%m%d-%H%M%S)
