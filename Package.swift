@@ -98,7 +98,7 @@ let package = Package(
         .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyTestSupport", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyTestSupport", "CustodyFUSE", "CustodySystem"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient"]),
+        .testTarget(name: "IntegrationTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient", "CustodyTPM"]),
         .testTarget(name: "CustodyControlTests", dependencies: ["CustodyTestSupport", "CustodyControl", "CustodyAPI", "CustodyCore", "CustodyClient", "CLinux",
                                                                 .product(name: "NIOCore", package: "swift-nio"),
                                                                 .product(name: "NIOEmbedded", package: "swift-nio"),

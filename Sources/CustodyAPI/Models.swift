@@ -118,7 +118,7 @@ public struct CustodyGuardStatus: Codable, Equatable, Sendable {
 
 /// Something wrong with the daemon's state directory (in the status).
 public struct CustodyStateProblem: Codable, Equatable, Sendable {
-    /// setAside, keybagUnusable, orphanedKeybag or unknownOwner.
+    /// setAside, keybagUnusable, orphanedKeybag, unknownOwner, sealed or recoveryKeyOutdated.
     public var kind: String
     public var file: String
     public var message: String

@@ -114,6 +114,8 @@ public final class Engine: @unchecked Sendable {
         var problems: [StateProblem] = []
         /// Runs of the daemon that did not stop cleanly (`UncleanStop`).
         var uncleanStops: [UncleanStop] = []
+        /// Why the state is sealed (no machine key opens the state key); nil when it is open.
+        var sealed: String?
     }
 
     // MARK: Starting
@@ -128,7 +130,8 @@ public final class Engine: @unchecked Sendable {
         self.settingsBox = Mutex(settings)
         self.clock = clock
         self.processes = processes
-        self.files = StateFiles(directory: stateDirectory)
+        let seal = StateSeal(directory: stateDirectory)
+        self.files = StateFiles(directory: stateDirectory, seal: seal)
         do { try Syscall.mkdirat(AT_FDCWD, stateDirectory, 0o700) } catch where error == .exists {} catch {
             throw .io(file: stateDirectory, error)
         }
@@ -139,93 +142,20 @@ public final class Engine: @unchecked Sendable {
         if machineKeys.currentID == nil {
             try machineKeys.create(try Self.storeForNewKeys(settings.machineKey, sealer: machineKeySealer), pcrs: settings.tpm2PCRs)
         }
+        try seal.load(machineKeys)
+        if seal.keyID != nil { try Self.sealPlainState(files) }
         var loaded = State()
-        var accountsUpdated = false
-        loaded.accounts = try files.read(AccountsFile.self, from: "accounts.json")?.accounts ?? []
         loaded.uncleanStops = Self.noteRunStart(files, problems: &loaded.problems)
-        // A wipe that was journaled is finished before anything of that account is served: its
-        // keys are destroyed (again: it is idempotent) and the account dropped now; its files go
-        // when the mount calls completePendingWipes.
-        for name in files.list("wipes") where name.hasSuffix(".json") {
-            guard let pending = try files.read(Account.self, from: "wipes/" + name) else { continue }
-            try files.destroy(Self.keybagName(pending.id))
-            loaded.accounts.removeAll { $0.matches(pending.id) }
-            loaded.pendingWipes.append(pending)
-        }
-        if !loaded.pendingWipes.isEmpty {
-            try files.write(AccountsFile(accounts: loaded.accounts), to: "accounts.json")
-        }
-        for account in loaded.accounts where account.isEnrolled {
-            let name = Self.keybagName(account.id)
-            do throws(EngineError) {
-                guard let stored = try files.read(StoredKeybag.self, from: name) else {
-                    throw .corruptState(file: files.path(name), reason: "it is missing")
-                }
-                let secret: SecretBytes
-                do {
-                    secret = try Self.machineSecret(stored, keys: machineKeys, file: files.path(name))
-                } catch .machineKeyUnavailable(let reason) {
-                    // Served as unavailable (with the reason) until recovered or wiped.
-                    loaded.stranded[account.key] = reason
-                    continue
-                }
-                var keys = try Keyring.load(stored, machineSecret: secret, file: files.path(name))
-                if stored.passphrase == nil {
-                    // Nothing to prove: an identity without a passphrase starts unlocked.
-                    let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: nil, file: files.path(name))
-                    keys.install(unlocked)
-                }
-                loaded.keys[account.key] = keys
-                if let index = loaded.accounts.firstIndex(where: { $0.key == account.key }) {
-                    // Kept with the account (written once): its name key's tag, its class keys' IDs.
-                    if let tag = keys.nameKey?.tag, loaded.accounts[index].nameTag != tag {
-                        loaded.accounts[index].nameTag = tag
-                        accountsUpdated = true
-                    }
-                    if loaded.accounts[index].keyIDs == nil {
-                        loaded.accounts[index].keyIDs = Self.keyIDs(of: stored)
-                        accountsUpdated = true
-                    }
-                }
-            } catch {
-                // One identity's keys, not the others': it is unavailable, and its keybag stays as found.
-                let reason = "its keybag \(files.path(name)) cannot be used: \(error.description)"
-                loaded.unusable[account.key] = reason
-                loaded.problems.append(StateProblem(kind: .keybagUnusable, file: name,
-                                                    message: "\(account.upn) is unavailable: \(reason); restore the keybag, or recover or wipe the identity",
-                                                    identity: account.id))
-            }
-        }
-        loaded.problems += Self.orphanedKeybags(files, accounts: loaded.accounts, pendingWipes: loaded.pendingWipes)
-        Self.loadAttempts(files, into: &loaded.keys, clock: clock, limit: settings.maxUnlockAttempts, problems: &loaded.problems)
-        var dropped = false
-        if let bindings = Self.readOrSetAside(Bindings.self, from: "bindings.json", files: files,
-                                              what: "processes bound to identities run as their user's default identity until bound again",
-                                              problems: &loaded.problems) {
-            // Bindings of processes that are gone (or whose PID was reused) are dropped, and of
-            // identities whose wipe was interrupted.
-            for binding in bindings.processes {
-                if Self.isLive(binding.task, in: processes), !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
-                    loaded.processBindings[binding.task] = binding.identity
-                } else {
-                    dropped = true
-                }
-            }
-            for binding in bindings.threads {
-                if Self.isLive(binding.task, in: processes), !loaded.pendingWipes.contains(where: { $0.matches(binding.identity) }) {
-                    loaded.threadBindings[binding.task] = binding.identity
-                } else {
-                    dropped = true
-                }
-            }
+        var changes = LoadChanges()
+        if let reason = seal.sealedReason {
+            loaded.sealed = reason
+            loaded.problems.append(Self.sealedProblem(reason))
+        } else {
+            changes = try Self.loadState(into: &loaded, files: files, machineKeys: machineKeys, settings: settings, clock: clock, processes: processes)
         }
         state = Mutex(loaded)
         for problem in loaded.problems { Self.emit(problem, on: events) }
-        // The file says only what holds: identities of exited processes do not linger in it.
-        if dropped { try files.save(bindingsSnapshot(loaded)) }
-        if accountsUpdated { try files.save(accountsSnapshot(loaded)) }
-        // Counters that could not be read start again at the back-off limit, kept from now on.
-        if loaded.problems.contains(where: { $0.kind == .setAside && $0.file == Self.attemptsFile }) { saveAttempts(attemptsSnapshot(loaded)) }
+        try saveLoaded(changes, loaded)
         // A migration that was stopped midway is finished; a store other than the configured one
         // is left for it.
         try finishMachineKeyMigration()
@@ -282,12 +212,6 @@ public final class Engine: @unchecked Sendable {
 
     func pokeDeadlineTimer() { timer.withLock { $0?.poke() } }
 
-    static func keybagName(_ id: String) -> String {
-        let digest = Array(IdentityKey(id).folded.utf8).withUnsafeBytes { sha256($0) }
-        let hex: String = hexString(digest.prefix(16))
-        return "keybags/" + hex + ".json"
-    }
-
     public var wipeHandler: WipeHandler? {
         get { wipeHandlerBox.withLock { $0 } }
         set { wipeHandlerBox.withLock { $0 = newValue } }
@@ -303,7 +227,12 @@ public final class Engine: @unchecked Sendable {
             if let exact = state.accounts.first(where: { $0.matchesAsStored(identity) }) { return exact }
             return state.accounts.first { $0.matches(identity) }
         }
-        guard let account = found else { throw .unknownAccount(identity) }
+        guard let account = found else {
+            if let reason = sealedState {
+                throw .machineKeyUnavailable("\(identity) cannot be looked up: \(reason); recover it with its recovery key (custodyctl recover)")
+            }
+            throw .unknownAccount(identity)
+        }
         return account
     }
 
@@ -311,6 +240,7 @@ public final class Engine: @unchecked Sendable {
     @discardableResult
     public func register(id: String, upn: String, uid: UInt32? = nil) throws(EngineError) -> Account {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
+        try refuseWhileSealed("\(upn) cannot be registered")
         let (account, snapshot) = state.withLock { state -> (Account, OrderedStateFile<AccountsFile>.Snapshot?) in
             if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }) { return (existing, nil) }
             let account = Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
@@ -339,6 +269,7 @@ public final class Engine: @unchecked Sendable {
 
     private func enrollChecked(id: String, upn: String, policy: Policy, passphrase: SecretBytes?, uid: UInt32?) throws(EngineError) -> Account {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
+        try refuseWhileSealed("\(upn) cannot be enrolled")
         try checkLocations(policy)
         if !settings.allowedAccounts.isEmpty {
             let allowed = settings.allowedAccounts.map(IdentityKey.init)
@@ -346,7 +277,7 @@ public final class Engine: @unchecked Sendable {
         }
         try state.withLock { (state) throws(EngineError) in
             if let pending = state.pendingWipes.first(where: { $0.matches(id) || $0.matches(upn) }) {
-                throw .corruptState(file: files.path(Self.wipeJournalName(pending.id)), reason: "the wipe of \(pending.upn) has not finished yet")
+                throw .corruptState(file: files.path(files.wipeJournalName(pending.id)), reason: "the wipe of \(pending.upn) has not finished yet")
             }
             if let existing = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) }), existing.isEnrolled {
                 throw .alreadyEnrolled(existing.upn)
@@ -357,7 +288,7 @@ public final class Engine: @unchecked Sendable {
         }
         // A keybag kept from an earlier enrollment (deregistered without wipe) is reused, so that
         // enrolling the same account again restores access to its files.
-        let name = Self.keybagName(id)
+        let name = files.keybagName(id)
         var keys: Keyring
         if let kept = try files.read(StoredKeybag.self, from: name) {
             let secret = try Self.machineSecret(kept, keys: machineKeys, file: files.path(name))

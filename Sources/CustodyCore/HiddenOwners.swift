@@ -35,6 +35,9 @@ extension Engine {
     public func account(of header: FileHeader) throws(EngineError) -> Account {
         if let owner = header.owner { return try account(owner.canonical) }
         guard let account = account(forKeyID: header.classKeyID) else {
+            if let reason = sealedState {
+                throw .machineKeyUnavailable("the owner of key \(hexString(header.classKeyID)) cannot be looked up: \(reason)")
+            }
             throw .unknownAccount("the owner of key \(hexString(header.classKeyID))")
         }
         return account

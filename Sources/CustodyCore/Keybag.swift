@@ -314,7 +314,7 @@ extension Engine {
                let secret = state.withLock({ $0.keys[key]?.machineSecret }) {
                 stored = try Keybags.bind(stored, secret: secret, to: current)
             }
-            try files.write(stored, to: Self.keybagName(account.id))
+            try files.write(stored, to: files.keybagName(account.id))
             let accounts = state.withLock { state -> OrderedStateFile<AccountsFile>.Snapshot? in
                 state.keys[key]?.stored = stored
                 guard let index = state.accounts.firstIndex(where: { $0.matches(account.id) }) else { return nil }

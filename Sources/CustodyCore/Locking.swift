@@ -127,7 +127,7 @@ extension Engine {
         // Argon2id runs outside the lock: a slow unlock does not hold up other requests.
         let unlocked: ClassKeys
         do {
-            unlocked = try Keybags.unlock(view, machineSecret: bound, passphrase: secret, file: files.path(Self.keybagName(account.id)))
+            unlocked = try Keybags.unlock(view, machineSecret: bound, passphrase: secret, file: files.path(files.keybagName(account.id)))
         } catch {
             if case .wrongPassphrase = error {
                 _ = recordFailedUnlock(account, what: what)
@@ -175,7 +175,7 @@ extension Engine {
     /// Sets, changes or removes an identity's passphrase. Needs the current one (nil when none).
     public func changePassphrase(_ identity: String, old: SecretBytes?, new: SecretBytes?) throws(EngineError) {
         let account = try self.account(identity)
-        let file = files.path(Self.keybagName(account.id))
+        let file = files.path(files.keybagName(account.id))
         guard let (stored, _) = keybag(of: account) else { throw missingKeys(account) }
         let secret = try machineSecret(of: account)
         let unlocked = try Keybags.unlock(stored, machineSecret: secret, passphrase: old, file: file)

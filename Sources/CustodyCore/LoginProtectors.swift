@@ -13,7 +13,7 @@ extension Engine {
         let (stored, keys) = try unlockedKeybag(of: account)
         var updated = stored
         updated.loginProtector = try loginProtector(stored, keys: keys, password: password, uid: uid, machineSecret: try machineSecret(of: account),
-                                                    file: files.path(Self.keybagName(account.id)))
+                                                    file: files.path(files.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "login protector set for \(account.upn)", details: ["protector": "login"])
     }
@@ -72,7 +72,7 @@ extension Engine {
         for account in accounts(ofUser: uid) {
             guard let (stored, inMemory) = keybag(of: account), let protector = stored.loginProtector,
                   let secret = try? machineSecret(of: account) else { continue }
-            let file = files.path(Self.keybagName(account.id))
+            let file = files.path(files.keybagName(account.id))
             // The keys held in memory when unlocked; else those the old password unwraps.
             let keys = inMemory.isComplete ? inMemory
                 : old.flatMap { try? Keybags.unlock(protector.keybag(of: stored), machineSecret: secret, passphrase: $0, file: file) }

@@ -47,8 +47,11 @@ extension Engine {
     /// many keybags moved.
     @discardableResult
     func finishMachineKeyMigration() throws(EngineError) -> Int {
+        // Sealed state (no key opens it) names no keybag to move; nothing is dropped.
+        guard sealedState == nil, let current = try? machineKeys.current() else { return 0 }
+        try files.seal?.wrap(under: current)
         // With one key, every keybag is on it: nothing to read.
-        guard machineKeys.count > 1, let current = try? machineKeys.current() else { return 0 }
+        guard machineKeys.count > 1 else { return 0 }
         var moved = 0
         var referenced: Set<String?> = [current.id]
         for name in files.list("keybags").sorted() where name.hasSuffix(".json") && !name.contains(".tmp-") {
@@ -98,6 +101,7 @@ extension Engine {
         }
         let old = machineKeys.currentID ?? "none"
         let new = try machineKeys.create(try Self.storeForNewKeys(settings.machineKey, sealer: machineKeys.sealer), pcrs: settings.tpm2PCRs)
+        try files.seal?.wrap(under: new)
         let stranded = state.withLock { $0.stranded.count }
         events.emit(.machineKeyChanged, "machine key \(old) replaced by a new one (\(new.id)); \(stranded) identit\(stranded == 1 ? "y needs" : "ies need") recovery",
                     details: ["from": old, "to": new.id, "stranded": "\(stranded)"])
@@ -109,8 +113,12 @@ extension Engine {
     public func machineKeyStatus(counter: Bool = true) -> MachineKeyStatus {
         var status = machineKeys.status
         if counter, status.store == .tpm2 { status.dictionaryAttack = machineKeys.sealer?.dictionaryAttack }
-        status.stranded = state.withLock { state in
-            state.stranded.keys.compactMap { key in state.accounts.first { $0.key == key }?.upn }.sorted()
+        let (stranded, sealed) = state.withLock { state in
+            (state.stranded.keys.compactMap { key in state.accounts.first { $0.key == key }?.upn }.sorted(), state.sealed)
+        }
+        status.stranded = stranded
+        if let sealed {
+            status.problem = sealed + "; its identities are unknown until one is recovered with its recovery key"
         }
         if status.store == .file {
             status.warning = "the machine key is a file in the state directory: a copy of the disk can be attacked offline at Argon2id's speed"

@@ -227,6 +227,7 @@ final class MachineKeys: @unchecked Sendable {
             }
         }
         for entry in drop {
+            try files.seal?.dropWrap(of: entry.id)
             try files.destroy(entry.file)
             _ = state.withLock { $0.entries.removeValue(forKey: entry.id) }
         }

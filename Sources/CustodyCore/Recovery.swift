@@ -22,11 +22,18 @@ extension Engine {
         // identity when the machine key is lost; the key's ~133 bits make guessing it hopeless.
         let classD = state.withLock { $0.keys[account.key]?.classD }
         updated.recoveryProtector = try Keybags.protector(stored, keys: keys, password: recovery.digits, uid: 0, cost: settings.passphraseCost,
-                                                          machineSecret: nil, independentWith: classD, file: files.path(Self.keybagName(account.id)))
+                                                          machineSecret: nil, independentWith: classD, file: files.path(files.keybagName(account.id)))
         try saveKeybag(updated, of: account)
+        try wrapStateKey(for: account, under: recovery)
         events.emit(.passphraseChanged, identity: account.upn, "recovery key created for \(account.upn)\(escrow == nil ? "" : ", escrowed")",
                     details: ["protector": "recovery", "escrowed": "\(escrow != nil)"])
         return (recovery, escrow)
+    }
+
+    /// The same key opens the state directory when no machine key does (`StateSeal`).
+    private func wrapStateKey(for account: Account, under recovery: RecoveryKey) throws(EngineError) {
+        try files.seal?.addRecoveryWrap(of: account.id, recoveryKey: recovery.digits, cost: settings.passphraseCost)
+        state.withLock { $0.problems.removeAll { $0.kind == .recoveryKeyOutdated && $0.identity == account.id } }
     }
 
     /// Removes the recovery key of `identity`.
@@ -36,6 +43,7 @@ extension Engine {
         guard stored.recoveryProtector != nil else { return }
         stored.recoveryProtector = nil
         try saveKeybag(stored, of: account)
+        try files.seal?.removeRecoveryWrap(of: account.id)
         events.emit(.passphraseChanged, identity: account.upn, "recovery key removed for \(account.upn)", details: ["protector": "recovery"])
     }
 
@@ -45,22 +53,27 @@ extension Engine {
     /// machine, after `resetMachineKey`) is rebuilt on the current machine key: it needs a new
     /// passphrase (or `removePassphrase`), as the old passphrase's wrap needed the lost key, and
     /// loses its login protector (set up again at the next login).
+    /// While the state directory is sealed (no machine key opens it), the recovery key opens it
+    /// first: then every account is known again, and the others recover with their own keys.
     public func recover(_ identity: String, with recovery: RecoveryKey, newPassphrase: SecretBytes?, removePassphrase: Bool = false) throws(EngineError) {
+        try unsealState(with: recovery)
         let account = try self.account(identity)
         if state.withLock({ $0.stranded[account.key] }) != nil {
             return try recoverStranded(account, with: recovery, newPassphrase: newPassphrase, removePassphrase: removePassphrase)
         }
         try unlock(account.id, using: .recovery(recovery))
+        // A key made before the state was sealed opens it from now on too.
+        if files.seal?.hasRecoveryWrap(of: account.id) == false { try wrapStateKey(for: account, under: recovery) }
         guard newPassphrase != nil || removePassphrase else { return }
         let (stored, keys) = try unlockedKeybag(of: account)
         let updated = try rewrapPassphrase(stored, keys: keys, newPassphrase: newPassphrase, machineSecret: try machineSecret(of: account),
-                                           file: files.path(Self.keybagName(account.id)))
+                                           file: files.path(files.keybagName(account.id)))
         try saveKeybag(updated, of: account)
         events.emit(.passphraseChanged, identity: account.upn, "passphrase of \(account.upn) reset with its recovery key", details: ["protector": "recovery"])
     }
 
     private func recoverStranded(_ account: Account, with recovery: RecoveryKey, newPassphrase: SecretBytes?, removePassphrase: Bool) throws(EngineError) {
-        let name = Self.keybagName(account.id), file = files.path(name)
+        let name = files.keybagName(account.id), file = files.path(name)
         let key = account.key
         guard let stored = try files.read(StoredKeybag.self, from: name) else { throw .corruptState(file: file, reason: "enrolled account \(account.id) has no keybag") }
         let reason = state.withLock { $0.stranded[key] } ?? "the machine key is lost"

@@ -6,17 +6,39 @@ import Synchronization
 /// JSON state files in the state directory, written atomically: a temporary file in the same
 /// directory, fsync, rename over the old one, fsync the directory. A daemon killed at any point
 /// finds either the old or the new file, never a mix.
+/// Files that name an identity are sealed under the state key (`StateSeal`) on the way.
 struct StateFiles: Sendable {
     let directory: String
+    /// Seals and opens the files that name identities; nil for the seal's own files.
+    let seal: StateSeal?
+
+    init(directory: String, seal: StateSeal?) {
+        self.directory = directory
+        self.seal = seal
+    }
 
     func path(_ name: String) -> String { directory + "/" + name }
+
+    /// The file of an identity's keybag (a keyed hash of the identity: see `StateSeal.name`).
+    func keybagName(_ identity: String) -> String {
+        seal?.name(of: identity, in: "keybags") ?? StateSeal.legacyName(of: identity, in: "keybags")
+    }
+
+    /// The journal of an identity's wipe while it runs.
+    func wipeJournalName(_ identity: String) -> String {
+        seal?.name(of: identity, in: "wipes") ?? StateSeal.legacyName(of: identity, in: "wipes")
+    }
 
     func write<T: Encodable>(_ value: T, to name: String) throws(EngineError) {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         let data: Data
         do { data = try encoder.encode(value) } catch { throw .corruptState(file: path(name), reason: "cannot encode: \(error)") }
-        try writeBytes(Array(data), to: name)
+        if let seal, StateSeal.isSealed(name) {
+            try writeBytes(try seal.seal(Array(data), name: name), to: name)
+        } else {
+            try writeBytes(Array(data), to: name)
+        }
     }
 
     func writeBytes(_ bytes: [UInt8], to name: String, mode: mode_t = 0o600) throws(EngineError) {
@@ -47,7 +69,8 @@ struct StateFiles: Sendable {
     /// The decoded file, or nil when it does not exist. Unreadable or invalid files are errors
     /// that name the file.
     func read<T: Decodable>(_ type: T.Type, from name: String) throws(EngineError) -> T? {
-        guard let bytes = try readBytes(name) else { return nil }
+        guard var bytes = try readBytes(name) else { return nil }
+        if let seal, StateSeal.isSealed(name) { bytes = try seal.open(bytes, name: name) }
         do {
             return try JSONDecoder().decode(T.self, from: Data(bytes))
         } catch {

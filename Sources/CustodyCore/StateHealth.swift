@@ -33,6 +33,10 @@ public struct StateProblem: Codable, Equatable, Sendable {
         case orphanedKeybag
         /// A mount holds files of a managed identity that no account names.
         case unknownOwner
+        /// No machine key opens the state key: the accounts are unknown until a recovery key opens it.
+        case sealed
+        /// A recovery key that recovers its identity but cannot open sealed state (made before the state key).
+        case recoveryKeyOutdated
     }
 
     public var kind: Kind
@@ -119,7 +123,7 @@ extension Engine {
 
     /// Keybags in the state directory that no account names (`orphanedKeybag`).
     static func orphanedKeybags(_ files: StateFiles, accounts: [Account], pendingWipes: [Account]) -> [StateProblem] {
-        let named = Set((accounts + pendingWipes).map { String(keybagName($0.id).dropFirst("keybags/".count)) })
+        let named = Set((accounts + pendingWipes).map { String(files.keybagName($0.id).dropFirst("keybags/".count)) })
         return files.list("keybags").filter { $0.hasSuffix(".json") && !$0.contains(".tmp-") && !named.contains($0) }.sorted().map { name in
             let identity = (try? files.read(StoredKeybag.self, from: "keybags/" + name))?.identity
             let whose = identity.map { "identity \($0)" } ?? "an identity whose keybag cannot be read"

@@ -59,10 +59,11 @@ extension Engine {
             events.emit(.wipeStarted, identity: account.upn, code: 102, "wipe received for \(account.upn)")
             // Journaled first: a daemon killed from here on finishes the wipe when it starts again.
             let started = clock.now()
-            try files.write(account, to: Self.wipeJournalName(account.id))
+            try files.write(account, to: files.wipeJournalName(account.id))
             dropKeys(key)
             for volume in volumes { volume.namesHidden(account) }
-            try files.destroy(Self.keybagName(account.id))
+            try files.destroy(files.keybagName(account.id))
+            try files.seal?.removeRecoveryWrap(of: account.id)
             // From here every copy of its encrypted files is unreadable.
             var done = WipeProgress(keysDestroyedSeconds: clock.now() - started)
             report(done, of: account, progress, keysGone: true, "keys of \(account.upn) destroyed")
@@ -83,7 +84,7 @@ extension Engine {
         try files.save(accounts)
         try files.save(bindings)
         if wipe {
-            try files.destroy(Self.wipeJournalName(account.id))
+            try files.destroy(files.wipeJournalName(account.id))
             events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
         }
         events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)",
@@ -144,14 +145,10 @@ extension Engine {
                 return bindingsSnapshot(state)
             }
             try files.save(bindings)
-            try files.destroy(Self.wipeJournalName(account.id))
+            try files.destroy(files.wipeJournalName(account.id))
             state.withLock { $0.pendingWipes.removeAll { $0.matches(account.id) } }
             events.emit(.wipeFinished, identity: account.upn, code: 102, "wiped \(account.upn)")
             events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)", details: ["wipe": "true"])
         }
-    }
-
-    static func wipeJournalName(_ id: String) -> String {
-        "wipes/" + String(keybagName(id).dropFirst("keybags/".count))
     }
 }

@@ -80,7 +80,8 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
 
     /// Where the holders are kept across restarts of the daemon: a process that read managed data
     /// still has it when the daemon comes back.
-    private var holdersFile: String { engine.stateDirectory + "/holders.json" }
+    /// (In the state directory, sealed: it names identities.)
+    private static let holdersFile = "holders.json"
     /// `holders.membership` when the holders were last handed to the reporter (guard thread only).
     private var savedMembership: UInt64 = 0
     /// The guard thread's buffers for events from the kernel, kept between batches.
@@ -464,23 +465,17 @@ public final class DataGuard: DataHolders, @unchecked Sendable {
             guard !identities.isEmpty, let stat = ProcessStat(process) else { continue }
             saved.append(SavedHolder(process: process, start: stat.start, since: holder.since, identities: identities))
         }
-        guard let data = try? JSONEncoder().encode(saved) else { return }
-        let temporary = holdersFile + ".new"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { return log("cannot keep the holders in \(holdersFile): \(String(cString: strerror(errno)))") }
-        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let synced = fsync(fd) == 0
-        close(fd)
-        if written != data.count || !synced || rename(temporary, holdersFile) != 0 {
-            log("cannot keep the holders in \(holdersFile): \(String(cString: strerror(errno)))")
+        do {
+            try engine.writeStateFile(saved, to: Self.holdersFile)
+        } catch {
+            log("cannot keep the holders in \(engine.stateDirectory)/\(Self.holdersFile): \(error)")
         }
     }
 
     /// Takes up the holders a previous run kept that still run (same ID and start time), and the
     /// processes they started since (before the threads start: no other thread reads the table).
     private func restoreHolders() {
-        guard let data = FileManager.default.contents(atPath: holdersFile),
-              let saved = try? JSONDecoder().decode([SavedHolder].self, from: data) else { return }
+        guard let saved = try? engine.readStateFile([SavedHolder].self, from: Self.holdersFile) else { return }
         var restored = 0
         for entry in saved {
             guard let stat = ProcessStat(entry.process), stat.start == entry.start else { continue }

@@ -106,7 +106,8 @@ struct RecoveryKeyCommand: ParsableCommand {
 
 struct Recover: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Unlock an account with its recovery key (asked for, or --recovery-key-file) and optionally set a new passphrase.")
+        abstract: "Unlock an account with its recovery key (asked for, or --recovery-key-file) and optionally set a new passphrase.",
+        discussion: "While the state directory is sealed (no machine key opens it: a cleared TPM, changed PCRs, another machine), the recovery key opens it first and every account is known again; after custodyctl machine-key reset the identity is rebuilt on the new machine key.")
     @OptionGroup var global: Global
     @Argument(help: "The account (ID or UPN).") var identity: String
     @Option(help: ArgumentHelp("Read the recovery key from this file.", valueName: "file")) var recoveryKeyFile: String?

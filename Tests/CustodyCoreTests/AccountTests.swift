@@ -124,7 +124,7 @@ final class AccountTests: EngineTestCase {
     func testDeregisterWithWipeDestroysKeysFirstThenCallsTheHook() throws {
         let engine = try makeEngine()
         try engine.enroll(id: "alice", upn: "alice@contoso.com")
-        let keybag = directory + "/" + Engine.keybagName("alice")
+        let keybag = directory + "/" + engine.files.keybagName("alice")
         XCTAssertTrue(FileManager.default.fileExists(atPath: keybag))
         let handler = RecordingWipe(keybagPath: keybag)
         engine.wipeHandler = handler
@@ -147,7 +147,7 @@ final class AccountTests: EngineTestCase {
         let before = try engine.classKey(for: "alice", .complete, purpose: .open).id
         try engine.deregister("alice", wipe: false)
         XCTAssertThrowsError(try engine.classKey(for: "alice", .complete, purpose: .open), "no keys while deregistered")
-        XCTAssertTrue(FileManager.default.fileExists(atPath: directory + "/" + Engine.keybagName("alice")), "the keybag stays sealed")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: directory + "/" + engine.files.keybagName("alice")), "the keybag stays sealed")
         XCTAssertThrowsError(try engine.enroll(id: "alice", upn: "alice@contoso.com", passphrase: try passphrase("wrong"))) {
             XCTAssertEqual($0 as? EngineError, .wrongPassphrase("alice"))
         }

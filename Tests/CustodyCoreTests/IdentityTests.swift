@@ -96,9 +96,10 @@ final class IdentityTests: EngineTestCase {
         try engine.bindThread(401, to: "ALICE@contoso.com")
         try engine.bindProcess(402, to: "me@gmail.com")
         try engine.bindProcess(403, to: "me@gmail.com")
-        let file = directory + "/bindings.json"
-        func stored() throws -> String { try String(contentsOfFile: file, encoding: .utf8) }
+        func bindings() throws -> Engine.Bindings { try XCTUnwrap(try engine.files.read(Engine.Bindings.self, from: "bindings.json")) }
+        func stored() throws -> String { String(decoding: try JSONEncoder().encode(try bindings()), as: UTF8.self) }
         XCTAssertTrue(try stored().contains("alice@contoso.com"))
+        XCTAssertFalse(try String(contentsOfFile: directory + "/bindings.json", encoding: .utf8).contains("alice"), "sealed on disk")
         // 402 exits: the periodic prune drops it from the file.
         table.remove(402)
         XCTAssertTrue(engine.pruneExitedBindings())
@@ -110,9 +111,7 @@ final class IdentityTests: EngineTestCase {
         table.remove(403)
         table.add(404, parent: 1, start: 4040)
         try engine.bindProcess(404, to: "me@gmail.com")
-        let afterBind = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: file))) as? [String: Any]
-        let ids = ((afterBind?["processes"] as? [[String: Any]]) ?? []).compactMap { ($0["task"] as? [String: Any])?["id"] as? Int }
-        XCTAssertEqual(ids.sorted(), [400, 404])
+        XCTAssertEqual(try bindings().processes.map(\.task.id).sorted(), [400, 404])
         // The wipe takes the process and the thread binding of alice (any spelling) with it.
         try engine.deregister("alice@contoso.com", wipe: true)
         let afterWipe = try stored()
@@ -267,13 +266,13 @@ final class PersistenceTests: EngineTestCase {
 
         let engine = try makeEngine()
         try engine.enroll(id: "alice", upn: "alice@contoso.com")
-        let keybag = directory + "/" + Engine.keybagName("alice")
-        var stored = try JSONDecoder().decode(StoredKeybag.self, from: Data(contentsOf: URL(fileURLWithPath: keybag)))
+        let name = engine.files.keybagName("alice"), keybag = directory + "/" + name
+        var stored = try XCTUnwrap(try engine.files.read(StoredKeybag.self, from: name))
         // Swap two class keys' wraps: each is bound to its slot, so neither unwraps.
         let a = stored.classes["A"]!, c = stored.classes["C"]!
         stored.classes["A"]?.wrapped = c.wrapped
         stored.classes["C"]?.wrapped = a.wrapped
-        try JSONEncoder().encode(stored).write(to: URL(fileURLWithPath: keybag))
+        try engine.files.write(stored, to: name)
         // One identity's keybag: that identity is unavailable, with the file named (StateFileTests).
         XCTAssertThrowsError(try makeEngine().classKey(for: "alice", .none, purpose: .open)) {
             guard case .keysUnavailable(let reason) = $0 as? EngineError else { return XCTFail("\($0)") }

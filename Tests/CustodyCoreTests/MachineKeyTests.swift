@@ -91,7 +91,7 @@ final class MachineKeyTests: EngineTestCase {
         let (a, b) = try enrollBoth(engine)
         let old = try XCTUnwrap(engine.machineKeyStatus().id)
         let new = try engine.machineKeys.create(.tpm2, pcrs: [])
-        let aliceBag = Engine.keybagName("alice-id")
+        let aliceBag = engine.files.keybagName("alice-id")
         let stored = try XCTUnwrap(try engine.files.read(StoredKeybag.self, from: aliceBag))
         let secret = try Engine.machineSecret(stored, keys: engine.machineKeys, file: aliceBag)
         try engine.files.write(try Keybags.bind(stored, secret: secret, to: new), to: aliceBag)
@@ -101,7 +101,7 @@ final class MachineKeyTests: EngineTestCase {
         XCTAssertEqual(engine.machineKeyStatus().id, new.id)
         XCTAssertEqual(try storeFiles(), [new.id + ".json"], "the old key \(old) is gone once nothing names it")
         for name in ["alice-id", "bob-id"] {
-            XCTAssertEqual(try engine.files.read(StoredKeybag.self, from: Engine.keybagName(name))?.machineKeyID, new.id)
+            XCTAssertEqual(try engine.files.read(StoredKeybag.self, from: engine.files.keybagName(name))?.machineKeyID, new.id)
         }
         try engine.unlock(alice, passphrase: try passphrase("alice pass"))
         XCTAssertEqual(try engine.unprotectData(a), Array("alice's".utf8))
@@ -123,21 +123,34 @@ final class MachineKeyTests: EngineTestCase {
         let secret = try engine.machineSecret(of: try engine.account(alice))
         let bobSecret = try engine.machineSecret(of: try engine.account(bob))
         XCTAssertFalse(secret.constantTimeEquals(bobSecret), "each keybag has a secret of its own")
-        try FileManager.default.removeItem(atPath: directory + "/keybags/" + String(Engine.keybagName("bob-id").dropFirst("keybags/".count)))
-        var stored = try XCTUnwrap(try engine.files.read(StoredKeybag.self, from: Engine.keybagName("alice-id")))
+        try FileManager.default.removeItem(atPath: directory + "/keybags/" + String(engine.files.keybagName("bob-id").dropFirst("keybags/".count)))
+        var stored = try XCTUnwrap(try engine.files.read(StoredKeybag.self, from: engine.files.keybagName("alice-id")))
         stored.machineSecret = nil
         stored.machineKeyID = nil
-        try engine.files.write(stored, to: Engine.keybagName("alice-id"))
+        try engine.files.write(stored, to: engine.files.keybagName("alice-id"))
         try engine.files.writeBytes(secret.withUnsafeBytes { Array($0) }, to: MachineKeys.legacyFile)
         try FileManager.default.removeItem(atPath: directory + "/machine-keys")
         try FileManager.default.removeItem(atPath: directory + "/" + MachineKeys.pointerFile)
         var accounts = try XCTUnwrap(try engine.files.read(Engine.AccountsFile.self, from: "accounts.json"))
         accounts.accounts.removeAll { $0.upn == bob }
         try engine.files.write(accounts, to: "accounts.json")
+        // And before the state key: everything in clear, keybags named by a plain hash.
+        try writeAsBeforeTheStateKey(engine, directory: directory)
+        let legacyName = StateSeal.legacyName(of: "alice-id", in: "keybags")
+        XCTAssertTrue(try String(contentsOfFile: directory + "/accounts.json", encoding: .utf8).contains(alice))
 
         let tpm = MemorySealer()
         engine = try self.engine(tpm, mode: .tpm2)
         XCTAssertEqual(engine.machineKeyStatus().store, .tpm2)
+        // Sealed at the start, under a state key the new machine key wraps; renamed by a keyed hash.
+        XCTAssertTrue(FileManager.default.fileExists(atPath: directory + "/" + StateSeal.keyFile))
+        XCTAssertFalse(FileManager.default.fileExists(atPath: directory + "/" + legacyName))
+        XCTAssertNotEqual(engine.files.keybagName("alice-id"), legacyName)
+        for name in ["accounts.json", engine.files.keybagName("alice-id")] {
+            let text = try String(contentsOfFile: directory + "/" + name, encoding: .utf8)
+            XCTAssertTrue(text.contains("sealedState"), name)
+            XCTAssertFalse(text.contains("alice"), "\(name): \(text)")
+        }
         XCTAssertFalse(FileManager.default.fileExists(atPath: directory + "/" + MachineKeys.legacyFile), "the old key file is destroyed")
         try engine.unlock(alice, passphrase: try passphrase("alice pass"))
         XCTAssertEqual(try engine.unprotectData(a), Array("alice's".utf8))
@@ -152,8 +165,11 @@ final class MachineKeyTests: EngineTestCase {
             XCTAssertTrue("\($0)".contains("another TPM"), "\($0)")
         }
         XCTAssertThrowsError(try engine.unprotectData(a)) { XCTAssertEqual(($0 as? EngineError)?.code, 316, "\($0)") }
-        XCTAssertEqual(engine.machineKeyStatus().stranded, [alice, bob])
-        XCTAssertNotNil(engine.machineKeyStatus().problem)
+        // The state is sealed: the daemon knows no more accounts than a thief with the disk would.
+        XCTAssertTrue(engine.accounts().isEmpty)
+        XCTAssertEqual(engine.machineKeyStatus().stranded, [])
+        XCTAssertTrue(engine.machineKeyStatus().problem?.contains("sealed") == true, "\(engine.machineKeyStatus())")
+        XCTAssertEqual(engine.stateProblems.map(\.kind), [.sealed])
         XCTAssertThrowsError(try engine.enroll(id: "carol-id", upn: "carol@contoso.com")) { XCTAssertEqual(($0 as? EngineError)?.code, 316) }
         XCTAssertThrowsError(try engine.migrateMachineKey(to: .file)) { XCTAssertEqual(($0 as? EngineError)?.code, 316) }
     }

@@ -14,7 +14,7 @@ final class OrderedStateFileTests: EngineTestCase {
     }
 
     func testAnOlderSnapshotWrittenLateDoesNotReplaceANewerOne() throws {
-        let files = StateFiles(directory: directory)
+        let files = StateFiles(directory: directory, seal: nil)
         let file = OrderedStateFile<Value>("value.json")
         let first = file.snapshot(Value(n: 1)), second = file.snapshot(Value(n: 2))
         try files.save(second)
@@ -40,7 +40,7 @@ final class OrderedStateFileTests: EngineTestCase {
             }
         }
         XCTAssertEqual(failures.withLock { $0 }, [])
-        let onDisk = try JSONDecoder().decode(Engine.Bindings.self, from: Data(contentsOf: URL(fileURLWithPath: directory + "/bindings.json")))
+        let onDisk = try XCTUnwrap(try engine.files.read(Engine.Bindings.self, from: "bindings.json"))
         XCTAssertEqual(Set(onDisk.processes.map(\.task.id)), Set(tasks))
         let reopened = try makeEngine(processes: processes)
         for task in tasks { XCTAssertEqual(reopened.resolve(thread: task, uid: 0).identity, "bob@contoso.com", "task \(task)") }

@@ -45,11 +45,12 @@ final class StateFileTests: EngineTestCase {
     // MARK: The backbone: the engine refuses to start, names the file and changes nothing.
 
     func testDamagedAccountsOrWipeJournalsStopTheEngineAndStayAsTheyAre() throws {
-        for name in ["accounts.json", Engine.wipeJournalName("bob-id")] {
+        for file in ["accounts.json", "wipes"] {
             for how in [Damage.truncated, .garbage] {
                 try? FileManager.default.removeItem(atPath: directory)
                 XCTAssertEqual(mkdir(directory, 0o700), 0)
                 _ = try populate(processes: FakeProcessTable())
+                let name = file == "wipes" ? try stateFileName(of: "bob-id", in: "wipes", directory: directory) : file
                 if name.hasPrefix("wipes/") {
                     try JSONEncoder().encode(try makeEngine().account("bob-id")).write(to: URL(fileURLWithPath: directory + "/" + name))
                 }
@@ -60,7 +61,7 @@ final class StateFileTests: EngineTestCase {
                     XCTAssertEqual(file, self.directory + "/" + name)
                 }
                 XCTAssertEqual(contents(name), damaged, "\(name) \(how): left as it was")
-                XCTAssertNotNil(contents(Engine.keybagName("bob-id")), "\(name) \(how): no key was destroyed")
+                XCTAssertNotNil(contents(try stateFileName(of: "bob-id", directory: directory)), "\(name) \(how): no key was destroyed")
             }
         }
     }
@@ -82,14 +83,15 @@ final class StateFileTests: EngineTestCase {
 
     func testRemovedAccountsFileReportsTheKeybagsAndReEnrollingTakesThemUp() throws {
         let blobs = try populate(processes: FakeProcessTable())
-        let aliceKeybag = contents(Engine.keybagName("alice-id"))
+        let aliceName = try stateFileName(of: "alice-id", directory: directory)
+        let aliceKeybag = contents(aliceName)
         try damage("accounts.json", .removed)
         let engine = try makeEngine()
         XCTAssertTrue(engine.accounts().isEmpty)
         let orphans = engine.stateProblems.filter { $0.kind == .orphanedKeybag }
         XCTAssertEqual(Set(orphans.compactMap(\.identity)), ["alice-id", "bob-id"], "\(engine.stateProblems)")
         XCTAssertTrue(orphans.allSatisfy { $0.message.contains("enrolled again") }, "\(orphans)")
-        XCTAssertEqual(contents(Engine.keybagName("alice-id")), aliceKeybag, "the keybag is kept")
+        XCTAssertEqual(contents(aliceName), aliceKeybag, "the keybag is kept")
         XCTAssertEqual(engine.events.events().filter { $0.kind == .stateProblem }.count, 2, "one event each")
         XCTAssertThrowsError(try engine.unprotectData(blobs.bob))
 
@@ -108,7 +110,7 @@ final class StateFileTests: EngineTestCase {
         let processes = FakeProcessTable()
         let blobs = try populate(processes: processes)
         for how in Damage.allCases {
-            let name = Engine.keybagName("alice-id")
+            let name = try stateFileName(of: "alice-id", directory: directory)
             let original = try damage(name, how)
             let damaged = contents(name)
             let engine = try makeEngine(processes: processes)

@@ -79,12 +79,13 @@ final class EncryptedNameTests: XCTestCase {
         }
         // Nor is Alice's identity anywhere on the disk: not in a header, a record or a name (Bob's
         // personal files keep naming him).
-        for identity in ["alice", "contoso"] {
+        for identity in ["alice@", "alice-oid", "contoso"] {
             XCTAssertEqual(try runCommand(["grep", "-rli", identity, daemon.backing]).output, "", identity)
             XCTAssertFalse(try mustRun(["getfattr", "-R", "-h", "-d", "-m", "-", "-e", "text", daemon.backing]).lowercased().contains(identity), identity)
             XCTAssertFalse(stored.contains { $0.lowercased().contains(identity) }, identity)
         }
         XCTAssertTrue(try mustRun(["getfattr", "-R", "-h", "-d", "-m", "-", "-e", "text", daemon.backing]).contains("bob@personal.example"))
+        try assertTheStateDirectoryNamesNoIdentity()
         // The same name in two directories is stored differently.
         let readmes = try mustRun(["sh", "-c", "(ls -1 '\(daemon.back("repository"))'; ls -1 '\(daemon.back("synced"))') | sort | uniq -d"])
         XCTAssertEqual(readmes, "")
@@ -116,6 +117,23 @@ final class EncryptedNameTests: XCTestCase {
         let left = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && find . | LC_ALL=C sort"]).split(separator: "\n")
         XCTAssertEqual(left.count, 4, "\(left)")
         XCTAssertTrue(left.contains("./bob-top.txt") && left.contains { $0.hasPrefix("./~c3") && $0.hasSuffix("/bob-notes.txt") }, "\(left)")
+        try assertTheStateDirectoryNamesNoIdentity()
+    }
+
+    /// No name or body in the state directory holds an identity (managed or not) or a plain hash
+    /// of one (which a guess could be tested against): what names them is sealed (`StateSeal`).
+    func assertTheStateDirectoryNamesNoIdentity() throws {
+        let names = try mustRun(["find", daemon.state]).lowercased()
+        // (Strings long enough that a sealed file's base64 cannot hold one by chance.)
+        for identity in ["alice@", "alice-oid", "contoso", "bob@personal", "bob-oid", "personal.example"] {
+            XCTAssertEqual(try runCommand(["grep", "-rli", identity, daemon.state]).output, "", identity)
+            XCTAssertFalse(names.contains(identity), "\(identity) in \(names)")
+        }
+        for id in ["alice-oid", "bob-oid"] {
+            let hash = try mustRun(["sh", "-c", "printf %s \(id) | sha256sum | cut -c1-32"]).trimmingCharacters(in: .whitespacesAndNewlines)
+            XCTAssertFalse(names.contains(hash), "a plain hash of \(id)")
+        }
+        XCTAssertTrue(try mustRun(["cat", daemon.state + "/accounts.json"]).contains("sealedState"))
     }
 
     /// Every POSIX name operation on encrypted names, as Alice, and across the two kinds of name.
