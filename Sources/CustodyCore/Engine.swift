@@ -71,6 +71,8 @@ public final class Engine: @unchecked Sendable {
     /// Accounts by the IDs of their class keys, for the resolution generation it was made in
     /// (`HiddenOwners.swift`).
     let keyIDIndex = Mutex<(generation: UInt64, accounts: [String: Account])?>(nil)
+    /// How owners no account names are shown, by key ID, for the resolution generation (`HiddenOwners.swift`).
+    let unknownOwners = Mutex<(generation: UInt64, names: [String: String])>((0, [:]))
     /// No lock completes before this time (monotonic seconds, as a `Double`'s bits): every file
     /// created asks for a class key, which first completes due locks, and this spares it a walk
     /// of every identity's keys when none is due. Written only under `state`'s lock.

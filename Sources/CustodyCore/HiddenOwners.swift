@@ -77,13 +77,23 @@ extension Engine {
     /// directory that holds the key (one no account names: enrolling that object ID again takes
     /// it up), else that it is not known here.
     public func unknownOwner(keyID: [UInt8]) -> String {
+        // Every file of such an owner asks (each lookup, until an enrolment names it), and the
+        // answer reads every keybag: kept per key ID for the resolution generation.
+        let generation = resolutionGeneration.load(ordering: .acquiring), hex = hexString(keyID)
+        if let known = unknownOwners.withLock({ $0.generation == generation ? $0.names[hex] : nil }) { return known }
         let wanted = Data(keyID)
+        var found = "an identity not known here (key \(hex))"
         for name in files.list("keybags") where name.hasSuffix(".json") && !name.contains(".tmp-") {
             if let stored = try? files.read(StoredKeybag.self, from: "keybags/" + name), stored.classes.values.contains(where: { $0.id == wanted }) {
-                return stored.identity
+                found = stored.identity
+                break
             }
         }
-        return "an identity not known here (key \(hexString(keyID)))"
+        unknownOwners.withLock { cache in
+            if cache.generation != generation { cache = (generation, [:]) }
+            cache.names[hex] = found
+        }
+        return found
     }
 
     /// The IDs (hex) of every class key of a keybag.

@@ -169,8 +169,9 @@ extension Engine {
                         state.accounts.contains { $0.matches(owner) } || state.pendingWipes.contains { $0.matches(owner) }
                     }
                 case .keyID(let id):
-                    owner = unknownOwner(keyID: id)
                     known = account(forKeyID: id) != nil || state.withLock { $0.pendingWipes.contains { $0.keyIDs?.contains(hexString(id)) == true } }
+                    // Asked only of owners no account names: it reads the keybags.
+                    owner = known ? "" : unknownOwner(keyID: id)
                 }
                 if !known { unknown[owner, default: 0] += 1 }
             }

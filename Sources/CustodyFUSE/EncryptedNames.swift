@@ -74,20 +74,23 @@ extension MountFileSystem {
     }
 
     /// A path that reaches the directory for the attribute calls.
-    private func attributePath(of directory: Inode) -> String {
+    func attributePath(of directory: Inode) -> String {
         directory === root && rootDirectory >= 0 ? Syscall.procPath(rootDirectory) : directory.procPath
     }
 
-    /// The directory's tweak; nil when it has none (no encrypted name is in it).
-    func tweak(of directory: Inode) throws(Errno) -> [UInt8]? {
+    /// The directory's tweak; nil when it has none (no encrypted name is in it). `readable` is a
+    /// descriptor of the directory open for reading, when the caller has one (read by it rather
+    /// than by path).
+    func tweak(of directory: Inode, readable: Int32 = -1) throws(Errno) -> [UInt8]? {
         let made = tweaksMade.load(ordering: .acquiring)
         switch directory.tweak.withLock({ $0 }) {
         case .none(let then) where then == made: return nil
         case .known(let tweak): return tweak
         case .none, .unknown: break
         }
-        let path = attributePath(of: directory)
-        let read = try asErrno { () throws(FormatError) in try DirectoryTweak.read(path) }
+        let read = try asErrno { () throws(FormatError) in
+            readable >= 0 ? try DirectoryTweak.read(fd: readable) : try DirectoryTweak.read(attributePath(of: directory))
+        }
         directory.tweak.withLock { state in
             if case .known = state { return }
             state = read.map { .known($0) } ?? .none(made: made)
@@ -276,6 +279,30 @@ extension MountFileSystem {
     }
 
     // MARK: Names for listings
+
+    /// What a listing of one directory needs to show its names (the keys held, what its names
+    /// are bound to), found once per READDIR rather than per name.
+    struct NameListing {
+        let keys: NameKeySet
+        /// Nil when no name in the directory can open (no key held, no tweak).
+        let associatedData: [UInt8]?
+    }
+
+    func nameListing(of directory: Inode, readable: Int32) -> NameListing? {
+        guard engine != nil else { return nil }
+        let keys = heldNameKeys()
+        guard !keys.all.isEmpty, let tweak = try? tweak(of: directory, readable: readable) else { return NameListing(keys: keys, associatedData: nil) }
+        return NameListing(keys: keys, associatedData: NameCipher.associatedData(tweak: tweak))
+    }
+
+    /// As `shownName(_:in:)`, with what `nameListing` found for the directory.
+    func shownName(_ stored: UnsafePointer<CChar>, in directory: Inode, listing: NameListing?) -> FileName? {
+        guard let listing, Self.isReservedName(stored), let associatedData = listing.associatedData else { return nil }
+        let text = String(cString: stored)
+        guard let tag = NameCipher.keyTag(of: text), let key = listing.keys.byTag[tag] else { return nil }
+        if NameCipher.isLong(text) { return decryptedName(text, in: directory, longForm: nil).map { FileName(bytes: $0) } }
+        return (try? NameCipher.decrypt(text, associatedData: associatedData, key: key)).map { FileName(bytes: $0) }
+    }
 
     /// The name a listing shows for the stored name `stored` (a C string) in `directory`: nil
     /// when it is shown as stored (plain, or a no-key name).

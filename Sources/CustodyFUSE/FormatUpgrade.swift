@@ -14,9 +14,11 @@ import Glibc
 ///
 /// It runs for an identity when its name key appears (its first unlock since the daemon started,
 /// an enrolment, a recovery), and leaves for a later run what it cannot do now: a file open at
-/// the moment, a header whose class key is locked away. Version 1 headers (every zero block a
-/// hole) keep their version, and so their owner: rewriting them would change what their holes
-/// mean.
+/// the moment, a header whose class key is locked away. A pass that left nothing notes the
+/// identity's key tag on the backing directory (`completedAttribute`), and no pass runs for it
+/// there again: nothing written since is in an earlier format. Version 1 headers (every zero
+/// block a hole) keep their version, and so their owner: rewriting them would change what their
+/// holes mean.
 final class FormatUpgrade: @unchecked Sendable {
     private let filesystem: MountFileSystem
     private weak var engine: Engine?
@@ -42,17 +44,48 @@ final class FormatUpgrade: @unchecked Sendable {
         var left = 0
     }
 
+    /// On the backing directory: `v3:` and the key tags of the identities whose pass completed.
+    static let completedAttribute = "trusted.custody.upgraded"
+    static let completedVersion = "v3:"
+
     @discardableResult
     private func run(_ identity: String) -> Counts {
         var counts = Counts()
-        guard let engine, let account = try? engine.account(identity), account.isEnrolled,
+        guard let engine, let account = try? engine.account(identity), account.isEnrolled, let tag = engine.nameKey(for: account.id)?.tag,
               let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return counts }
+        var completed = completedTags(root)
+        guard !completed.contains(tag) else { return counts }
         walk(root, account: account, counts: &counts)
         if counts != Counts() {
             filesystem.log("format upgrade for \(account.upn): \(counts.records) owner records, \(counts.headers) headers, " +
                            "\(counts.names) names brought to version 3; \(counts.left) left for later")
         }
+        if counts.left == 0 {
+            completed.insert(tag)
+            noteCompleted(completed, on: root)
+        }
         return counts
+    }
+
+    private func completedTags(_ root: Inode) -> Set<String> {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        let path = filesystem.attributePath(of: root)
+        let count = buffer.withUnsafeMutableBytes { bytes in
+            (try? Syscall.getxattr(path, Self.completedAttribute, bytes.baseAddress, bytes.count)) ?? 0
+        }
+        let text = String(decoding: buffer.prefix(max(0, count)), as: UTF8.self)
+        guard text.hasPrefix(Self.completedVersion) else { return [] }
+        return Set(text.dropFirst(Self.completedVersion.count).split(separator: ",").map(String.init))
+    }
+
+    private func noteCompleted(_ tags: Set<String>, on root: Inode) {
+        let value = Array((Self.completedVersion + tags.sorted().joined(separator: ",")).utf8)
+        let path = filesystem.attributePath(of: root)
+        do throws(Errno) {
+            try value.withBytes { (bytes) throws(Errno) in try Syscall.setxattr(path, Self.completedAttribute, bytes.baseAddress, bytes.count, 0) }
+        } catch {
+            filesystem.log("cannot note the format upgrade as complete on the backing directory (\(error)): it runs again at the next start")
+        }
     }
 
     /// Upgrades every entry of `directory` that `account` owns, then goes down.
@@ -64,10 +97,12 @@ final class FormatUpgrade: @unchecked Sendable {
             var stored = name
             if kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: directory.fd, name: name.cString),
                filesystem.record(record, isOf: account) {
-                let child = inode(named: name, in: directory, attributes: attributes)
-                if let child {
-                    if record.owner != nil { upgradeRecord(child, counts: &counts) }
-                    if kind == S_IFREG { upgradeHeader(child, account: account, counts: &counts) }
+                // A record by key ID was written by this version (or upgraded, last): only one
+                // that names the owner has a header or a record to upgrade. The header goes
+                // first, so that a record stays naming the owner until its header is done.
+                if record.owner != nil, let child = inode(named: name, in: directory, attributes: attributes),
+                   kind != S_IFREG || upgradeHeader(child, account: account, counts: &counts) {
+                    upgradeRecord(child, counts: &counts)
                 }
                 stored = renamed(name, in: directory, owner: account.upn, counts: &counts)
             }
@@ -96,9 +131,11 @@ final class FormatUpgrade: @unchecked Sendable {
     }
 
     /// Rewraps a version 2 header without its owner, unless the file is open (its content holds
-    /// the header) or its class key is not at hand.
-    private func upgradeHeader(_ inode: Inode, account: Account, counts: inout Counts) {
-        guard let engine, case .encrypted(_, let protectionClass) = filesystem.protection(of: inode) else { return }
+    /// the header) or its class key is not at hand. True when the header is done (or needed
+    /// nothing).
+    @discardableResult
+    private func upgradeHeader(_ inode: Inode, account: Account, counts: inout Counts) -> Bool {
+        guard let engine, case .encrypted(_, let protectionClass) = filesystem.protection(of: inode) else { return true }
         let outcome = inode.protectionState.withLock { state -> Bool? in
             guard state.openHandles == 0, state.content == nil else { return false }
             guard let fd = try? Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC) else { return false }
@@ -123,6 +160,7 @@ final class FormatUpgrade: @unchecked Sendable {
         case false?: counts.left += 1
         case nil: break
         }
+        return outcome != false
     }
 
     private func renamed(_ name: FileName, in directory: Inode, owner: String, counts: inout Counts) -> FileName {
@@ -132,3 +170,4 @@ final class FormatUpgrade: @unchecked Sendable {
         return now
     }
 }
+

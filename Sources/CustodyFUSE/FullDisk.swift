@@ -109,17 +109,23 @@ final class StorageEdges: @unchecked Sendable {
     /// Lets the storage of a regular file go once it has no name and no open handle.
     func releaseIfUnlinked(_ inode: Inode) {
         guard placeholder >= 0, inode.isRegularFile else { return }
-        inode.protectionState.withLock { state in
+        let held = inode.protectionState.withLock { state -> Int32 in
             guard state.openHandles == 0, state.content == nil, !state.storageReleased else {
                 if !state.storageReleased { state.releaseWhenClosed = true }
-                return
+                return -1
             }
-            guard let attributes = try? Syscall.fstat(inode.fd), attributes.st_nlink == 0 else { return }
+            guard let attributes = try? Syscall.fstat(inode.fd), attributes.st_nlink == 0 else { return -1 }
             // The descriptor number stays (requests may hold it); what it refers to changes at once.
+            // The file itself stays open on `held` until the lock is released: closing its last
+            // descriptor frees its blocks, which takes a while for a large file, and the kernel's
+            // SETATTR that follows an UNLINK waits on this lock.
+            let held = fcntl(inode.fd, F_DUPFD_CLOEXEC, 0)
             if dup2(placeholder, inode.fd) >= 0 {
                 _ = fcntl(inode.fd, F_SETFD, FD_CLOEXEC)
                 state.storageReleased = true
             }
+            return held
         }
+        if held >= 0 { close(held) }
     }
 }

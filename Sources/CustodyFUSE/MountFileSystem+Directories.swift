@@ -68,6 +68,7 @@ extension MountFileSystem {
         // The regular files listed, in order, for read-ahead across them.
         var files: [UInt64] = []
         let (used, failure) = directory.stream.withLock { stream -> (Int, Int32) in
+            let listing = nameListing(of: parent, readable: dirfd(stream.dir))
             if stream.offset != Int64(offset) {
                 seekdir(stream.dir, Int(offset))
                 stream.offset = Int64(offset)
@@ -80,7 +81,7 @@ extension MountFileSystem {
                 }
                 let storedName = (UnsafeRawPointer(record) + Self.nameOffset).assumingMemoryBound(to: CChar.self)
                 // An encrypted name is listed decrypted when its key is held.
-                let shown = shownName(storedName, in: parent)
+                let shown = shownName(storedName, in: parent, listing: listing)
                 let next = Int64(record.pointee.d_off)
                 let remaining = size - used
                 let needed: Int

@@ -31,6 +31,21 @@ public enum DirectoryTweak {
         return Array(value.prefix(length))
     }
 
+    /// The tweak of the directory open as `fd` (a descriptor it can be read by, not `O_PATH`).
+    public static func read(fd: Int32) throws(FormatError) -> [UInt8]? {
+        var value = [UInt8](repeating: 0, count: NameCipher.tweakSize + 1)
+        let length: Int
+        do {
+            length = try value.withMutableBytes { (buffer) throws(Errno) in try Syscall.fgetxattr(fd, attributeName, buffer.baseAddress, buffer.count) }
+        } catch where error == .noData {
+            return nil
+        } catch {
+            throw .io(error)
+        }
+        guard length == NameCipher.tweakSize else { throw .corruptName("the directory's tweak is \(length) bytes") }
+        return Array(value.prefix(length))
+    }
+
     /// The directory's tweak, made now if it has none. Two callers at once agree: the attribute is
     /// created only if absent, and whoever loses the race reads the winner's.
     public static func ensure(_ path: String) throws(FormatError) -> [UInt8] {

@@ -145,6 +145,14 @@ public enum NameCipher {
     /// `FormatError.corruptName` for a stored name that does not open with `key` in this directory
     /// (changed, moved from another directory, or another identity's).
     public static func decrypt(_ stored: String, full: String? = nil, tweak: [UInt8], key: NameKey) throws(FormatError) -> [UInt8] {
+        try decrypt(stored, full: full, associatedData: associatedData(tweak: tweak), key: key)
+    }
+
+    /// What a name is bound to in the directory with `tweak` (for `decrypt` over a listing: once
+    /// per directory rather than per name).
+    public static func associatedData(tweak: [UInt8]) -> [UInt8] { nameData + tweak }
+
+    public static func decrypt(_ stored: String, full: String? = nil, associatedData: [UInt8], key: NameKey) throws(FormatError) -> [UInt8] {
         guard let kind = self.kind(of: stored), kind.tag == key.tag else { throw .corruptName("not a name of this key") }
         var body = kind.body
         if kind.separator == "-" {
@@ -158,7 +166,7 @@ public enum NameCipher {
         }
         guard let sealed = Base64URL.decode(body) else { throw .corruptName("not base64url") }
         let name: [UInt8]
-        do { name = try key.open(sealed, aad: nameData + tweak) } catch { throw .corruptName("authentication failed") }
+        do { name = try key.open(sealed, aad: associatedData) } catch { throw .corruptName("authentication failed") }
         try check(name)
         return name
     }
@@ -244,29 +252,35 @@ enum Base64URL {
     }
 
     static func decode<S: StringProtocol>(_ text: S) -> [UInt8]? {
-        var values: [UInt32] = []
-        values.reserveCapacity(text.utf8.count)
-        for byte in text.utf8 {
-            guard let value = value(of: byte) else { return nil }
-            values.append(UInt32(value))
-        }
-        guard values.count % 4 != 1 else { return nil }
+        // Every listed name passes here: one pass over the bytes, one allocation.
         var output: [UInt8] = []
-        var index = 0
-        while index + 4 <= values.count {
-            let value = values[index] << 18 | values[index + 1] << 12 | values[index + 2] << 6 | values[index + 3]
-            output += [UInt8(value >> 16 & 255), UInt8(value >> 8 & 255), UInt8(value & 255)]
-            index += 4
+        output.reserveCapacity(text.utf8.count * 3 / 4)
+        var group: UInt32 = 0, digits = 0
+        for byte in text.utf8 {
+            let value = values[Int(byte)]
+            guard value != 0xFF else { return nil }
+            group = group << 6 | UInt32(value)
+            digits += 1
+            if digits == 4 {
+                output.append(UInt8(group >> 16 & 255))
+                output.append(UInt8(group >> 8 & 255))
+                output.append(UInt8(group & 255))
+                group = 0
+                digits = 0
+            }
         }
-        let left = values.count - index
-        if left >= 2 {
-            var value = values[index] << 18 | values[index + 1] << 12
-            if left == 3 { value |= values[index + 2] << 6 }
-            output.append(UInt8(value >> 16 & 255))
-            if left == 3 { output.append(UInt8(value >> 8 & 255)) }
+        switch digits {
+        case 0: break
+        case 2:
             // Bits past the last byte must be zero: one spelling per value.
-            let spare = left == 2 ? value & 0xFFFF : value & 0xFF
-            guard spare == 0 else { return nil }
+            guard group & 0xF == 0 else { return nil }
+            output.append(UInt8(group >> 4 & 255))
+        case 3:
+            guard group & 0x3 == 0 else { return nil }
+            output.append(UInt8(group >> 10 & 255))
+            output.append(UInt8(group >> 2 & 255))
+        default:
+            return nil
         }
         return output
     }

@@ -93,6 +93,11 @@ final class NameCipherTests: XCTestCase {
         XCTAssertNil(Base64URL.decode("a"), "a length no encoding has")
         XCTAssertNil(Base64URL.decode("ab+c"), "not the URL alphabet")
         XCTAssertNil(Base64URL.decode("AB"), "bits past the last byte")
+        XCTAssertNil(Base64URL.decode("QUJ"), "bits past the last two bytes")
+        XCTAssertNil(Base64URL.decode("QUJDa"), "a length no encoding has, after a whole group")
+        XCTAssertEqual(Base64URL.decode("QUJDRA"), Array("ABCD".utf8))
+        XCTAssertEqual(Base64URL.decode("QUJDREU"), Array("ABCDE".utf8))
+        XCTAssertEqual(Base64URL.decode("-_-_"), [0xFB, 0xFF, 0xBF])
     }
 }
 

@@ -58,5 +58,28 @@ final class FormatUpgradeTests: XCTestCase {
         XCTAssertEqual(xattr(daemon.mnt("Project-Falcon"), "user.custody.owner"), "alice@contoso.com")
         XCTAssertEqual(xattr(daemon.mnt("layoffs-2027.txt"), "user.custody.owner"), "alice@contoso.com")
         XCTAssertEqual(try readFile(daemon.mnt("personal.txt")), bytes("personal\n"))
+
+        // The pass completed: the backing directory says so, and the next start walks nothing.
+        try eventually("the pass noted as complete", timeout: 10, interval: 0.1) { xattr(self.daemon.backing, "trusted.custody.upgraded") != nil }
+        let noted = try XCTUnwrap(xattr(daemon.backing, "trusted.custody.upgraded"))
+        XCTAssertTrue(noted.hasPrefix("v3:") && noted.count == 9, noted)
+        daemon.stop()
+        try OwnerRecord(owner: try Owner("alice@contoso.com")).store(at: mkdirBacking("Planted-Later"))
+        try daemon.start(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        XCTAssertEqual(try readFile(daemon.mnt("layoffs-2027.txt")), bytes("secret 1\n"))
+        usleep(1_500_000)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: daemon.backing + "/Planted-Later"), "no pass once one completed")
+        // Without the note (a backing directory restored from an earlier release), it runs again.
+        daemon.stop()
+        try mustRun(["setfattr", "-x", "trusted.custody.upgraded", daemon.backing])
+        try daemon.start(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com"])
+        try eventually("the second upgrade", timeout: 20, interval: 0.1) { !FileManager.default.fileExists(atPath: self.daemon.backing + "/Planted-Later") }
+        XCTAssertTrue(FileManager.default.fileExists(atPath: daemon.mnt("Planted-Later")))
+    }
+
+    func mkdirBacking(_ name: String) throws -> String {
+        let path = daemon.backing + "/" + name
+        XCTAssertEqual(mkdir(path, 0o755), 0)
+        return path
     }
 }
