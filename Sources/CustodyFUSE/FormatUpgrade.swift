@@ -16,9 +16,10 @@ import Glibc
 /// an enrolment, a recovery), and leaves for a later run what it cannot do now: a file open at
 /// the moment, a header whose class key is locked away. A pass that left nothing notes the
 /// identity's key tag on the backing directory (`completedAttribute`), and no pass runs for it
-/// there again: nothing written since is in an earlier format. Version 1 headers (every zero
-/// block a hole) keep their version, and so their owner: rewriting them would change what their
-/// holes mean.
+/// there again: nothing written since is in an earlier format. A version 1 file (every zero block
+/// a hole, which a newer header would not mean) is written anew in the current format, as
+/// re-protection writes a file (`MountFileSystem.reprotect`); one with several hard links keeps
+/// its version, and so its owner.
 final class FormatUpgrade: @unchecked Sendable {
     private let filesystem: MountFileSystem
     private weak var engine: Engine?
@@ -100,23 +101,24 @@ final class FormatUpgrade: @unchecked Sendable {
                 // A record by key ID was written by this version (or upgraded, last): only one
                 // that names the owner has a header or a record to upgrade. The header goes
                 // first, so that a record stays naming the owner until its header is done.
-                if record.owner != nil, let child = inode(named: name, in: directory, attributes: attributes),
-                   kind != S_IFREG || upgradeHeader(child, account: account, counts: &counts) {
+                if record.owner != nil, let (id, child) = node(named: name, in: directory, attributes: attributes),
+                   kind != S_IFREG || upgradeHeader(child, id: id, account: account, counts: &counts) {
                     upgradeRecord(child, counts: &counts)
                 }
                 stored = renamed(name, in: directory, owner: account.upn, counts: &counts)
             }
-            if kind == S_IFDIR, let child = inode(named: stored, in: directory, attributes: attributes) {
+            if kind == S_IFDIR, let (_, child) = node(named: stored, in: directory, attributes: attributes) {
                 walk(child, account: account, counts: &counts)
             }
         }
     }
 
-    /// The node of an entry: the kernel's, when it knows the object, else one for this pass.
-    private func inode(named name: FileName, in directory: Inode, attributes: stat) -> Inode? {
-        if let known = filesystem.inodes.known(attributes) { return known.inode }
+    /// The node of an entry: the kernel's (with its ID), when it knows the object, else one for
+    /// this pass.
+    private func node(named name: FileName, in directory: Inode, attributes: stat) -> (id: UInt64?, inode: Inode)? {
+        if let known = filesystem.inodes.known(attributes) { return known }
         guard let fd = try? Syscall.openat(directory.fd, name.cString, Linux.O_PATH | O_NOFOLLOW | O_CLOEXEC) else { return nil }
-        return Inode(fd: fd, attributes: attributes)
+        return (nil, Inode(fd: fd, attributes: attributes))
     }
 
     private func upgradeRecord(_ inode: Inode, counts: inout Counts) {
@@ -134,15 +136,22 @@ final class FormatUpgrade: @unchecked Sendable {
     /// the header) or its class key is not at hand. True when the header is done (or needed
     /// nothing).
     @discardableResult
-    private func upgradeHeader(_ inode: Inode, account: Account, counts: inout Counts) -> Bool {
-        guard let engine, case .encrypted(_, let protectionClass) = filesystem.protection(of: inode) else { return true }
+    private func upgradeHeader(_ inode: Inode, id: UInt64?, account: Account, counts: inout Counts) -> Bool {
+        let protection = filesystem.protection(of: inode)
+        guard let engine, case .encrypted(_, let protectionClass) = protection else { return true }
+        var versionOne = false
         let outcome = inode.protectionState.withLock { state -> Bool? in
             guard state.openHandles == 0, state.content == nil else { return false }
             guard let fd = try? Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC) else { return false }
             defer { Syscall.close(fd) }
             let storage = DescriptorStorage(fd: fd)
             guard let header = try? ProtectedFile.readHeader(from: storage) else { return false }
-            guard header.owner != nil, header.version == FileHeader.hiddenOwnerVersion - 1 else { return nil }
+            guard header.owner != nil else { return nil }
+            if header.version == 1 {
+                versionOne = true
+                return nil
+            }
+            guard header.version == FileHeader.hiddenOwnerVersion - 1 else { return nil }
             guard let lease = try? engine.openFileKey(header) else { return false }
             defer { engine.closeFileKey(lease) }
             do {
@@ -155,12 +164,32 @@ final class FormatUpgrade: @unchecked Sendable {
                 return false
             }
         }
+        if versionOne { return rewrite(inode, id: id, protection, account: account, counts: &counts) }
         switch outcome {
         case true?: counts.headers += 1
         case false?: counts.left += 1
         case nil: break
         }
         return outcome != false
+    }
+
+    /// Writes a version 1 file anew in the current format (its content read and written through
+    /// the keys, its holes as zeros). True when done, or when it cannot be (several hard links:
+    /// it keeps its version); false when left for later (open, or its class key locked away).
+    private func rewrite(_ inode: Inode, id: UInt64?, _ protection: Protection, account: Account, counts: inout Counts) -> Bool {
+        guard let engine, case .encrypted(_, let protectionClass) = protection else { return true }
+        do throws(Errno) {
+            let classKey: ClassKey
+            do { classKey = try engine.classKey(for: account.id, protectionClass, purpose: .create) } catch { throw Errno.accessDenied }
+            try filesystem.reprotect(id: id, inode, to: protection, classKey: classKey, rewriting: true)
+            counts.headers += 1
+            return true
+        } catch where error == .tooManyLinks {
+            return true
+        } catch {
+            counts.left += 1
+            return false
+        }
     }
 
     private func renamed(_ name: FileName, in directory: Inode, owner: String, counts: inout Counts) -> FileName {

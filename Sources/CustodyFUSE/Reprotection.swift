@@ -120,10 +120,12 @@ extension MountFileSystem {
         }
     }
 
-    /// Rewrites one regular file into the `wanted` form (see the type's comment).
-    func reprotect(id: UInt64?, _ inode: Inode, to wanted: Protection, classKey: ClassKey?) throws(Errno) {
+    /// Rewrites one regular file into the `wanted` form (see the type's comment); with
+    /// `rewriting`, also when it has that form already (an earlier format's file, written anew
+    /// in the current one).
+    func reprotect(id: UInt64?, _ inode: Inode, to wanted: Protection, classKey: ClassKey?, rewriting: Bool = false) throws(Errno) {
         let current = protection(of: inode)
-        guard wanted != current else { return }
+        guard wanted != current || rewriting else { return }
         try inode.protectionState.withLock { (state) throws(Errno) in
             if state.openHandles > 0 || state.content != nil { throw Errno.resourceBusy }
         }

@@ -1,4 +1,5 @@
 import CustodyCore
+import CustodyCrypto
 import CustodyFormat
 import CustodySystem
 import CustodyTestSupport
@@ -36,12 +37,24 @@ final class FormatUpgradeTests: XCTestCase {
                 close(fd)
                 try OwnerRecord(owner: owner, encryptedClass: .untilFirstAuthentication).store(at: backing + "/" + name)
             }
+            // A version 1 file (an older release still): written anew in the current format.
+            let fileKey = try SecretBytes.random(count: 32)
+            let header = try FileHeader.encrypted(owner: owner, protectionClass: .untilFirstAuthentication, classKey: classKey, fileKey: fileKey,
+                                                  blockSize: FileHeader.defaultBlockSize, version: 1)
+            let fd = try Syscall.open(backing + "/version-one.txt", O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+            let storage = DescriptorStorage(fd: fd)
+            try storage.writeBytes(header.encoded(), at: 0)
+            let file = try ProtectedFile(storage: storage, header: header, fileKey: fileKey)
+            try Array("version one\n".utf8).withUnsafeBytes { try file.write($0, at: 0) }
+            try file.sync()
+            close(fd)
+            try OwnerRecord(owner: owner, encryptedClass: .untilFirstAuthentication).store(at: backing + "/version-one.txt")
             try Data("personal\n".utf8).write(to: URL(fileURLWithPath: backing + "/personal.txt"))
         }
         // The upgrade runs once the mount serves: wait until nothing names alice.
         try eventually("the upgrade", timeout: 20, interval: 0.1) {
             (try? runCommand(["grep", "-rli", "contoso", daemon.backing]).output.isEmpty) == true
-                && (try? FileManager.default.contentsOfDirectory(atPath: daemon.backing).filter { $0.hasPrefix("~c3") }.count) == 2
+                && (try? FileManager.default.contentsOfDirectory(atPath: daemon.backing).filter { $0.hasPrefix("~c3") }.count) == 3
         }
         let top = try FileManager.default.contentsOfDirectory(atPath: daemon.backing).sorted()
         XCTAssertEqual(top.filter { !$0.hasPrefix("~c3") }, ["personal.txt"])
@@ -55,6 +68,7 @@ final class FormatUpgradeTests: XCTestCase {
         }
         XCTAssertEqual(try readFile(daemon.mnt("Project-Falcon/acquisition-plan.txt")), bytes("secret 0\n"))
         XCTAssertEqual(try readFile(daemon.mnt("layoffs-2027.txt")), bytes("secret 1\n"))
+        XCTAssertEqual(try readFile(daemon.mnt("version-one.txt")), bytes("version one\n"))
         XCTAssertEqual(xattr(daemon.mnt("Project-Falcon"), "user.custody.owner"), "alice@contoso.com")
         XCTAssertEqual(xattr(daemon.mnt("layoffs-2027.txt"), "user.custody.owner"), "alice@contoso.com")
         XCTAssertEqual(try readFile(daemon.mnt("personal.txt")), bytes("personal\n"))
