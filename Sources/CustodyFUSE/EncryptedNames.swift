@@ -126,18 +126,54 @@ extension MountFileSystem {
             if let text = shown.text, decryptedName(text, in: directory, longForm: nil) != nil { throw Errno.noSuchFile }
             return (.plain(shown), try probe(name))
         }
+        // A form this directory listed or computed first: a name exists in one form only, so
+        // an encrypted one found needs no look at the plain name (nor a negative entry for it
+        // in the backing file system's cache, which each removal of the directory walks).
+        let keys = heldNameKeys()
+        let known = knownForms(of: shown, in: directory, keys: keys)
+        for resolved in known {
+            do {
+                return (resolved, try probe(resolved.stored.cString))
+            } catch where error == .noSuchFile {}
+        }
         do {
             return (.plain(shown), try probe(name))
         } catch where error == .noSuchFile {}
         guard let tweak = try tweak(of: directory) else { throw Errno.noSuchFile }
-        for key in heldNameKeys().all {
-            guard let resolved = try? encrypted(shown, tweak: tweak, key: key) else { continue }
+        for key in keys.all where !known.contains(where: { $0.key === key }) {
+            guard let resolved = try? encrypted(shown, tweak: tweak, key: key, in: directory) else { continue }
             do {
                 return (resolved, try probe(resolved.stored.cString))
             } catch where error == .noSuchFile {}
         }
         throw Errno.noSuchFile
     }
+
+    // MARK: Encrypted forms
+
+    /// The encrypted forms of `shown` this directory knows, with keys still held. A form is a
+    /// function of the directory's tweak (which never changes), the key and the name, so a
+    /// known one is never wrong; whether it exists is for the caller to look.
+    private func knownForms(of shown: FileName, in directory: Inode, keys: NameKeySet) -> [ResolvedName] {
+        guard let forms = directory.encryptedForms.withLock({ $0[shown] }) else { return [] }
+        return forms.filter { form in form.key.map { keys.byTag[$0.tag] === $0 } ?? false }
+    }
+
+    /// Keeps a form for `knownForms` and `encrypted` (at most `maxKnownForms` names per
+    /// directory: the whole set is dropped when full).
+    private func remember(_ form: ResolvedName, in directory: Inode) {
+        guard let key = form.key else { return }
+        directory.encryptedForms.withLock { forms in
+            if forms.count >= Self.maxKnownForms { forms.removeAll(keepingCapacity: true) }
+            var list = forms[form.shown] ?? []
+            // One per key tag: a key made again (a later unlock) replaces the earlier one's.
+            list.removeAll { $0.key?.tag == key.tag }
+            list.append(form)
+            forms[form.shown] = list
+        }
+    }
+
+    static let maxKnownForms = 4096
 
     /// The entry `name` names in `directory` (ENOENT when none).
     func existingEntry(_ name: UnsafePointer<CChar>, in directory: Inode) throws(Errno) -> (ResolvedName, stat) {
@@ -146,7 +182,16 @@ extension MountFileSystem {
 
     /// `shown` encrypted with `key` for `directory` (its tweak made if it has none).
     func encryptedName(_ shown: FileName, in directory: Inode, key: NameKey) throws(Errno) -> ResolvedName {
-        try encrypted(shown, tweak: try ensureTweak(of: directory), key: key)
+        if let known = directory.encryptedForms.withLock({ $0[shown]?.first { $0.key === key } }) { return known }
+        return try encrypted(shown, tweak: try ensureTweak(of: directory), key: key, in: directory)
+    }
+
+    /// `shown` encrypted with `key` for `directory`, whose tweak is `tweak`.
+    private func encrypted(_ shown: FileName, tweak: [UInt8], key: NameKey, in directory: Inode) throws(Errno) -> ResolvedName {
+        if let known = directory.encryptedForms.withLock({ $0[shown]?.first { $0.key === key } }) { return known }
+        let resolved = try encrypted(shown, tweak: tweak, key: key)
+        remember(resolved, in: directory)
+        return resolved
     }
 
     /// `shown` encrypted with `key` for the directory with `tweak`.
@@ -209,7 +254,7 @@ extension MountFileSystem {
         if resolved.isEncrypted, exists(resolved.shown) { return .plain(resolved.shown) }
         guard let tweak = try tweak(of: directory) else { return nil }
         for key in heldNameKeys().all where key.tag != resolved.key?.tag {
-            if let form = try? encrypted(resolved.shown, tweak: tweak, key: key), exists(form.stored) { return form }
+            if let form = try? encrypted(resolved.shown, tweak: tweak, key: key, in: directory), exists(form.stored) { return form }
         }
         return nil
     }
@@ -301,7 +346,11 @@ extension MountFileSystem {
         let text = String(cString: stored)
         guard let tag = NameCipher.keyTag(of: text), let key = listing.keys.byTag[tag] else { return nil }
         if NameCipher.isLong(text) { return decryptedName(text, in: directory, longForm: nil).map { FileName(bytes: $0) } }
-        return (try? NameCipher.decrypt(text, associatedData: associatedData, key: key)).map { FileName(bytes: $0) }
+        guard let plain = try? NameCipher.decrypt(text, associatedData: associatedData, key: key) else { return nil }
+        let shown = FileName(bytes: plain)
+        // Listed, then removed or renamed by this name (rm -r, a file manager): found at once.
+        remember(ResolvedName(shown: shown, stored: FileName(cString: stored), longForm: nil, key: key), in: directory)
+        return shown
     }
 
     /// The name a listing shows for the stored name `stored` (a C string) in `directory`: nil

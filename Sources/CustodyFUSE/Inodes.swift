@@ -20,6 +20,8 @@ final class Inode: @unchecked Sendable {
     let ownerUID = Atomic<UInt32>(0)
     /// A directory's tweak for encrypted names (`EncryptedNames.swift`), once read.
     let tweak = Mutex<DirectoryTweakState>(.unknown)
+    /// A directory's names in their encrypted forms, as computed or listed (`EncryptedNames.swift`).
+    let encryptedForms = Mutex<[FileName: [ResolvedName]]>([:])
 
     init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
         self.fd = fd
