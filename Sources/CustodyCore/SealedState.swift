@@ -131,11 +131,12 @@ extension Engine {
         }
     }
 
+    /// Writes the plain file `name` sealed, under the name `renamedTo` gives it (its own when nil).
     private static func reseal<T: Codable>(_ type: T.Type, _ name: String, _ files: StateFiles,
-                                           renamedTo newName: (T) -> String = { _ in "" }) throws(EngineError) {
+                                           renamedTo newName: ((T) -> String)? = nil) throws(EngineError) {
         guard let bytes = try files.readBytes(name), StateSeal.envelope(bytes) == nil,
               let value = try? files.read(T.self, from: name) else { return }
-        let target = newName(value).isEmpty ? name : newName(value)
+        let target = newName?(value) ?? name
         if target == name || access(files.path(target), F_OK) != 0 {
             try files.write(value, to: target)
         }
