@@ -100,7 +100,7 @@ final class StateSeal: @unchecked Sendable {
             let kek: AESGCMKey
             let secret: SecretBytes
             do {
-                kek = try AESGCMKey(try HKDF.derive(.sha256, key: machine.key, salt: [], info: Self.machineInfo, count: 32))
+                kek = try Self.machineKEK(machine.key)
                 secret = try Array(wrapped).withBytes { (w) throws(CryptoError) in
                     try Self.context(file.id, "machine", machine.id).withBytes { (aad) throws(CryptoError) in try KeyWrap.unwrap(w, with: kek, context: aad) }
                 }
@@ -190,15 +190,17 @@ final class StateSeal: @unchecked Sendable {
     /// The name of an identity's file in `directory` (`keybags`, `wipes`): a keyed hash of the
     /// identity under the state key; before the state directory had one, a plain hash.
     func name(of identity: String, in directory: String) -> String {
-        let folded = Array(IdentityKey(identity).folded.utf8)
-        let digest: [UInt8]
-        if let held = inner.withLock({ $0.held }),
-           let keyed = try? HKDF.derive(.sha256, key: held.secret, salt: [], info: Array("custody/v1/state-name|".utf8) + folded, count: 16) {
-            digest = keyed.withUnsafeBytes { Array($0) }
-        } else {
-            digest = Array(folded.withUnsafeBytes { sha256($0) }.prefix(16))
-        }
-        return directory + "/" + hexString(digest) + ".json"
+        guard let keyed = keyedHash("custody/v1/state-name|", of: identity) else { return Self.legacyName(of: identity, in: directory) }
+        return directory + "/" + keyed + ".json"
+    }
+
+    /// 16 bytes of HKDF-SHA256(state key, `label` ‖ the case-folded identity), in hex; nil while
+    /// the state key is not held.
+    private func keyedHash(_ label: String, of identity: String) -> String? {
+        guard let held = inner.withLock({ $0.held }),
+              let keyed = try? HKDF.derive(.sha256, key: held.secret, salt: [], info: Array(label.utf8) + Array(IdentityKey(identity).folded.utf8), count: 16)
+        else { return nil }
+        return keyed.withUnsafeBytes { hexString($0) }
     }
 
     /// The name an identity's file had before the state was sealed (a plain hash of it).
@@ -228,12 +230,7 @@ final class StateSeal: @unchecked Sendable {
     }
 
     /// Which recovery wrap is `identity`'s.
-    func recoveryHandle(of identity: String) -> String? {
-        guard let held = inner.withLock({ $0.held }),
-              let keyed = try? HKDF.derive(.sha256, key: held.secret, salt: [], info: Array("custody/v1/recovery-handle|".utf8) + Array(IdentityKey(identity).folded.utf8), count: 16)
-        else { return nil }
-        return keyed.withUnsafeBytes { hexString($0) }
-    }
+    func recoveryHandle(of identity: String) -> String? { keyedHash("custody/v1/recovery-handle|", of: identity) }
 
     /// Whether `identity`'s recovery key opens the state too.
     func hasRecoveryWrap(of identity: String) -> Bool {
@@ -260,7 +257,7 @@ final class StateSeal: @unchecked Sendable {
 
     /// Drops `identity`'s recovery wrap (its recovery key removed, the identity wiped).
     func removeRecoveryWrap(of identity: String) throws(EngineError) {
-        guard let handle = recoveryHandle(of: identity), inner.withLock({ $0.file?.recovery.contains { $0.handle == handle } }) == true else { return }
+        guard hasRecoveryWrap(of: identity), let handle = recoveryHandle(of: identity) else { return }
         try updateFile { $0.recovery.removeAll { $0.handle == handle } }
     }
 
@@ -309,11 +306,15 @@ final class StateSeal: @unchecked Sendable {
 
     private static func machineWrap(_ held: Held, machineKey: (id: String, key: SecretBytes)) throws(EngineError) -> Data {
         do {
-            let kek = try AESGCMKey(try HKDF.derive(.sha256, key: machineKey.key, salt: [], info: machineInfo, count: 32))
+            let kek = try machineKEK(machineKey.key)
             return Data(try context(held.id, "machine", machineKey.id).withBytes { (aad) throws(CryptoError) in try KeyWrap.wrap(held.secret, with: kek, context: aad) })
         } catch {
             throw .crypto(error)
         }
+    }
+
+    private static func machineKEK(_ machineKey: SecretBytes) throws(CryptoError) -> AESGCMKey {
+        try AESGCMKey(try HKDF.derive(.sha256, key: machineKey, salt: [], info: machineInfo, count: 32))
     }
 
     private static func recoveryKEK(_ recoveryKey: SecretBytes, _ parameters: Argon2Parameters) throws(CryptoError) -> AESGCMKey {
