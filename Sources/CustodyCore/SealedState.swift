@@ -191,5 +191,13 @@ extension Engine {
         try saveLoaded(changes, all)
         events.emit(.machineKeyChanged, "the sealed state directory was opened with a recovery key: \(all.accounts.count) account(s), " +
                         "\(all.stranded.count) still needing recovery", details: ["accounts": "\(all.accounts.count)", "stranded": "\(all.stranded.count)"])
+        // A wipe journaled before the state was sealed (its keys went just now, with the load)
+        // finishes at once, as it would at a start: its files are not left for the next one.
+        do throws(EngineError) { try completePendingWipes() } catch {
+            for account in pendingWipes {
+                events.emit(.wipeFailed, identity: account.upn, code: error.code,
+                            "the interrupted wipe of \(account.upn) could not finish: \(error); it is completed at the next start")
+            }
+        }
     }
 }

@@ -2,6 +2,7 @@
 import CustodyCrypto
 import Foundation
 import Glibc
+import Synchronization
 import XCTest
 import CustodyTestSupport
 
@@ -113,6 +114,36 @@ final class StateSealTests: EngineTestCase {
         // A wipe takes the recovery key's wrap of the state key with the keybag.
         try engine.deregister("alice-oid", wipe: true)
         XCTAssertFalse(engine.files.seal?.hasRecoveryWrap(of: "alice-oid") ?? true)
+    }
+
+    /// A wipe journaled before the state was sealed (the daemon stopped midway, then the TPM was
+    /// cleared) finishes as soon as a recovery key opens the state, not at the next start.
+    func testAWipeJournaledBeforeTheStateWasSealedFinishesWhenItOpens() throws {
+        let tpm = MemorySealer()
+        var engine = try self.engine(tpm)
+        try engine.enroll(id: "alice-oid", upn: "alice@contoso.com")
+        try engine.enroll(id: "carol-oid", upn: "carol@fabrikam.com")
+        let (key, _) = try engine.createRecoveryKey("alice-oid")
+        let carol = try engine.account("carol-oid")
+        try engine.files.write(carol, to: engine.files.wipeJournalName(carol.id))
+        tpm.clear()
+
+        engine = try self.engine(tpm)
+        XCTAssertTrue(engine.pendingWipes.isEmpty, "a sealed journal is not known")
+        func journals() -> [String] { ((try? FileManager.default.contentsOfDirectory(atPath: directory + "/wipes")) ?? []).filter { $0.hasSuffix(".json") } }
+        XCTAssertEqual(journals().count, 1, "the journal stays while sealed")
+        let finished = Mutex<[String]>([])
+        let subscription = engine.events.subscribe { event in
+            if event.kind == .wipeFinished { finished.withLock { $0.append(event.identity ?? "") } }
+        }
+        defer { engine.events.unsubscribe(subscription) }
+        try engine.resetMachineKey()
+        try engine.recover("alice@contoso.com", with: key, newPassphrase: nil)
+        XCTAssertEqual(finished.withLock { $0 }, ["carol@fabrikam.com"])
+        XCTAssertTrue(engine.pendingWipes.isEmpty)
+        XCTAssertEqual(journals(), [], "the journal went")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: engine.files.path(engine.files.keybagName(carol.id))), "the keybag went")
+        XCTAssertEqual(engine.accounts().map(\.upn), ["alice@contoso.com"])
     }
 
     func testAStateWithNoRecoveryKeyStaysSealedAndSaysWhy() throws {
