@@ -167,7 +167,11 @@ public struct Account: Codable, Equatable, Sendable {
     /// its keybag cannot be used, and by a wipe resumed after the keybag is gone.
     public var keyIDs: [String]?
 
-    public var isEnrolled: Bool { policy != nil }
+    public var isEnrolled: Bool {
+        // Without copying the policy (asked for every file created).
+        if case .none = policy { return false }
+        return true
+    }
 
     /// True when `identity` is this account's object ID or UPN spelled exactly as stored.
     public func matchesAsStored(_ identity: String) -> Bool {

@@ -118,6 +118,12 @@ public final class Engine: @unchecked Sendable {
         var uncleanStops: [UncleanStop] = []
         /// Why the state is sealed (no machine key opens the state key); nil when it is open.
         var sealed: String?
+
+        /// Where the account `identity` names is: spelled as stored first (every request that
+        /// creates a file asks), then case-folded.
+        func accountIndex(_ identity: String) -> Int? {
+            accounts.firstIndex { $0.matchesAsStored(identity) } ?? accounts.firstIndex { $0.matches(identity) }
+        }
     }
 
     // MARK: Starting
@@ -224,11 +230,7 @@ public final class Engine: @unchecked Sendable {
     public func accounts() -> [Account] { state.withLock { $0.accounts } }
 
     public func account(_ identity: String) throws(EngineError) -> Account {
-        let found = state.withLock { state -> Account? in
-            // Spelled as stored first (every request that creates a file asks), then case-folded.
-            if let exact = state.accounts.first(where: { $0.matchesAsStored(identity) }) { return exact }
-            return state.accounts.first { $0.matches(identity) }
-        }
+        let found = state.withLock { state in state.accountIndex(identity).map { state.accounts[$0] } }
         guard let account = found else {
             if let reason = sealedState {
                 throw .machineKeyUnavailable("\(identity) cannot be looked up: \(reason); recover it with its recovery key (custodyctl recover)")

@@ -69,8 +69,13 @@ extension Engine {
     /// The key ID an owner record of `identity` carries instead of its name (the ID of its class D
     /// key, which every enrolled identity has); nil for an unmanaged or unknown identity.
     public func ownerKeyID(for identity: String) -> [UInt8]? {
-        guard let account = try? account(identity), account.isEnrolled else { return nil }
-        return state.withLock { $0.keys[account.key]?.stored[.none].map { Array($0.id) } }
+        // Asked for every file created: one look under the lock, no copy of the account, and the
+        // ID as the keyring holds it (class D is unwrapped from the start).
+        state.withLock { state in
+            guard let index = state.accountIndex(identity),
+                  state.accounts[index].isEnrolled else { return nil }
+            return state.keys[state.accounts[index].key]?.classD.id
+        }
     }
 
     /// How an owner that no account here names is shown: the identity of a keybag in the state

@@ -131,3 +131,70 @@ public enum Argon2id {
         return output
     }
 }
+
+extension HKDF {
+    /// HKDF-SHA-256 with one key and salt for many short derivations: the extraction is done once
+    /// and the HMAC keyed once with its result (its inner and outer states kept in secure memory),
+    /// so that each derivation of up to 32 bytes is one HMAC from a copy of that state, about two
+    /// SHA-256 compressions for a short `info` rather than eight. The bytes are those of
+    /// `derive(.sha256, key:salt:info:count:)`.
+    public final class SHA256Expander: Sendable {
+        private let keyed: SecretBytes
+        static let length = Int(crypto_auth_hmacsha256_BYTES)
+
+        public init(key: SecretBytes, salt: [UInt8]) throws(CryptoError) {
+            guard sodiumReady else { throw .library("libsodium could not be initialised") }
+            let prk = try HKDF.derivePRK(key: key, salt: salt)
+            keyed = try SecretBytes(count: MemoryLayout<crypto_auth_hmacsha256_state>.size)
+            _ = crypto_auth_hmacsha256_init(keyed.pointer.assumingMemoryBound(to: crypto_auth_hmacsha256_state.self),
+                                            prk.pointer.assumingMemoryBound(to: UInt8.self), prk.count)
+        }
+
+        /// T(1) of the expansion for `info` (the concatenation of `parts`), its first
+        /// `output.count` bytes (at most 32).
+        public func derive(info parts: [UnsafeRawBufferPointer], into output: UnsafeMutableRawBufferPointer) throws(CryptoError) {
+            guard output.count <= Self.length, let target = output.baseAddress else {
+                throw .invalidLength(what: "HKDF output from one block", expected: Self.length, actual: output.count)
+            }
+            let stateSize = MemoryLayout<crypto_auth_hmacsha256_state>.size
+            // The copied state and the full block are secrets: on the stack, zeroed before returning.
+            withUnsafeTemporaryAllocation(byteCount: stateSize + Self.length, alignment: 64) { scratch in
+                defer { sodium_memzero(scratch.baseAddress, scratch.count) }
+                guard let base = scratch.baseAddress else { return }
+                base.copyMemory(from: keyed.pointer, byteCount: stateSize)
+                let state = base.assumingMemoryBound(to: crypto_auth_hmacsha256_state.self)
+                let block = (base + stateSize).assumingMemoryBound(to: UInt8.self)
+                for part in parts {
+                    if let bytes = part.baseAddress, part.count > 0 {
+                        _ = crypto_auth_hmacsha256_update(state, bytes.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
+                    }
+                }
+                var counter: UInt8 = 1
+                _ = crypto_auth_hmacsha256_update(state, &counter, 1)
+                _ = crypto_auth_hmacsha256_final(state, block)
+                target.copyMemory(from: block, byteCount: output.count)
+            }
+        }
+    }
+
+    /// The extraction step alone: PRK = HMAC-SHA-256(salt, key), a missing salt being 32 zero bytes.
+    static func derivePRK(key: SecretBytes, salt: [UInt8]) throws(CryptoError) -> SecretBytes {
+        let prk = try SecretBytes(count: Int(crypto_auth_hmacsha256_BYTES))
+        let zeros = [UInt8](repeating: 0, count: Int(crypto_auth_hmacsha256_BYTES))
+        let saltBytes = salt.isEmpty ? zeros : salt
+        saltBytes.withUnsafeBufferPointer { saltBuffer in
+            key.withUnsafeBytes { keyBytes in
+                withUnsafeTemporaryAllocation(of: crypto_auth_hmacsha256_state.self, capacity: 1) { state in
+                    guard let context = state.baseAddress, let salt = saltBuffer.baseAddress else { return }
+                    defer { sodium_memzero(context, MemoryLayout<crypto_auth_hmacsha256_state>.size) }
+                    _ = crypto_auth_hmacsha256_init(context, salt, saltBuffer.count)
+                    if let bytes = keyBytes.baseAddress {
+                        _ = crypto_auth_hmacsha256_update(context, bytes.assumingMemoryBound(to: UInt8.self), UInt64(keyBytes.count))
+                    }
+                    _ = crypto_auth_hmacsha256_final(context, prk.pointer.assumingMemoryBound(to: UInt8.self))
+                }
+            }
+        }
+        return prk
+    }
+}

@@ -14,6 +14,39 @@ enum DirectoryTweakState {
     case known([UInt8])
 }
 
+/// The encrypted forms a directory computed last (`Inode.encryptedForms`): the few names just
+/// looked up and found missing, for the creation that follows (LOOKUP, then CREATE, MKDIR,
+/// SYMLINK or a rename's target), so that a name is encrypted once. A short ring, searched in
+/// order: what it holds is a handful of names, and a directory that is listed or removed finds
+/// its names by `Inode.nameHint` instead.
+struct KnownForms {
+    static let capacity = 8
+    private var ring: [ResolvedName] = []
+    private var next = 0
+
+    func forms(of shown: FileName) -> [ResolvedName] {
+        ring.filter { $0.shown == shown }
+    }
+
+    func form(of shown: FileName, key: NameKey) -> ResolvedName? {
+        ring.first { $0.key === key && $0.shown == shown }
+    }
+
+    /// Keeps `form`, replacing one of the same name and key tag (a key made again by a later
+    /// unlock), else the oldest.
+    mutating func keep(_ form: ResolvedName) {
+        guard let tag = form.key?.tag else { return }
+        if let same = ring.firstIndex(where: { $0.key?.tag == tag && $0.shown == form.shown }) {
+            ring[same] = form
+        } else if ring.count < Self.capacity {
+            ring.append(form)
+        } else {
+            ring[next] = form
+            next = (next + 1) % Self.capacity
+        }
+    }
+}
+
 /// A name a request gave, and the entry it is in the backing directory.
 struct ResolvedName {
     /// As the kernel knows it.
@@ -108,6 +141,15 @@ extension MountFileSystem {
         return made
     }
 
+    /// Makes the tweak of the directory `stored` in `directory`, just made (as the daemon: the
+    /// caller may not be able to read it). No node knows the directory yet, so none holds that
+    /// it has no tweak (`tweaksMade` stays).
+    func makeTweak(ofNew stored: FileName, in directory: Inode) throws(Errno) -> [UInt8] {
+        let fd = try Syscall.openat(directory.fd, stored.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0)
+        defer { Syscall.close(fd) }
+        return try asErrno { () throws(FormatError) in try DirectoryTweak.ensure(fd: fd) }
+    }
+
     // MARK: Names from requests
 
     /// Whether a C name starts with `NameCipher.prefix` (`~c3`).
@@ -116,7 +158,8 @@ extension MountFileSystem {
     }
 
     /// The entry `name` names in `directory`, found by `probe` (which throws ENOENT when a stored
-    /// name is not there): plain first, then each held key's form.
+    /// name is not there): in a form the directory knows, else in the form its names were last
+    /// found in (`Inode.nameHint`), then plain, then in each other held key's form.
     func findEntry<T>(_ name: UnsafePointer<CChar>, in directory: Inode,
                       probe: (UnsafePointer<CChar>) throws(Errno) -> T) throws(Errno) -> (ResolvedName, T) {
         let shown = FileName(cString: name)
@@ -126,9 +169,9 @@ extension MountFileSystem {
             if let text = shown.text, decryptedName(text, in: directory, longForm: nil) != nil { throw Errno.noSuchFile }
             return (.plain(shown), try probe(name))
         }
-        // A form this directory listed or computed first: a name exists in one form only, so
-        // an encrypted one found needs no look at the plain name (nor a negative entry for it
-        // in the backing file system's cache, which each removal of the directory walks).
+        // A name exists in one form only, so the first form found is the entry; trying the likely
+        // one first spares a look at the others (and a negative entry for each in the backing file
+        // system's cache, which each removal of the directory walks).
         let keys = heldNameKeys()
         let known = knownForms(of: shown, in: directory, keys: keys)
         for resolved in known {
@@ -136,17 +179,42 @@ extension MountFileSystem {
                 return (resolved, try probe(resolved.stored.cString))
             } catch where error == .noSuchFile {}
         }
-        do {
-            return (.plain(shown), try probe(name))
-        } catch where error == .noSuchFile {}
-        guard let tweak = try tweak(of: directory) else { throw Errno.noSuchFile }
-        for key in keys.all where !known.contains(where: { $0.key === key }) {
-            guard let resolved = try? encrypted(shown, tweak: tweak, key: key, in: directory) else { continue }
+        var computed: [ResolvedName] = []
+        func attempt(_ key: NameKey, tweak: [UInt8]) throws(Errno) -> (ResolvedName, T)? {
+            guard !known.contains(where: { $0.key === key }), let resolved = try? encrypted(shown, tweak: tweak, key: key) else { return nil }
+            computed.append(resolved)
             do {
-                return (resolved, try probe(resolved.stored.cString))
-            } catch where error == .noSuchFile {}
+                let found = try probe(resolved.stored.cString)
+                noteNameForm(key.tag, in: directory)
+                return (resolved, found)
+            } catch where error == .noSuchFile {
+                return nil
+            }
         }
+        var hinted: NameKey?
+        var tweak: [UInt8]?
+        if let tag = directory.nameHint.withLock({ $0 }), let key = keys.byTag[tag], let directoryTweak = try self.tweak(of: directory) {
+            (hinted, tweak) = (key, directoryTweak)
+            if let found = try attempt(key, tweak: directoryTweak) { return found }
+        }
+        do {
+            let found = try probe(name)
+            if hinted != nil { noteNameForm(nil, in: directory) }
+            return (.plain(shown), found)
+        } catch where error == .noSuchFile {}
+        if tweak == nil { tweak = try self.tweak(of: directory) }
+        guard let tweak else { throw Errno.noSuchFile }
+        for key in keys.all where key !== hinted {
+            if let found = try attempt(key, tweak: tweak) { return found }
+        }
+        // Not there: what was computed serves the creation that usually follows.
+        for form in computed { remember(form, in: directory) }
         throw Errno.noSuchFile
+    }
+
+    /// Notes the form (a key tag; nil: plain) a name of `directory` was found or listed in.
+    func noteNameForm(_ tag: String?, in directory: Inode) {
+        directory.nameHint.withLock { if $0 != tag { $0 = tag } }
     }
 
     // MARK: Encrypted forms
@@ -155,26 +223,12 @@ extension MountFileSystem {
     /// function of the directory's tweak (which never changes), the key and the name, so a
     /// known one is never wrong; whether it exists is for the caller to look.
     private func knownForms(of shown: FileName, in directory: Inode, keys: NameKeySet) -> [ResolvedName] {
-        guard let forms = directory.encryptedForms.withLock({ $0[shown] }) else { return [] }
-        return forms.filter { form in form.key.map { keys.byTag[$0.tag] === $0 } ?? false }
+        directory.encryptedForms.withLock { $0.forms(of: shown) }.filter { form in form.key.map { keys.byTag[$0.tag] === $0 } ?? false }
     }
 
-    /// Keeps a form for `knownForms` and `encrypted` (at most `maxKnownForms` names per
-    /// directory: the whole set is dropped when full).
     private func remember(_ form: ResolvedName, in directory: Inode) {
-        guard let key = form.key else { return }
-        directory.encryptedForms.withLock { forms in
-            if forms.count >= Self.maxKnownForms { forms.removeAll(keepingCapacity: true) }
-            var list = forms[form.shown] ?? []
-            // One per key tag: a key made again (a later unlock) replaces the earlier one's.
-            list.removeAll { $0.key?.tag == key.tag }
-            list.append(form)
-            forms[form.shown] = list
-        }
+        directory.encryptedForms.withLock { $0.keep(form) }
     }
-
-    static let maxKnownForms = 4096
-
     /// The entry `name` names in `directory` (ENOENT when none).
     func existingEntry(_ name: UnsafePointer<CChar>, in directory: Inode) throws(Errno) -> (ResolvedName, stat) {
         try findEntry(name, in: directory) { (stored) throws(Errno) in try Syscall.fstatat(directory.fd, stored, AT_SYMLINK_NOFOLLOW) }
@@ -182,13 +236,14 @@ extension MountFileSystem {
 
     /// `shown` encrypted with `key` for `directory` (its tweak made if it has none).
     func encryptedName(_ shown: FileName, in directory: Inode, key: NameKey) throws(Errno) -> ResolvedName {
-        if let known = directory.encryptedForms.withLock({ $0[shown]?.first { $0.key === key } }) { return known }
+        noteNameForm(key.tag, in: directory)
+        if let known = directory.encryptedForms.withLock({ $0.form(of: shown, key: key) }) { return known }
         return try encrypted(shown, tweak: try ensureTweak(of: directory), key: key, in: directory)
     }
 
     /// `shown` encrypted with `key` for `directory`, whose tweak is `tweak`.
     private func encrypted(_ shown: FileName, tweak: [UInt8], key: NameKey, in directory: Inode) throws(Errno) -> ResolvedName {
-        if let known = directory.encryptedForms.withLock({ $0[shown]?.first { $0.key === key } }) { return known }
+        if let known = directory.encryptedForms.withLock({ $0.form(of: shown, key: key) }) { return known }
         let resolved = try encrypted(shown, tweak: tweak, key: key)
         remember(resolved, in: directory)
         return resolved
@@ -197,7 +252,9 @@ extension MountFileSystem {
     /// `shown` encrypted with `key` for the directory with `tweak`.
     private func encrypted(_ shown: FileName, tweak: [UInt8], key: NameKey) throws(Errno) -> ResolvedName {
         let stored: StoredName
-        do throws(FormatError) { stored = try NameCipher.encrypt(shown.bytes, tweak: tweak, key: key) } catch {
+        do throws(FormatError) {
+            stored = try shown.withBytes { (bytes) throws(FormatError) in try NameCipher.encrypt(bytes, tweak: tweak, key: key) }
+        } catch {
             throw Errno.invalidArgument
         }
         switch stored {
@@ -343,14 +400,15 @@ extension MountFileSystem {
     /// As `shownName(_:in:)`, with what `nameListing` found for the directory.
     func shownName(_ stored: UnsafePointer<CChar>, in directory: Inode, listing: NameListing?) -> FileName? {
         guard let listing, Self.isReservedName(stored), let associatedData = listing.associatedData else { return nil }
-        let text = String(cString: stored)
-        guard let tag = NameCipher.keyTag(of: text), let key = listing.keys.byTag[tag] else { return nil }
-        if NameCipher.isLong(text) { return decryptedName(text, in: directory, longForm: nil).map { FileName(bytes: $0) } }
-        guard let plain = try? NameCipher.decrypt(text, associatedData: associatedData, key: key) else { return nil }
-        let shown = FileName(bytes: plain)
-        // Listed, then removed or renamed by this name (rm -r, a file manager): found at once.
-        remember(ResolvedName(shown: shown, stored: FileName(cString: stored), longForm: nil, key: key), in: directory)
-        return shown
+        // Every name of a listing passes here: read in place, no string made of it.
+        guard let (tag, separator, body) = NameCipher.parts(of: UnsafeRawBufferPointer(start: stored, count: strlen(stored))),
+              let key = listing.keys.byTag[tag] else { return nil }
+        if separator == UInt8(ascii: "-") { return decryptedName(String(cString: stored), in: directory, longForm: nil).map { FileName(bytes: $0) } }
+        guard separator == UInt8(ascii: "."), let plain = try? NameCipher.decryptShort(body: body, associatedData: associatedData, key: key) else { return nil }
+        // Listed, then looked up, removed or renamed by this name (rm -r, a file manager): tried
+        // in this key's form first.
+        noteNameForm(tag, in: directory)
+        return FileName(bytes: plain)
     }
 
     /// The name a listing shows for the stored name `stored` (a C string) in `directory`: nil

@@ -20,8 +20,11 @@ final class Inode: @unchecked Sendable {
     let ownerUID = Atomic<UInt32>(0)
     /// A directory's tweak for encrypted names (`EncryptedNames.swift`), once read.
     let tweak = Mutex<DirectoryTweakState>(.unknown)
-    /// A directory's names in their encrypted forms, as computed or listed (`EncryptedNames.swift`).
-    let encryptedForms = Mutex<[FileName: [ResolvedName]]>([:])
+    /// Encrypted forms of names the directory computed last (`KnownForms`).
+    let encryptedForms = Mutex(KnownForms())
+    /// The key tag a directory's names were last found, listed or made in (nil: plain): the form
+    /// a lookup of a name it does not know tries first (`EncryptedNames.swift`).
+    let nameHint = Mutex<String?>(nil)
 
     init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
         self.fd = fd

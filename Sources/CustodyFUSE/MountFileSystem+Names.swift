@@ -58,14 +58,19 @@ extension MountFileSystem {
     private func makeEntry(_ req: fuse_req_t, _ parent: Inode, _ parentID: fuse_ino_t, _ resolved: ResolvedName, mode: mode_t,
                            _ make: (UnsafePointer<CChar>) throws(Errno) -> Void) throws(Errno) {
         try creatingAsCaller(req, on: parent.device) { () throws(Errno) in try make(resolved.stored.cString) }
+        var tweak: [UInt8]?
         do throws(Errno) {
             try storeLongForm(of: resolved, in: parent)
             try giveToCaller(req, parent: parent, name: resolved.stored.cString, fd: nil, mode: mode)
+            // A managed identity's directory will hold its names: its tweak is made with it, by
+            // the descriptor at hand, rather than at its first entry, by path.
+            if resolved.isEncrypted, mode & S_IFMT == S_IFDIR { tweak = try makeTweak(ofNew: resolved.stored, in: parent) }
         } catch {
             _ = unlinkat(parent.fd, resolved.stored.cString, mode & S_IFMT == S_IFDIR ? AT_REMOVEDIR : 0)
             throw error
         }
         var entry = try lookupEntry(in: parent, parentID, resolved)
+        if let tweak, let made = try? inodes.inode(UInt64(entry.ino)) { made.tweak.withLock { $0 = .known(tweak) } }
         fuse_reply_entry(req, &entry)
     }
 

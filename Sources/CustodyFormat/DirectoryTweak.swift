@@ -46,6 +46,24 @@ public enum DirectoryTweak {
         return Array(value.prefix(length))
     }
 
+    /// The tweak of the directory open as `fd` (for reading), made now if it has none. For a
+    /// directory just made: it is tried as absent first.
+    public static func ensure(fd: Int32) throws(FormatError) -> [UInt8] {
+        let fresh: [UInt8]
+        do { fresh = try Random.bytes(NameCipher.tweakSize) } catch { throw .crypto(error) }
+        do {
+            try fresh.withBytes { (bytes) throws(Errno) in
+                try Syscall.fsetxattr(fd, attributeName, bytes.baseAddress, bytes.count, Linux.XATTR_CREATE)
+            }
+        } catch where error == .exists {
+            guard let winner = try read(fd: fd) else { throw .corruptName("the directory's tweak went away") }
+            return winner
+        } catch {
+            throw .io(error)
+        }
+        return fresh
+    }
+
     /// The directory's tweak, made now if it has none. Two callers at once agree: the attribute is
     /// created only if absent, and whoever loses the race reads the winner's.
     public static func ensure(_ path: String) throws(FormatError) -> [UInt8] {

@@ -20,14 +20,19 @@ public final class NameKey: Sendable {
     /// Six base64url characters (36 bits) from the key: which identity's key opens a stored name.
     public let tag: String
     private let cipher: AESGCMKey
-    private let nonceKey: SecretBytes
+    /// Derives each name's nonce: HKDF keyed once, one HMAC per name.
+    private let nonces: HKDF.SHA256Expander
+    /// What every full form of a name under this key starts with: `~c3` ‖ tag ‖ `.`.
+    private let formHead: [UInt8]
 
     /// The name key of an identity, from its key `secret` (32 bytes or more).
     public init(deriving secret: SecretBytes) throws(CryptoError) {
         cipher = try AESGCMKey(HKDF.derive(key: secret, salt: Array("custody names".utf8), info: Array("v3 cipher".utf8), count: 32))
-        nonceKey = try HKDF.derive(key: secret, salt: Array("custody names".utf8), info: Array("v3 nonce".utf8), count: 32)
+        let nonceKey = try HKDF.derive(key: secret, salt: Array("custody names".utf8), info: Array("v3 nonce".utf8), count: 32)
+        nonces = try HKDF.SHA256Expander(key: nonceKey, salt: [])
         let tagBytes = try HKDF.derive(key: secret, salt: Array("custody names".utf8), info: Array("v3 tag".utf8), count: 6)
         tag = String(Base64URL.encode(tagBytes.withUnsafeBytes { Array($0) }).prefix(6))
+        formHead = Array((NameCipher.prefix + tag + ".").utf8)
     }
 
     func seal(_ plaintext: [UInt8], nonce: [UInt8], aad: [UInt8]) throws(CryptoError) -> [UInt8] {
@@ -49,6 +54,28 @@ public final class NameKey: Sendable {
         }
         if let failure { throw failure }
         return output
+    }
+
+    /// Opens `sealed` (nonce ‖ ciphertext ‖ tag) in a caller's buffer.
+    func open(sealed: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer) throws(CryptoError) -> [UInt8] {
+        let nonceSize = AESGCMKey.nonceSize, tagSize = AESGCMKey.tagSize
+        guard sealed.count >= nonceSize + tagSize, let base = sealed.baseAddress else { throw .authenticationFailed }
+        let length = sealed.count - nonceSize - tagSize
+        var failure: CryptoError?
+        // One spare byte, so that an empty name still has an address to decrypt into.
+        let plaintext = [UInt8](unsafeUninitializedCapacity: length + 1) { out, initialized in
+            guard let target = out.baseAddress else { failure = .authenticationFailed; return }
+            do throws(CryptoError) {
+                try cipher.open(nonce: UnsafeRawBufferPointer(start: base, count: nonceSize), aad: aad,
+                                ciphertext: UnsafeRawBufferPointer(start: base + nonceSize, count: length),
+                                tag: base + nonceSize + length, plaintext: target)
+                initialized = length
+            } catch {
+                failure = error
+            }
+        }
+        if let failure { throw failure }
+        return plaintext
     }
 
     func open(_ sealed: [UInt8], aad: [UInt8]) throws(CryptoError) -> [UInt8] {
@@ -80,20 +107,52 @@ public final class NameKey: Sendable {
         return plaintext
     }
 
-    /// The nonce of `name` in the directory with `tweak`. Not a secret (it is stored in the name):
-    /// derived into an ordinary array, with no secure allocation per name.
+    /// The nonce of `name` in the directory with `tweak`: `HKDF(nonceKey, len(tweak) ‖ tweak ‖ name)`.
+    /// Not a secret (it is stored in the name): derived into an ordinary array.
     func nonce(for name: [UInt8], tweak: [UInt8]) throws(CryptoError) -> [UInt8] {
         var nonce = [UInt8](repeating: 0, count: AESGCMKey.nonceSize)
-        let info = [UInt8(truncatingIfNeeded: tweak.count)] + tweak + name
-        var failure: CryptoError?
-        nonceKey.withUnsafeBytes { key in
-            nonce.withUnsafeMutableBytes { out in
-                do throws(CryptoError) { try HKDF.derive(.sha256, key: key, salt: [], info: info, into: out) } catch { failure = error }
+        try name.withBytes { (nameBytes) throws(CryptoError) in
+            try tweak.withBytes { (tweakBytes) throws(CryptoError) in
+                try nonce.withMutableBytes { (out) throws(CryptoError) in try deriveNonce(name: nameBytes, tweak: tweakBytes, into: out) }
             }
         }
-        if let failure { throw failure }
         return nonce
     }
+
+    func deriveNonce(name: UnsafeRawBufferPointer, tweak: UnsafeRawBufferPointer, into nonce: UnsafeMutableRawBufferPointer) throws(CryptoError) {
+        var length = UInt8(truncatingIfNeeded: tweak.count)
+        try withUnsafeMutableBytes(of: &length) { (lengthByte) throws(CryptoError) in
+            try nonces.derive(info: [UnsafeRawBufferPointer(lengthByte), tweak, name], into: nonce)
+        }
+    }
+
+    /// The full encrypted form of `name` (checked) in the directory with `tweak`:
+    /// `~c3` ‖ tag ‖ `.` ‖ base64url(nonce ‖ ciphertext ‖ GCM tag). Every lookup of a name the
+    /// mount does not know and every creation makes one: built in one buffer on the stack and
+    /// one string.
+    func fullForm(of name: UnsafeRawBufferPointer, tweak: UnsafeRawBufferPointer) throws(CryptoError) -> String {
+        let nonceSize = AESGCMKey.nonceSize, sealedCount = nonceSize + name.count + AESGCMKey.tagSize
+        let aadCount = NameCipher.nameData.count + tweak.count
+        return try withUnsafeTemporaryAllocation(byteCount: sealedCount + aadCount, alignment: 16) { (scratch) throws(CryptoError) -> String in
+            guard let base = scratch.baseAddress else { throw .invalidLength(what: "name buffer", expected: sealedCount, actual: 0) }
+            let aad = UnsafeMutableRawBufferPointer(start: base + sealedCount, count: aadCount)
+            NameCipher.nameData.withUnsafeBytes { aad.copyMemory(from: $0) }
+            if let tweakBase = tweak.baseAddress, tweak.count > 0 {
+                (base + sealedCount + NameCipher.nameData.count).copyMemory(from: tweakBase, byteCount: tweak.count)
+            }
+            try deriveNonce(name: name, tweak: tweak, into: UnsafeMutableRawBufferPointer(start: base, count: nonceSize))
+            try cipher.seal(nonce: UnsafeRawBufferPointer(start: base, count: nonceSize), aad: UnsafeRawBufferPointer(aad), plaintext: name,
+                            ciphertext: base + nonceSize, tag: base + nonceSize + name.count)
+            let sealed = UnsafeRawBufferPointer(start: base, count: sealedCount)
+            let head = formHead
+            return String(unsafeUninitializedCapacity: head.count + Base64URL.encodedCount(sealedCount)) { out in
+                guard let target = out.baseAddress else { return 0 }
+                head.withUnsafeBufferPointer { if let start = $0.baseAddress { target.update(from: start, count: head.count) } }
+                return head.count + Base64URL.encode(sealed, into: target + head.count)
+            }
+        }
+    }
+
 }
 
 /// A name as the backing directory holds it.
@@ -128,15 +187,18 @@ public enum NameCipher {
     /// Encrypts `name` (1…255 bytes, no slash, no NUL, not `.` or `..`) for the directory whose
     /// tweak is `tweak`.
     public static func encrypt(_ name: [UInt8], tweak: [UInt8], key: NameKey) throws(FormatError) -> StoredName {
+        try name.withBytes { (bytes) throws(FormatError) in try encrypt(bytes, tweak: tweak, key: key) }
+    }
+
+    /// The same, for a name in a caller's buffer.
+    public static func encrypt(_ name: UnsafeRawBufferPointer, tweak: [UInt8], key: NameKey) throws(FormatError) -> StoredName {
         try check(name)
-        let sealed: [UInt8]
+        let full: String
         do {
-            let nonce = try key.nonce(for: name, tweak: tweak)
-            sealed = try key.seal(name, nonce: nonce, aad: nameData + tweak)
+            full = try tweak.withBytes { (tweakBytes) throws(CryptoError) in try key.fullForm(of: name, tweak: tweakBytes) }
         } catch {
             throw .crypto(error)
         }
-        let full = prefix + key.tag + "." + Base64URL.encode(sealed)
         if full.utf8.count <= maxStoredLength { return .short(full) }
         return .long(name: prefix + key.tag + "-" + Base64URL.encode(full.utf8.withContiguousStorageIfAvailable { sha256(UnsafeRawBufferPointer($0)) } ?? Array(full.utf8).withUnsafeBytes { sha256($0) }), full: full)
     }
@@ -198,6 +260,37 @@ public enum NameCipher {
     /// Whether a plain name would read as an encrypted one (the mount refuses to create it).
     public static func isReserved(_ name: [UInt8]) -> Bool { name.starts(with: Array(prefix.utf8)) }
 
+    /// A stored name as bytes (a listing's), split: its key tag, separator and body; nil for a
+    /// plain name.
+    public static func parts(of stored: UnsafeRawBufferPointer) -> (tag: String, separator: UInt8, body: UnsafeRawBufferPointer)? {
+        let head = prefix.utf8.count
+        guard stored.count > head + 7, stored.starts(with: prefix.utf8) else { return nil }
+        let tagBytes = UnsafeRawBufferPointer(rebasing: stored[head..<(head + 6)])
+        guard tagBytes.allSatisfy({ Base64URL.value(of: $0) != nil }) else { return nil }
+        let separator = stored[head + 6]
+        guard separator == UInt8(ascii: ":") || separator == UInt8(ascii: ".") || separator == UInt8(ascii: "-") else { return nil }
+        return (String(decoding: tagBytes, as: UTF8.self), separator, UnsafeRawBufferPointer(rebasing: stored[(head + 7)...]))
+    }
+
+    /// The name the body of a short stored name (`parts(of:)`, separator `.`) stands for, for a
+    /// listing: decoded on the stack, one array made.
+    public static func decryptShort(body: UnsafeRawBufferPointer, associatedData: [UInt8], key: NameKey) throws(FormatError) -> [UInt8] {
+        let capacity = body.count * 3 / 4 + 3
+        let name = try withUnsafeTemporaryAllocation(byteCount: capacity, alignment: 16) { (scratch) throws(FormatError) -> [UInt8] in
+            guard let base = scratch.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                  let count = Base64URL.decode(body, into: base, capacity: capacity) else { throw .corruptName("not base64url") }
+            do {
+                return try associatedData.withBytes { (aad) throws(CryptoError) in
+                    try key.open(sealed: UnsafeRawBufferPointer(start: base, count: count), aad: aad)
+                }
+            } catch {
+                throw .corruptName("authentication failed")
+            }
+        }
+        try check(name)
+        return name
+    }
+
     static func kind(of stored: String) -> (tag: String, separator: Character, body: Substring)? {
         // On the UTF-8 bytes: a listing asks this of every name.
         let bytes = stored.utf8
@@ -212,7 +305,12 @@ public enum NameCipher {
     }
 
     static func check(_ name: [UInt8]) throws(FormatError) {
-        guard !name.isEmpty, name.count <= 255, !name.contains(0), !name.contains(UInt8(ascii: "/")), name != [0x2e], name != [0x2e, 0x2e] else {
+        try name.withBytes { (bytes) throws(FormatError) in try check(bytes) }
+    }
+
+    static func check(_ name: UnsafeRawBufferPointer) throws(FormatError) {
+        let isDots = (name.count == 1 || name.count == 2) && name.allSatisfy { $0 == 0x2e }
+        guard !name.isEmpty, name.count <= 255, !isDots, !name.contains(where: { $0 == 0 || $0 == UInt8(ascii: "/") }) else {
             throw .corruptName("not a file name (\(name.count) bytes)")
         }
     }
@@ -233,6 +331,34 @@ enum Base64URL {
         return value == 0xFF ? nil : value
     }
 
+    /// Digits that encode `count` bytes.
+    static func encodedCount(_ count: Int) -> Int { (count * 4 + 2) / 3 }
+
+    /// Writes the digits of `bytes` at `target` (room for `encodedCount(bytes.count)`); returns
+    /// how many.
+    static func encode(_ bytes: UnsafeRawBufferPointer, into target: UnsafeMutablePointer<UInt8>) -> Int {
+        var written = 0, index = 0
+        alphabet.withUnsafeBufferPointer { digits in
+            func put(_ value: UInt32) {
+                target[written] = digits[Int(value & 63)]
+                written += 1
+            }
+            while index + 3 <= bytes.count {
+                let value = UInt32(bytes[index]) << 16 | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2])
+                put(value >> 18); put(value >> 12); put(value >> 6); put(value)
+                index += 3
+            }
+            let left = bytes.count - index
+            if left > 0 {
+                var value = UInt32(bytes[index]) << 16
+                if left == 2 { value |= UInt32(bytes[index + 1]) << 8 }
+                put(value >> 18); put(value >> 12)
+                if left == 2 { put(value >> 6) }
+            }
+        }
+        return written
+    }
+
     static func encode(_ bytes: [UInt8]) -> String {
         var output: [UInt8] = []
         output.reserveCapacity((bytes.count * 4 + 2) / 3)
@@ -251,37 +377,51 @@ enum Base64URL {
         return String(decoding: output, as: UTF8.self)
     }
 
-    static func decode<S: StringProtocol>(_ text: S) -> [UInt8]? {
-        // Every listed name passes here: one pass over the bytes, one allocation.
-        var output: [UInt8] = []
-        output.reserveCapacity(text.utf8.count * 3 / 4)
-        var group: UInt32 = 0, digits = 0
-        for byte in text.utf8 {
+    /// Decodes `digits` into `target` (room for `capacity` bytes); the count, or nil when they
+    /// are not base64url (or do not fit).
+    static func decode(_ digits: UnsafeRawBufferPointer, into target: UnsafeMutablePointer<UInt8>, capacity: Int) -> Int? {
+        guard digits.count % 4 != 1, digits.count / 4 * 3 + 2 <= capacity else { return nil }
+        var written = 0, group: UInt32 = 0, count = 0
+        for byte in digits {
             let value = values[Int(byte)]
             guard value != 0xFF else { return nil }
             group = group << 6 | UInt32(value)
-            digits += 1
-            if digits == 4 {
-                output.append(UInt8(group >> 16 & 255))
-                output.append(UInt8(group >> 8 & 255))
-                output.append(UInt8(group & 255))
+            count += 1
+            if count == 4 {
+                target[written] = UInt8(group >> 16 & 255)
+                target[written + 1] = UInt8(group >> 8 & 255)
+                target[written + 2] = UInt8(group & 255)
+                written += 3
                 group = 0
-                digits = 0
+                count = 0
             }
         }
-        switch digits {
+        switch count {
         case 0: break
         case 2:
             // Bits past the last byte must be zero: one spelling per value.
             guard group & 0xF == 0 else { return nil }
-            output.append(UInt8(group >> 4 & 255))
+            target[written] = UInt8(group >> 4 & 255)
+            written += 1
         case 3:
             guard group & 0x3 == 0 else { return nil }
-            output.append(UInt8(group >> 10 & 255))
-            output.append(UInt8(group >> 2 & 255))
+            target[written] = UInt8(group >> 10 & 255)
+            target[written + 1] = UInt8(group >> 2 & 255)
+            written += 2
         default:
             return nil
         }
+        return written
+    }
+
+    static func decode<S: StringProtocol>(_ text: S) -> [UInt8]? {
+        let digits = Array(text.utf8), capacity = digits.count / 4 * 3 + 2
+        var output = [UInt8](repeating: 0, count: capacity)
+        let count = digits.withUnsafeBytes { source in
+            output.withUnsafeMutableBufferPointer { target in target.baseAddress.flatMap { decode(source, into: $0, capacity: capacity) } }
+        }
+        guard let count else { return nil }
+        output.removeLast(capacity - count)
         return output
     }
 }

@@ -13,9 +13,26 @@ public struct FileName: Hashable, Sendable, CustomStringConvertible {
 
     /// The name whose bytes are `bytes` (up to a first NUL, if any).
     public init(bytes: some Sequence<UInt8>) {
+        // Arrays and native strings (every stored name the mount makes): one copy.
+        if let copied = bytes.withContiguousStorageIfAvailable({ Self.cString(copying: UnsafeRawBufferPointer($0)) }) {
+            cString = copied
+            return
+        }
         var cString = bytes.prefix { $0 != 0 }.map { CChar(bitPattern: $0) }
         cString.append(0)
         self.cString = cString
+    }
+
+    /// `bytes` up to a first NUL, if any, and a NUL.
+    private static func cString(copying bytes: UnsafeRawBufferPointer) -> [CChar] {
+        let length = bytes.firstIndex(of: 0) ?? bytes.count
+        return [CChar](unsafeUninitializedCapacity: length + 1) { buffer, initialized in
+            if let target = buffer.baseAddress {
+                if length > 0, let source = bytes.baseAddress { UnsafeMutableRawPointer(target).copyMemory(from: source, byteCount: length) }
+                target[length] = 0
+                initialized = length + 1
+            }
+        }
     }
 
     /// The name a C string spells.
@@ -27,7 +44,14 @@ public struct FileName: Hashable, Sendable, CustomStringConvertible {
     public init(_ text: String) { self.init(bytes: text.utf8) }
 
     /// The bytes, without the NUL.
-    public var bytes: [UInt8] { cString.dropLast().map { UInt8(bitPattern: $0) } }
+    public var bytes: [UInt8] {
+        cString.withUnsafeBytes { all in [UInt8](UnsafeRawBufferPointer(rebasing: all.dropLast())) }
+    }
+
+    /// Calls `body` with the bytes, without the NUL (no copy).
+    public func withBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
+        try cString.withBytes { (all) throws(E) in try body(UnsafeRawBufferPointer(rebasing: all.dropLast())) }
+    }
 
     /// Its length in bytes.
     public var count: Int { cString.count - 1 }

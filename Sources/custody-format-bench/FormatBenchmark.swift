@@ -118,9 +118,31 @@ struct FormatBenchmark {
             rows.append(("random 4 KiB writes, \(label)", rate(operations * 4096, randomWrite), "\(Int(Double(operations) / randomWrite)) ops/s"))
             rows.append(("random 4 KiB reads, \(label)", rate(operations * 4096, randomRead), "\(Int(Double(operations) / randomRead)) ops/s"))
         }
+        // Names: what a lookup or a creation pays to encrypt one, and a listing to decrypt one
+        // (names of 11 bytes, the mean of /usr/include's).
+        let nameKey = try NameKey(deriving: try SecretBytes.random(count: 32))
+        let tweak = [UInt8](repeating: 9, count: NameCipher.tweakSize)
+        let names = (0..<20_000).map { Array("name-\($0).h".utf8.prefix(11)) }
+        var stored: [String] = []
+        let encryptTime = try best {
+            stored = try names.map { (name) throws(FormatError) -> String in
+                guard case .short(let form) = try NameCipher.encrypt(name, tweak: tweak, key: nameKey) else { return "" }
+                return form
+            }
+        }
+        let associatedData = NameCipher.associatedData(tweak: tweak)
+        let decryptTime = try best {
+            for form in stored { _ = try NameCipher.decrypt(form, associatedData: associatedData, key: nameKey) }
+        }
+        var nameRows: [(String, Double)] = []
+        nameRows.append(("encrypt a name (11 bytes)", encryptTime / Double(names.count) * 1e6))
+        nameRows.append(("decrypt a name (11 bytes)", decryptTime / Double(names.count) * 1e6))
+
         print("| measurement | MB/s | |")
         print("|---|---|---|")
         for (name, value, note) in rows { print("| \(name) | \(Int(value.rounded())) | \(note) |") }
+        print("\n| names | µs each |\n|---|---|")
+        for (name, value) in nameRows { print("| \(name) | \((value * 100).rounded() / 100) |") }
         print("\n\(sizeMiB) MiB per run, best of 3 runs each; files in \(directory) (page cache, not disk)")
     }
 }

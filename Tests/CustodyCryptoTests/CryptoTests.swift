@@ -155,6 +155,32 @@ final class KeyDerivationTests: XCTestCase {
         XCTAssertEqual(mismatches.load(ordering: .relaxed), 0)
     }
 
+    /// The expander keyed once gives the bytes of a whole HKDF, for every info length (one and
+    /// several parts, across SHA-256's block) and output length up to one block; it refuses more.
+    func testExpanderMatchesHKDF() throws {
+        let key = try secret((0..<32).map { UInt8($0 &* 7) })
+        for salt in [[], [UInt8](repeating: 9, count: 13), [UInt8](repeating: 1, count: 80)] as [[UInt8]] {
+            let expander = try HKDF.SHA256Expander(key: key, salt: salt)
+            for infoLength in [0, 1, 17, 55, 56, 64, 120, 300] {
+                let info = (0..<infoLength).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 5) }
+                for count in [1, 12, 32] {
+                    let expected = bytes(of: try HKDF.derive(.sha256, key: key, salt: salt, info: info, count: count))
+                    var out = [UInt8](repeating: 0, count: count)
+                    let split = infoLength / 3
+                    try info.withUnsafeBytes { all in
+                        try out.withUnsafeMutableBytes { target in
+                            try expander.derive(info: [UnsafeRawBufferPointer(rebasing: all[..<split]), UnsafeRawBufferPointer(rebasing: all[split...])],
+                                                into: target)
+                        }
+                    }
+                    XCTAssertEqual(out, expected, "salt \(salt.count), info \(infoLength), count \(count)")
+                }
+            }
+            var tooLong = [UInt8](repeating: 0, count: 33)
+            XCTAssertThrowsError(try tooLong.withUnsafeMutableBytes { try expander.derive(info: [], into: $0) })
+        }
+    }
+
     func testArgon2idIsDeterministicAndSaltSensitive() throws {
         // Small limits keep the test fast; the parameters are stored with the output in real use.
         let parameters = Argon2Parameters(opsLimit: 1, memLimit: 8192 * 1024, salt: [UInt8](repeating: 7, count: 16))

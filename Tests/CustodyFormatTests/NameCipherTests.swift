@@ -45,7 +45,31 @@ final class NameCipherTests: XCTestCase {
             case .plain: XCTFail("encrypted names are never plain")
             }
             XCTAssertEqual(try NameCipher.encrypt(name, tweak: tweak, key: key), stored, "deterministic within a directory")
+            // As a listing reads it: split in place, decrypted on the stack.
+            if case .short(let text) = stored {
+                let listed = try Array(text.utf8).withUnsafeBytes { (bytes) throws -> [UInt8] in
+                    let parts = try XCTUnwrap(NameCipher.parts(of: bytes))
+                    XCTAssertEqual(parts.tag, key.tag)
+                    XCTAssertEqual(parts.separator, UInt8(ascii: "."))
+                    return try NameCipher.decryptShort(body: parts.body, associatedData: NameCipher.associatedData(tweak: tweak), key: key)
+                }
+                XCTAssertEqual(listed, name)
+            }
         }
+        // What must not open read in place is refused too: another directory, a changed byte.
+        guard case .short(let text) = try NameCipher.encrypt(Array("report.txt".utf8), tweak: tweak, key: key) else { return XCTFail("short") }
+        var changed = Array(text.utf8)
+        changed[changed.count - 3] = changed[changed.count - 3] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+        for (stored, data) in [(Array(text.utf8), NameCipher.associatedData(tweak: [UInt8](repeating: 3, count: 16))),
+                               (changed, NameCipher.associatedData(tweak: tweak)),
+                               (Array(text.utf8.dropLast()), NameCipher.associatedData(tweak: tweak))] {
+            try stored.withUnsafeBytes { bytes in
+                guard let parts = NameCipher.parts(of: bytes) else { return XCTFail("parts") }
+                XCTAssertThrowsError(try NameCipher.decryptShort(body: parts.body, associatedData: data, key: key))
+            }
+        }
+        XCTAssertNil(Array("plain.txt".utf8).withUnsafeBytes { NameCipher.parts(of: $0) })
+        XCTAssertNil(Array("~c3ab".utf8).withUnsafeBytes { NameCipher.parts(of: $0) })
     }
 
     func testWhatMustNotOpen() throws {
@@ -98,6 +122,24 @@ final class NameCipherTests: XCTestCase {
         XCTAssertEqual(Base64URL.decode("QUJDRA"), Array("ABCD".utf8))
         XCTAssertEqual(Base64URL.decode("QUJDREU"), Array("ABCDE".utf8))
         XCTAssertEqual(Base64URL.decode("-_-_"), [0xFB, 0xFF, 0xBF])
+        // The buffer forms agree with the array forms, and refuse what they refuse.
+        for count in 0..<40 {
+            let bytes = (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 59 &+ 3) }
+            var digits = [UInt8](repeating: 0, count: Base64URL.encodedCount(count))
+            let written = bytes.withUnsafeBytes { source in digits.withUnsafeMutableBufferPointer { Base64URL.encode(source, into: $0.baseAddress!) } }
+            XCTAssertEqual(written, digits.count)
+            XCTAssertEqual(String(decoding: digits, as: UTF8.self), Base64URL.encode(bytes))
+            var decoded = [UInt8](repeating: 0, count: count + 3)
+            let read = digits.withUnsafeBytes { source in decoded.withUnsafeMutableBufferPointer { Base64URL.decode(source, into: $0.baseAddress!, capacity: count + 3) } }
+            XCTAssertEqual(read.map { Array(decoded.prefix($0)) }, bytes)
+        }
+        for bad in ["a", "ab+c", "AB", "QUJ", "QUJDa"] {
+            var out = [UInt8](repeating: 0, count: 8)
+            XCTAssertNil(Array(bad.utf8).withUnsafeBytes { source in out.withUnsafeMutableBufferPointer { Base64URL.decode(source, into: $0.baseAddress!, capacity: 8) } }, bad)
+        }
+        var small = [UInt8](repeating: 0, count: 2)
+        XCTAssertNil(Array("QUJDRA".utf8).withUnsafeBytes { source in small.withUnsafeMutableBufferPointer { Base64URL.decode(source, into: $0.baseAddress!, capacity: 2) } },
+                     "more than the room given")
     }
 }
 
@@ -125,6 +167,20 @@ final class DirectoryTweakTests: XCTestCase {
         let fd = open(directory, Linux.O_PATH | O_DIRECTORY)
         defer { close(fd) }
         XCTAssertEqual(try DirectoryTweak.read("/proc/self/fd/\(fd)"), made)
+        // By a descriptor open for reading: the tweak it has is kept; a directory without one gets one.
+        let readable = open(directory, O_RDONLY | O_DIRECTORY)
+        XCTAssertEqual(try DirectoryTweak.ensure(fd: readable), made)
+        close(readable)
+        let fresh = directory + "-new"
+        XCTAssertEqual(mkdir(fresh, 0o700), 0)
+        defer { rmdir(fresh) }
+        let freshFD = open(fresh, O_RDONLY | O_DIRECTORY)
+        defer { close(freshFD) }
+        let madeByFD = try DirectoryTweak.ensure(fd: freshFD)
+        XCTAssertEqual(madeByFD.count, NameCipher.tweakSize)
+        XCTAssertEqual(try DirectoryTweak.read(fresh), madeByFD)
+        XCTAssertEqual(try DirectoryTweak.ensure(fd: freshFD), madeByFD)
+        XCTAssertNotEqual(madeByFD, made)
         XCTAssertNoThrow(try Syscall.setxattr(directory, DirectoryTweak.attributeName, "short", 5, 0))
         XCTAssertThrowsError(try DirectoryTweak.read(directory), "not a tweak's size")
     }

@@ -42,6 +42,12 @@ final class TextTests: XCTestCase {
         XCTAssertTrue(FileName(".custody-x").hasPrefix(".custody-"))
         XCTAssertEqual(FileName("b").appended(to: FileName("/a")).bytes, Array("/a/b".utf8))
         XCTAssertEqual(FileName(bytes: [0x61, 0, 0x62]).bytes, [0x61], "a name ends at a NUL")
+        XCTAssertEqual(FileName("a\u{0}b").bytes, [0x61], "a name ends at a NUL, from text too")
+        XCTAssertEqual(FileName(bytes: [0x61, 0x62].lazy.map { $0 }).bytes, [0x61, 0x62], "from a sequence with no storage")
+        XCTAssertEqual(FileName(bytes: []).cString, [0])
+        var seen: [UInt8] = []
+        FileName("ab").withBytes { seen = Array($0) }
+        XCTAssertEqual(seen, [0x61, 0x62], "its bytes, without the NUL")
         XCTAssertEqual(FileName(bytes: [0xF0, 0x9F, 0x8F, 0xBB, 0xFF]).description, "\u{1F3FB}\\xFF")
     }
 

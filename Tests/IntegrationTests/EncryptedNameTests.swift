@@ -204,6 +204,37 @@ final class EncryptedNameTests: XCTestCase {
         // Bob's renamed file stays plain.
         XCTAssertEqual(try asBob("mv bob-only.txt bob-renamed.txt && cat bob-renamed.txt").output, "bob\n")
         XCTAssertTrue(try FileManager.default.contentsOfDirectory(atPath: daemon.backing).contains("bob-renamed.txt"))
+
+        // A directory Alice makes has its tweak from the start, empty; Bob's has none.
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && mkdir alice-dir && chmod 1777 alice-dir"])
+        XCTAssertEqual(try asBob("mkdir bob-dir").status, 0)
+        let tweaks = try mustRun(["/usr/bin/python3", "-c", """
+            import os, sys
+            for name in sorted(os.listdir(sys.argv[1])):
+                path = os.path.join(sys.argv[1], name)
+                if os.path.isdir(path) and not os.listdir(path):
+                    has = 'trusted.custody.dirid' in os.listxattr(path, follow_symlinks=False)
+                    print(('alice' if name.startswith('~c3') else name), has)
+            """, daemon.backing])
+        XCTAssertEqual(tweaks, "bob-dir False\nalice True\n")
+        // A directory of both: names found in either form after a listing showed Alice's, also
+        // once the kernel has forgotten them (each a fresh lookup).
+        XCTAssertEqual(try asBob("echo bob > alice-dir/bob.txt").status, 0)
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && echo alice > alice-dir/alice.txt && ls alice-dir > /dev/null"])
+        try mustRun(["sh", "-c", "sync; echo 2 > /proc/sys/vm/drop_caches"])
+        XCTAssertEqual(try asBob("cat alice-dir/bob.txt && mv alice-dir/bob.txt alice-dir/bob-moved.txt && cat alice-dir/bob-moved.txt").output, "bob\nbob\n")
+        XCTAssertEqual(try mustRun(["cat", daemon.mnt("alice-dir/alice.txt")]), "alice\n")
+        XCTAssertEqual(try mustRun(["ls", daemon.mnt("alice-dir")]), "alice.txt\nbob-moved.txt\n")
+        let mixed = try FileManager.default.contentsOfDirectory(atPath: daemon.backing).first { name in
+            name.hasPrefix("~c3") && ((try? FileManager.default.contentsOfDirectory(atPath: daemon.backing + "/" + name))?.contains("bob-moved.txt") ?? false)
+        }
+        XCTAssertNotNil(mixed, "Bob's name stays plain in Alice's directory")
+        XCTAssertEqual(stat(daemon.mnt("alice-dir/missing")), ENOENT)
+    }
+
+    private func stat(_ path: String) -> Int32 {
+        var attributes = Glibc.stat()
+        return Glibc.lstat(path, &attributes) == 0 ? 0 : errno
     }
 
     /// Names stay listable while the identity is locked (its name key is class C's: held from the
