@@ -130,7 +130,8 @@ extension Engine {
             unlocked = try Keybags.unlock(view, machineSecret: bound, passphrase: secret, file: files.path(files.keybagName(account.id)))
         } catch {
             if case .wrongPassphrase = error {
-                _ = recordFailedUnlock(account, what: what)
+                let (failures, _) = recordFailedUnlock(account, what: what)
+                throw wrongCredential(account, failures: failures)
             }
             throw error
         }

@@ -39,8 +39,11 @@ extension Engine {
         case .open:
             return false
         case .wrong:
-            let (_, wait) = recordFailedUnlock(account, what: what + " (counted by the TPM too)")
-            throw wait > 0 ? .rateLimited(account.upn, retryAfterSeconds: wait) : .wrongPassphrase(account.upn)
+            let (failures, wait) = recordFailedUnlock(account, what: what + " (counted by the TPM too)")
+            // Where wrong attempts end in a wipe, the count left matters more than the wait.
+            let wipes = settings.maxUnlockAttempts > 0 && settings.unlockAttemptsAction == "wipe"
+            if wait > 0, !wipes { throw .rateLimited(account.upn, retryAfterSeconds: wait) }
+            throw wrongCredential(account, failures: failures)
         case .lockedOut(let seconds):
             events.emit(.unlockFailed, identity: account.upn, "the TPM is in dictionary-attack lockout: \(account.upn) cannot be unlocked for now",
                         details: ["tpmLockout": "true", "retryAfterSeconds": "\(seconds)"])

@@ -103,6 +103,20 @@ extension Engine {
         return (failures, wait)
     }
 
+    /// The refusal of a wrong credential that was the `failures`th in a row: with
+    /// `MaxUnlockAttempts` and `UnlockAttemptsAction = wipe` it says how many attempts are left
+    /// before the identity is wiped, or that this one wipes it.
+    func wrongCredential(_ account: Account, failures: Int) -> EngineError {
+        let settings = self.settings
+        guard settings.maxUnlockAttempts > 0, settings.unlockAttemptsAction == "wipe", failures > 0 else { return .wrongPassphrase(account.upn) }
+        let left = settings.maxUnlockAttempts - failures
+        if left <= 0 {
+            return .wrongPassphrase("\(account.upn): that was wrong attempt \(failures) of \(settings.maxUnlockAttempts) (MaxUnlockAttempts), " +
+                                    "and \(account.upn) is being wiped (UnlockAttemptsAction = wipe)")
+        }
+        return .wrongPassphrase("\(account.upn) (\(left) attempt\(left == 1 ? "" : "s") left before \(account.upn) is wiped)")
+    }
+
     /// A right credential: the counters start again.
     func clearFailedUnlocks(_ key: IdentityKey) {
         let snapshot = state.withLock { state -> OrderedStateFile<AttemptsFile>.Snapshot? in

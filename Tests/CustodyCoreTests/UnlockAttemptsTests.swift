@@ -42,8 +42,17 @@ final class UnlockAttemptsTests: EngineTestCase {
         let recorder = recorded(engine)
         try engine.enroll(id: "alice-id", upn: "alice@contoso.com", passphrase: try passphrase("right"))
         try engine.enroll(id: "bob-id", upn: "bob@contoso.com", passphrase: try passphrase("right"))
-        for _ in 0..<3 {
-            XCTAssertThrowsError(try engine.unlock("alice-id", passphrase: try passphrase("wrong")))
+        // Each wrong attempt says how many are left; the last says it wipes.
+        let said = [
+            "wrong passphrase for alice@contoso.com (2 attempts left before alice@contoso.com is wiped)",
+            "wrong passphrase for alice@contoso.com (1 attempt left before alice@contoso.com is wiped)",
+            "wrong passphrase for alice@contoso.com: that was wrong attempt 3 of 3 (MaxUnlockAttempts), and alice@contoso.com is being wiped (UnlockAttemptsAction = wipe)",
+        ]
+        for message in said {
+            XCTAssertThrowsError(try engine.unlock("alice-id", passphrase: try passphrase("wrong"))) { error in
+                XCTAssertEqual((error as? EngineError)?.code, 303)
+                XCTAssertEqual("\(error)", message)
+            }
             clock.advance(by: 301)
         }
         // The wipe runs as a job: its account goes first, its finishing event after.
