@@ -64,7 +64,7 @@ let package = Package(
         .target(name: "CustodySessions", dependencies: ["CSystemd", "CustodyCore", "CustodySystem"]),
 
         // The daemon's configuration file (custody.toml): typed, checked, with line numbers in errors.
-        .target(name: "CustodyConfig", dependencies: ["CustodyCore", "CustodyFormat", "CustodySystem", .product(name: "TOMLKit", package: "TOMLKit")]),
+        .target(name: "CustodyConfig", dependencies: ["CustodyAPI", "CustodyCore", "CustodyFormat", "CustodySystem", .product(name: "TOMLKit", package: "TOMLKit")]),
 
         // The control API's routes and documents, shared by the daemon, the client library and
         // custodyctl (no dependencies: a client depends on nothing else to speak it).

@@ -1,3 +1,4 @@
+import CustodyAPI
 import CustodyCore
 import CustodyFormat
 import CustodySystem
@@ -228,7 +229,7 @@ struct Reader {
 
     mutating func unknownKeys(_ table: TOMLTable, allowed: [String], in prefix: [String], index: Int? = nil) {
         for key in table.keys where !allowed.contains(key) {
-            let close = allowed.first { $0.lowercased() == key.lowercased() }.map { " (did you mean \($0)?)" } ?? ""
+            let close = Spelling.closest(to: key, in: allowed).map { " (did you mean \($0)?)" } ?? ""
             fail(prefix + [key], index: index, "unknown key" + close)
         }
     }

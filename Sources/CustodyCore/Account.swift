@@ -69,7 +69,8 @@ public struct Policy: Codable, Equatable, Sendable {
         fileEncryptionRequired = try container.decodeIfPresent(Bool.self, forKey: .fileEncryptionRequired) ?? defaults.fileEncryptionRequired
         if let name = try container.decodeIfPresent(String.self, forKey: .protectionLevel) {
             guard let level = ProtectionClass(name: name) else {
-                throw DecodingError.dataCorruptedError(forKey: .protectionLevel, in: container, debugDescription: "unknown protection level \(name)")
+                throw DecodingError.dataCorruptedError(forKey: .protectionLevel, in: container, debugDescription:
+                    "unknown protection level \(name) (complete, completeUnlessOpen, untilFirstAuth or none, or Apple's NSFileProtection names)")
             }
             protectionLevel = level
         }

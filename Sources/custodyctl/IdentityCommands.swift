@@ -37,7 +37,12 @@ struct Run: ParsableCommand {
 
     /// Applies the identity's save-to locations (see the discussion above).
     func confine() throws {
-        let response = try request(global, Endpoint.locations, query: [("account", identity)])
+        let response = try perform { () throws(CustodyClientError) in
+            try global.client.send(Endpoint.locations.method, Endpoint.locations.path(query: [("account", identity)]), body: nil)
+        }
+        // An identity that no account names (an unmanaged one, bound as given) has no policy.
+        if response.status == 404 { return }
+        try perform { () throws(CustodyClientError) in try ControlClient.check(response) }
         let locations = try decode(LocationList.self, response).locations
         guard locations.contains(where: { $0.name == "LocalDrive" && $0.saveToAllowed == false }) else { return }
         var writable = locations.filter { $0.saveToAllowed == true && $0.name != "LocalDrive" && !$0.neverMatches }.flatMap(\.paths)

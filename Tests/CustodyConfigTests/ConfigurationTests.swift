@@ -139,6 +139,7 @@ final class ConfigurationTests: XCTestCase {
         let found = Set(errors("""
             state = "/var/lib/custody"
             colour = "blue"
+            log_levle = "info"
             [settings]
             MaxFileProtectionLevel = "ultra"
             MultiIdentity = "yes"
@@ -155,14 +156,15 @@ final class ConfigurationTests: XCTestCase {
             """))
         let expected: Set<String> = [
             "test.toml:2: colour: unknown key",
-            "test.toml:4: settings.MaxFileProtectionLevel: unknown level ultra (NSFileProtectionComplete, NSFileProtectionCompleteUnlessOpen, NSFileProtectionCompleteUntilFirstUserAuthentication, NSFileProtectionNone, or complete, completeUnlessOpen, untilFirstAuth, none)",
-            "test.toml:5: settings.MultiIdentity: must be true or false, not a string",
-            "test.toml:6: settings.multiidentity: unknown key (did you mean MultiIdentity?)",
-            "test.toml:7: settings.LockGracePeriod: must be a number of seconds, 0 or more",
-            "test.toml:9: control.mode: must be octal permissions such as \"0660\", not rwx",
-            "test.toml:11: mount[1].backing: must be an absolute path, not relative/path",
-            "test.toml:13: mount[1].threads: must be between 1 and 256",
-            "test.toml:14: mount[2]: missing key backing",
+            "test.toml:3: log_levle: unknown key (did you mean log_level?)",
+            "test.toml:5: settings.MaxFileProtectionLevel: unknown level ultra (NSFileProtectionComplete, NSFileProtectionCompleteUnlessOpen, NSFileProtectionCompleteUntilFirstUserAuthentication, NSFileProtectionNone, or complete, completeUnlessOpen, untilFirstAuth, none)",
+            "test.toml:6: settings.MultiIdentity: must be true or false, not a string",
+            "test.toml:7: settings.multiidentity: unknown key (did you mean MultiIdentity?)",
+            "test.toml:8: settings.LockGracePeriod: must be a number of seconds, 0 or more",
+            "test.toml:10: control.mode: must be octal permissions such as \"0660\", not rwx",
+            "test.toml:12: mount[1].backing: must be an absolute path, not relative/path",
+            "test.toml:14: mount[1].threads: must be between 1 and 256",
+            "test.toml:15: mount[2]: missing key backing",
         ]
         XCTAssertEqual(found.subtracting(expected).sorted(), [], "unexpected errors")
         XCTAssertEqual(expected.subtracting(found).sorted(), [], "missing errors")

@@ -125,6 +125,11 @@ final class ModelConformanceTests: XCTestCase {
                 XCTAssertEqual(status(method, path, damaged), 400, "\(name): accepted \(property) = \(wrong)")
             }
             XCTAssertEqual(status(method, path, [1, 2]), 400, "\(name): accepted an array for an object")
+            // A field the document does not name is refused, as the document says.
+            XCTAssertEqual(schema["additionalProperties"] as? Bool, false, "\(name): the document does not say unknown fields are refused")
+            var unknown = object
+            unknown["notAField"] = true
+            XCTAssertEqual(status(method, path, unknown), 400, "\(name): accepted an unknown field")
         }
     }
 

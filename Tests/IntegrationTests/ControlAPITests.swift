@@ -93,6 +93,33 @@ final class ControlAPITests: XCTestCase {
         XCTAssertEqual(field(changed.json, "policy.protectionLevel"), "completeUnlessOpen")
         XCTAssertEqual(try daemon.api("GET", "/v1/accounts/bob@fabrikam.com/policy").status, 409, "a registered account has no policy")
 
+        // Nothing sent is half-understood: a misspelt field is refused by name (with the field it
+        // resembles), at any depth and in every body, and changes nothing.
+        let restricted = try daemon.api("PUT", "/v1/accounts/alice@contoso.com/policy",
+                                        #"{"protectionLevel": "completeUnlessOpen", "saveToLocations": ["AccountDocument"]}"#)
+        XCTAssertEqual(restricted.status, 200, restricted.body)
+        let misspelt = try daemon.apiJSON("PUT", "/v1/accounts/alice@contoso.com/policy", #"{"protectionLevel": "completeUnlessOpen", "saveToLocation": []}"#)
+        XCTAssertEqual(misspelt.status, 400, "\(misspelt.json)")
+        XCTAssertEqual(field(misspelt.json, "message"), "unknown field saveToLocation (did you mean saveToLocations?)")
+        XCTAssertEqual(try daemon.apiJSON("GET", "/v1/accounts/alice@contoso.com/policy").json["saveToLocations"] as? [String], ["AccountDocument"],
+                       "the restriction stays")
+        let nested = try daemon.apiJSON("POST", "/v1/accounts", #"{"id": "x-oid", "upn": "x@contoso.com", "policy": {"protectonLevel": "complete"}}"#)
+        XCTAssertEqual(nested.status, 400, "\(nested.json)")
+        XCTAssertEqual(field(nested.json, "message"), "unknown field policy.protectonLevel (did you mean protectionLevel?)")
+        XCTAssertEqual(try daemon.api("GET", "/v1/accounts/x@contoso.com").status, 404, "nothing was enrolled")
+        let unrelated = try daemon.apiJSON("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "nope", "remember": true}"#)
+        XCTAssertEqual(unrelated.status, 400, "\(unrelated.json)")
+        XCTAssertEqual(field(unrelated.json, "message"), "unknown field remember", "no close field: none suggested")
+        // A value the policy does not take is the policy error, naming what it takes.
+        let level = try daemon.apiJSON("PUT", "/v1/accounts/alice@contoso.com/policy", #"{"protectionLevel": "ultra"}"#)
+        XCTAssertEqual(level.status, 400, "\(level.json)")
+        XCTAssertEqual(field(level.json, "code"), "301")
+        XCTAssertEqual(field(level.json, "name"), "InvalidPolicy")
+        XCTAssertTrue((field(level.json, "message") ?? "").contains("unknown protection level ultra (complete, completeUnlessOpen, untilFirstAuth or none"), "\(level.json)")
+        let ultra = try daemon.ctl(["policy", "alice@contoso.com", "--level", "ultra"])
+        XCTAssertNotEqual(ultra.status, 0)
+        XCTAssertTrue(ultra.error.contains("InvalidPolicy") && ultra.error.contains("untilFirstAuth"), ultra.error)
+
         let status = try daemon.apiJSON("GET", "/v1/status")
         XCTAssertEqual((status.json["mounts"] as? [[String: Any]])?.first?["mountPoint"] as? String, daemon.mountPoint)
 
@@ -314,7 +341,7 @@ final class ControlAPITests: XCTestCase {
             ("POST", "/v1/accounts", #"{"id": 5, "upn": "x@y.z"}"#, 400, "BadRequest"),
             ("POST", "/v1/accounts", #"{"upn": "x@y.z"}"#, 400, "BadRequest"),
             ("POST", "/v1/bindings", #"{"pid": "twelve", "identity": "a"}"#, 400, "BadRequest"),
-            ("PUT", "/v1/accounts/nobody@x.y/policy", #"{"protectionLevel": "ultra"}"#, 400, "BadRequest"),
+            ("PUT", "/v1/accounts/nobody@x.y/policy", #"{"protectionLevel": "ultra"}"#, 400, "InvalidPolicy"),
             ("GET", "/v1/nothing", nil, 404, "UnknownRoute"),
             ("GET", "/v2/status", nil, 404, "UnknownRoute"),
             ("DELETE", "/v1/status", nil, 405, "MethodNotAllowed"),

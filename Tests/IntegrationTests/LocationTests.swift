@@ -47,13 +47,22 @@ final class LocationTests: XCTestCase {
         XCTAssertTrue(blocked.body.contains(#""allowed":false"#), blocked.body)
         XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalStorage", "account": "ALICE-OID"}"#).body.contains(#""allowed":false"#), "aliases and object IDs")
         XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "OneDriveForBusiness", "account": "alice@contoso.com"}"#).body.contains(#""allowed":true"#))
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "me-oid", "upn": "me@gmail.com", "enroll": false}"#).status, 201)
         XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "me@gmail.com"}"#).body.contains(#""allowed":true"#), "unmanaged: allowed")
+        // A misspelt account is not an unmanaged one: it is unknown, and nothing is allowed for it.
+        let typo = try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "alice@contoso.con"}"#)
+        XCTAssertEqual(typo.status, 404, typo.body)
+        XCTAssertTrue(typo.body.contains(#""name":"UnknownAccount""#) && typo.body.contains("alice@contoso.con"), typo.body)
+        XCTAssertEqual(try daemon.api("GET", "/v1/locations?account=nobody@contoso.com").status, 404)
         XCTAssertTrue(try daemon.api("POST", "/v1/locations/open-from-allowed", #"{"location": "SharePoint", "account": "alice@contoso.com"}"#).body.contains(#""allowed":false"#))
         XCTAssertEqual(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "Nowhere/../x", "account": "alice@contoso.com"}"#).status, 400)
         XCTAssertEqual(try daemon.api("POST", "/v1/locations/open-from-allowed", #"{"location": "NotConfigured", "account": ""}"#).status, 400, "a name that is neither the SDK's nor configured")
-        // A user who does not own the account learns nothing of its policy.
+        // A user who does not own the account learns nothing of its policy: it is unknown to them.
         let uid = try testUser()
-        XCTAssertTrue(try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "alice@contoso.com"}"#, asUser: uid).body.contains(#""allowed":true"#))
+        let hidden = try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "alice@contoso.com"}"#, asUser: uid)
+        XCTAssertEqual(hidden.status, 404, hidden.body)
+        XCTAssertEqual(hidden.body, try daemon.api("POST", "/v1/locations/save-to-allowed", #"{"location": "LocalDrive", "account": "zed@contoso.com"}"#, asUser: uid).body
+                        .replacingOccurrences(of: "zed@contoso.com", with: "alice@contoso.com"), "the same answer as for an account that does not exist")
 
         // Classifying paths.
         let cases = [(daemon.mnt("a/b.txt"), "AccountDocument"), (work + "/OneDrive - Contoso/Reports/q3.xlsx", "OneDriveForBusiness"),
@@ -69,6 +78,9 @@ final class LocationTests: XCTestCase {
         // The CLI, with its exit codes.
         XCTAssertEqual(try daemon.ctl(["save-to-allowed", "LocalDrive", "--account", "alice@contoso.com"]).status, 2)
         XCTAssertEqual(try daemon.ctl(["save-to-allowed", "OneDriveForBusiness", "--account", "alice@contoso.com"]).status, 0)
+        let misspelt = try daemon.ctl(["save-to-allowed", "LocalDrive", "--account", "alice@contoso.con"])
+        XCTAssertEqual(misspelt.status, 1, "neither yes (0) nor no (2): an error")
+        XCTAssertTrue(misspelt.error.contains("UnknownAccount") && misspelt.error.contains("alice@contoso.con"), misspelt.error)
         XCTAssertEqual(try daemon.ctl(["open-from-allowed", "AccountDocument", "--account", "alice@contoso.com"]).status, 0)
         let located = try daemon.ctl(["locate", work + "/OneDrive - Contoso/x"])
         XCTAssertTrue(located.output.contains("OneDriveForBusiness"), located.output + located.error)

@@ -89,9 +89,13 @@ struct ControlAPI: Sendable {
         try Self.decode(type, request)
     }
 
+    /// A request's body as `T`: strictly (`StrictJSON`), so that a field the route does not know
+    /// is refused by name rather than read as absent.
     static func decode<T: Decodable>(_ type: T.Type, _ request: HTTPRequest) throws(Failure) -> T {
         do {
-            return try JSONDecoder().decode(T.self, from: Data(request.body.isEmpty ? Array("{}".utf8) : request.body))
+            return try StrictJSON.decode(T.self, from: request.body.isEmpty ? Array("{}".utf8) : request.body)
+        } catch let unknown as StrictJSON.UnknownKey {
+            throw badRequest("\(unknown)")
         } catch {
             throw badRequest("invalid JSON body: \(Self.describe(error))")
         }

@@ -11,13 +11,14 @@ import FoundationEssentials
 // policies and accounts.json: a level, location or scope is accepted or refused by one rule.
 
 extension ControlAPI {
-    /// The engine's policy for a document a request sent; a name the engine does not know is a
-    /// 400 that names it.
+    /// The engine's policy for a document a request sent; a value the engine does not take (a
+    /// level, location or scope it does not know) is the policy error (301 InvalidPolicy), which
+    /// names it and what is accepted.
     static func policy(_ document: CustodyPolicy) throws(Failure) -> Policy {
         do {
             return try JSONDecoder().decode(Policy.self, from: JSONEncoder().encode(document))
         } catch {
-            throw badRequest("invalid JSON body: policy: \(describe(error))")
+            throw failure(.invalidPolicy(describe(error)))
         }
     }
 

@@ -15,11 +15,12 @@ extension ControlAPI {
         return location
     }
 
-    /// The identity a policy question is about, as the caller may see it: an account the caller
-    /// may not see is answered as any unmanaged identity would be (nothing leaks about it).
-    func policyIdentity(_ name: String?, _ caller: Caller) -> String? {
-        guard let name, !name.isEmpty, let account = try? visibleAccount(name, caller) else { return nil }
-        return account.upn
+    /// The identity a policy question is about (nil: none named). An account that is not known,
+    /// or that the caller may not see, is 404 UnknownAccount alike (nothing shows of the other),
+    /// never answered as if it had no policy: a misspelt account must not read as "allowed".
+    func policyIdentity(_ name: String?, _ caller: Caller) throws(Failure) -> String? {
+        guard let name, !name.isEmpty else { return nil }
+        do throws(EngineError) { return try visibleAccount(name, caller).upn } catch { throw Self.failure(error) }
     }
 
     func locationAnswer(_ body: LocationQuery, _ caller: Caller, saving: Bool) throws(Failure) -> HTTPResponse {
@@ -27,16 +28,15 @@ extension ControlAPI {
         guard engine.isKnown(location) else {
             throw Self.badRequest("unknown location \(body.location) (\(Location.knownNames) configured in Locations)")
         }
-        let identity = policyIdentity(body.account, caller)
+        let identity = try policyIdentity(body.account, caller)
         let allowed = saving ? engine.isSaveToAllowed(location, for: identity) : engine.isOpenFromAllowed(location, for: identity)
         return json(LocationAnswer(location: location.name, account: body.account, allowed: allowed))
     }
 
-    func locations(_ request: HTTPRequest, _ caller: Caller) -> HTTPResponse {
-        // An account the caller may not see is answered as no identity would be (everything
-        // allowed), so nothing shows of its policy.
+    func locations(_ request: HTTPRequest, _ caller: Caller) throws(Failure) -> HTTPResponse {
         let asked = request.query["account"]
-        return json(LocationList(locations: engine.locationSummaries(answering: asked != nil, for: policyIdentity(asked, caller)).map { CustodyAPI.LocationSummary($0) }))
+        let identity = try policyIdentity(asked, caller)
+        return json(LocationList(locations: engine.locationSummaries(answering: asked != nil, for: identity).map { CustodyAPI.LocationSummary($0) }))
     }
 
     /// The location of a path that need not exist yet (where a file would be saved): its

@@ -255,7 +255,7 @@ extension ControlAPI {
               check: { (body) throws(Failure) in guard !body.identity.isEmpty else { throw badRequest("identity must not be empty") } },
               serve: { (api, r, body) throws(Failure) in try api.canReceive(body, r.caller) }),
         .with(.repairFile, .admin, "repair files", body: PathRequest.self) { (api, r, body) throws(Failure) in try api.repairFile(body, r.caller) },
-        Route(.locations, .anyone) { (api, r) throws(Failure) in api.locations(r.http, r.caller) },
+        Route(.locations, .anyone) { (api, r) throws(Failure) in try api.locations(r.http, r.caller) },
         .with(.classify, .anyone, body: PathRequest.self) { (api, r, body) throws(Failure) in try api.classify(body, r.caller) },
         .with(.saveToAllowed, .anyone, body: LocationQuery.self,
               check: { (body) throws(Failure) in _ = try checkLocation(body) },
