@@ -129,9 +129,9 @@ extension Engine {
         do {
             unlocked = try Keybags.unlock(view, machineSecret: bound, passphrase: secret, file: files.path(files.keybagName(account.id)))
         } catch {
-            if case .wrongPassphrase = error {
+            if case .wrongPassphrase(let who) = error {
                 let (failures, _) = recordFailedUnlock(account, what: what)
-                throw wrongCredential(account, failures: failures)
+                throw wrongCredential(account, naming: who, failures: failures)
             }
             throw error
         }

@@ -43,7 +43,7 @@ extension Engine {
             // Where wrong attempts end in a wipe, the count left matters more than the wait.
             let wipes = settings.maxUnlockAttempts > 0 && settings.unlockAttemptsAction == "wipe"
             if wait > 0, !wipes { throw .rateLimited(account.upn, retryAfterSeconds: wait) }
-            throw wrongCredential(account, failures: failures)
+            throw wrongCredential(account, naming: account.upn, failures: failures)
         case .lockedOut(let seconds):
             events.emit(.unlockFailed, identity: account.upn, "the TPM is in dictionary-attack lockout: \(account.upn) cannot be unlocked for now",
                         details: ["tpmLockout": "true", "retryAfterSeconds": "\(seconds)"])

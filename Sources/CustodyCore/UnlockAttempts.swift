@@ -103,18 +103,18 @@ extension Engine {
         return (failures, wait)
     }
 
-    /// The refusal of a wrong credential that was the `failures`th in a row: with
-    /// `MaxUnlockAttempts` and `UnlockAttemptsAction = wipe` it says how many attempts are left
-    /// before the identity is wiped, or that this one wipes it.
-    func wrongCredential(_ account: Account, failures: Int) -> EngineError {
+    /// The refusal of a wrong credential for `account` (named `who` in it) that was the
+    /// `failures`th in a row: with `MaxUnlockAttempts` and `UnlockAttemptsAction = wipe` it says how
+    /// many attempts are left before the identity is wiped, or that this one wipes it.
+    func wrongCredential(_ account: Account, naming who: String, failures: Int) -> EngineError {
         let settings = self.settings
-        guard settings.maxUnlockAttempts > 0, settings.unlockAttemptsAction == "wipe", failures > 0 else { return .wrongPassphrase(account.upn) }
+        guard settings.maxUnlockAttempts > 0, settings.unlockAttemptsAction == "wipe", failures > 0 else { return .wrongPassphrase(who) }
         let left = settings.maxUnlockAttempts - failures
         if left <= 0 {
-            return .wrongPassphrase("\(account.upn): that was wrong attempt \(failures) of \(settings.maxUnlockAttempts) (MaxUnlockAttempts), " +
-                                    "and \(account.upn) is being wiped (UnlockAttemptsAction = wipe)")
+            return .wrongPassphrase("\(who): that was wrong attempt \(failures) of \(settings.maxUnlockAttempts) (MaxUnlockAttempts), " +
+                                    "and the identity is being wiped (UnlockAttemptsAction = wipe)")
         }
-        return .wrongPassphrase("\(account.upn) (\(left) attempt\(left == 1 ? "" : "s") left before \(account.upn) is wiped)")
+        return .wrongPassphrase("\(who) (\(left) attempt\(left == 1 ? "" : "s") left before the identity is wiped)")
     }
 
     /// A right credential: the counters start again.

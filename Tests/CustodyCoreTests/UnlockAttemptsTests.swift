@@ -44,9 +44,9 @@ final class UnlockAttemptsTests: EngineTestCase {
         try engine.enroll(id: "bob-id", upn: "bob@contoso.com", passphrase: try passphrase("right"))
         // Each wrong attempt says how many are left; the last says it wipes.
         let said = [
-            "wrong passphrase for alice@contoso.com (2 attempts left before alice@contoso.com is wiped)",
-            "wrong passphrase for alice@contoso.com (1 attempt left before alice@contoso.com is wiped)",
-            "wrong passphrase for alice@contoso.com: that was wrong attempt 3 of 3 (MaxUnlockAttempts), and alice@contoso.com is being wiped (UnlockAttemptsAction = wipe)",
+            "wrong passphrase for alice-id (2 attempts left before the identity is wiped)",
+            "wrong passphrase for alice-id (1 attempt left before the identity is wiped)",
+            "wrong passphrase for alice-id: that was wrong attempt 3 of 3 (MaxUnlockAttempts), and the identity is being wiped (UnlockAttemptsAction = wipe)",
         ]
         for message in said {
             XCTAssertThrowsError(try engine.unlock("alice-id", passphrase: try passphrase("wrong"))) { error in
