@@ -89,15 +89,18 @@ if grep -q "control front (pid" "$WORK/custodyd.log"; then fail "the control fro
 code=$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$WORK/control.sock" http://localhost/v1/status)
 [ "$code" = 200 ] || fail "status answers $code after the run"
 mountpoint -q "$WORK/mnt" || fail "the mount is gone"
+# Read and written as one unmanaged identity, not as root: the fuzzer may have enrolled accounts
+# for root's uid, whose processes then act as them, with policies that refuse plain data or keys
+# that are locked (a root `cat` of the canary is then refused, rightly).
+as_unmanaged() { "$BIN/custodyctl" run --socket "$WORK/control.sock" --identity canary@unmanaged.example -- "$@"; }
 # The fuzzer is an administrator: it may give the mount's files an owner (the mount point is in
 # the status) and wipe that owner, which deletes them. Gone is fine after a wipe; changed never.
 if [ -e "$WORK/mnt/canary" ]; then
-    [ "$(cat "$WORK/mnt/canary")" = "before the fuzzer" ] || fail "the canary file changed"
+    content=$(as_unmanaged cat "$WORK/mnt/canary" 2>&1) || fail "the canary cannot be read: $content"
+    [ "$content" = "before the fuzzer" ] || fail "the canary file changed: $content"
 else
     grep -q "wipeFinished" "$WORK/custodyd.log" || fail "the canary file is gone and no wipe explains it"
 fi
-# Written and read by one unmanaged identity: the fuzzer may have enrolled accounts for root's
-# uid (whose processes then act as them) and locked them.
 "$BIN/custodyctl" run --socket "$WORK/control.sock" --identity canary@unmanaged.example -- sh -c \
     'echo "after the fuzzer" > "$0/canary2" && [ "$(cat "$0/canary2")" = "after the fuzzer" ]' "$WORK/mnt" || fail "the mount does not write"
 echo "api-fuzz: 1 passed, 0 failed"
