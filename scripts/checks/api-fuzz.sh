@@ -94,10 +94,16 @@ mountpoint -q "$WORK/mnt" || fail "the mount is gone"
 # that are locked (a root `cat` of the canary is then refused, rightly).
 as_unmanaged() { "$BIN/custodyctl" run --socket "$WORK/control.sock" --identity canary@unmanaged.example -- "$@"; }
 # The fuzzer is an administrator: it may give the mount's files an owner (the mount point is in
-# the status) and wipe that owner, which deletes them. Gone is fine after a wipe; changed never.
+# the status), whose policy then decides who reads them, and wipe that owner, which deletes them.
+# Gone is fine after a wipe, unreadable only with an owner; changed never.
 if [ -e "$WORK/mnt/canary" ]; then
-    content=$(as_unmanaged cat "$WORK/mnt/canary" 2>&1) || fail "the canary cannot be read: $content"
-    [ "$content" = "before the fuzzer" ] || fail "the canary file changed: $content"
+    if content=$(as_unmanaged cat "$WORK/mnt/canary" 2>&1); then
+        [ "$content" = "before the fuzzer" ] || fail "the canary file changed: $content"
+    else
+        info=$(curl -s --unix-socket "$WORK/control.sock" -X POST --data-binary "{\"path\": \"$WORK/mnt/canary\"}" http://localhost/v1/files/info)
+        echo "$info" | grep -q '"owner":"' || fail "the canary cannot be read ($content) and has no owner: $info"
+        echo "api-fuzz: the canary was given an owner whose policy keeps it from others: $info"
+    fi
 else
     grep -q "wipeFinished" "$WORK/custodyd.log" || fail "the canary file is gone and no wipe explains it"
 fi
