@@ -79,32 +79,9 @@ public final class NameKey: Sendable {
     }
 
     func open(_ sealed: [UInt8], aad: [UInt8]) throws(CryptoError) -> [UInt8] {
-        let nonceSize = AESGCMKey.nonceSize, tagSize = AESGCMKey.tagSize
-        guard sealed.count >= nonceSize + tagSize else { throw .authenticationFailed }
-        let length = sealed.count - nonceSize - tagSize
-        // One spare byte, so that an empty name still has an address to decrypt into.
-        var plaintext = [UInt8](repeating: 0, count: length + 1)
-        var failure: CryptoError?
-        sealed.withUnsafeBytes { all in
-            aad.withUnsafeBytes { aadBytes in
-                plaintext.withUnsafeMutableBytes { out in
-                    guard let base = all.baseAddress, let target = out.baseAddress else {
-                        failure = .authenticationFailed
-                        return
-                    }
-                    do throws(CryptoError) {
-                        try cipher.open(nonce: UnsafeRawBufferPointer(start: base, count: nonceSize), aad: aadBytes,
-                                        ciphertext: UnsafeRawBufferPointer(start: base + nonceSize, count: length),
-                                        tag: base + nonceSize + length, plaintext: target)
-                    } catch {
-                        failure = error
-                    }
-                }
-            }
+        try sealed.withBytes { (sealedBytes) throws(CryptoError) in
+            try aad.withBytes { (aadBytes) throws(CryptoError) in try open(sealed: sealedBytes, aad: aadBytes) }
         }
-        if let failure { throw failure }
-        plaintext.removeLast()
-        return plaintext
     }
 
     /// The nonce of `name` in the directory with `tweak`: `HKDF(nonceKey, len(tweak) ‖ tweak ‖ name)`.
