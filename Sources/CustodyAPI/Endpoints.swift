@@ -48,6 +48,7 @@ extension Endpoint {
     public static let account = Endpoint("GET", "/v1/accounts/{identity}")
     public static let deregister = Endpoint("DELETE", "/v1/accounts/{identity}")
     public static let wipe = Endpoint("POST", "/v1/accounts/{identity}/wipe")
+    public static let ownedFiles = Endpoint("GET", "/v1/accounts/{identity}/files")
     public static let policy = Endpoint("GET", "/v1/accounts/{identity}/policy")
     public static let setPolicy = Endpoint("PUT", "/v1/accounts/{identity}/policy")
     public static let lock = Endpoint("POST", "/v1/accounts/{identity}/lock")
@@ -100,7 +101,7 @@ extension Endpoint {
 
     /// All of them, in the order `docs/api.md` lists them.
     public static let all: [Endpoint] = [
-        status, accounts, enroll, account, deregister, wipe, policy, setPolicy, lock, unlock, passphrase,
+        status, accounts, enroll, account, deregister, wipe, ownedFiles, policy, setPolicy, lock, unlock, passphrase,
         addLoginProtector, removeLoginProtector, createRecoveryKey, removeRecoveryKey, recover,
         loginUnlock, loginPassword, loginOpen, loginLock, machineKey, migrateMachineKey, resetMachineKey,
         lockAll, unlockAll, bind, unbind, processIdentity,

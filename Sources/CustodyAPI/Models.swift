@@ -1,3 +1,5 @@
+import FoundationEssentials
+
 /// The API's documents (docs/api.md, docs/openapi.yaml), as the daemon writes them and clients
 /// read them. Clients decode them leniently: fields a newer daemon adds are ignored.
 
@@ -411,6 +413,100 @@ public struct WipeResult: Codable, Equatable, Sendable {
         self.scanned = scanned
         self.deleted = deleted
         self.bytesFreed = bytesFreed
+    }
+}
+
+/// One line of `GET /v1/accounts/{identity}/files` (NDJSON): an object the identity owns in a
+/// mount. The contents of a directory come before the directory.
+public struct CustodyOwnedObject: Codable, Equatable, Sendable {
+    /// As the mount shows it (names decrypted where the identity's name key is held).
+    public var path: String
+    /// `file`, `directory`, `symlink` or `other`.
+    public var kind: String
+    /// A file's plaintext size; 0 for the others.
+    public var size: UInt64
+    public var bytesOnDisk: UInt64
+    public var encrypted: Bool
+    /// A wipe of the identity deletes it (a directory: only when nothing of other owners is in it).
+    public var wipeDeletes: Bool
+    /// True on the further names of a file with several (hard links), whose bytes count once.
+    public var otherLink: Bool?
+
+    public init(path: String, kind: String, size: UInt64, bytesOnDisk: UInt64, encrypted: Bool, wipeDeletes: Bool, otherLink: Bool? = nil) {
+        self.path = path
+        self.kind = kind
+        self.size = size
+        self.bytesOnDisk = bytesOnDisk
+        self.encrypted = encrypted
+        self.wipeDeletes = wipeDeletes
+        self.otherLink = otherLink
+    }
+}
+
+/// The last line of `GET /v1/accounts/{identity}/files`, as `{"summary": {…}}`: the totals of the
+/// objects listed (with `wipe=true`, of what a wipe deletes).
+public struct CustodyOwnedSummary: Codable, Equatable, Sendable {
+    public var identity: String
+    public var files: Int
+    public var directories: Int
+    public var symlinks: Int
+    public var other: Int
+    /// Plaintext bytes of the files, each file once.
+    public var size: UInt64
+    public var bytesOnDisk: UInt64
+    public var encryptedFiles: Int
+    /// The identity's directories a wipe leaves, because other owners' objects are in them.
+    public var keptDirectories: Int
+    /// False when the walk stopped early (an error, which the line before says).
+    public var complete: Bool
+
+    public init(identity: String, files: Int, directories: Int, symlinks: Int, other: Int, size: UInt64, bytesOnDisk: UInt64,
+                encryptedFiles: Int, keptDirectories: Int, complete: Bool) {
+        self.identity = identity
+        self.files = files
+        self.directories = directories
+        self.symlinks = symlinks
+        self.other = other
+        self.size = size
+        self.bytesOnDisk = bytesOnDisk
+        self.encryptedFiles = encryptedFiles
+        self.keptDirectories = keptDirectories
+        self.complete = complete
+    }
+}
+
+/// A line of `GET /v1/accounts/{identity}/files`: an object, the summary that ends the listing, or
+/// an error that cut it short (`{"error": {code, name, message}}`, then the summary).
+public enum CustodyOwnedLine: Equatable, Sendable {
+    case object(CustodyOwnedObject)
+    case summary(CustodyOwnedSummary)
+    case error(ErrorAnswer)
+
+    private struct Summary: Codable { var summary: CustodyOwnedSummary }
+    private struct Failure: Codable { var error: ErrorAnswer }
+
+    /// The line `json` holds; nil for one that is none of them.
+    public init?(json: [UInt8]) {
+        let decoder = JSONDecoder()
+        let data = Data(json)
+        if let summary = try? decoder.decode(Summary.self, from: data) {
+            self = .summary(summary.summary)
+        } else if let failure = try? decoder.decode(Failure.self, from: data) {
+            self = .error(failure.error)
+        } else if let object = try? decoder.decode(CustodyOwnedObject.self, from: data) {
+            self = .object(object)
+        } else {
+            return nil
+        }
+    }
+
+    /// The line as JSON (without its newline).
+    public func json(_ encoder: JSONEncoder) throws -> [UInt8] {
+        switch self {
+        case .object(let object): return Array(try encoder.encode(object))
+        case .summary(let summary): return Array(try encoder.encode(Summary(summary: summary)))
+        case .error(let error): return Array(try encoder.encode(Failure(error: error)))
+        }
     }
 }
 

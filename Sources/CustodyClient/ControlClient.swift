@@ -131,6 +131,21 @@ public struct ControlClient: Sendable {
         }
     }
 
+    /// What `identity` owns in the mounts (`GET /v1/accounts/{identity}/files`), line by line as
+    /// the daemon walks them, to `visit` until it returns false; with `wipe`, only what a wipe of
+    /// it would delete. The last line is the summary. Administrators only.
+    public func ownedFiles(_ identity: String, wipe: Bool = false, _ visit: (CustodyOwnedLine) -> Bool) throws(CustodyClientError) {
+        var bad: String?
+        try stream(Endpoint.ownedFiles.path(identity, query: [("wipe", String(wipe))])) { text in
+            guard let line = CustodyOwnedLine(json: Array(text.utf8)) else {
+                bad = text
+                return false
+            }
+            return visit(line)
+        }
+        if let bad { throw .badResponse("not a line of a file listing: \(bad)") }
+    }
+
     /// The empty answer (204).
     public struct Empty: Decodable, Sendable {}
 

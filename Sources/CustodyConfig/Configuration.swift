@@ -58,8 +58,9 @@ public struct DaemonConfiguration: Equatable, Sendable {
     public var socketGroup: String?
     public var adminGroup: String?
     public var logLevel = "info"
-    /// Replace every account's object ID and UPN in logs, not only `ValuesToScrubFromLogging`.
-    public var scrubAccountIdentities = false
+    /// Scrub identities from logs, journal entries and support bundles (`Scrubber`); false only
+    /// to debug, by the administrator's explicit choice.
+    public var scrubAccountIdentities = true
     public var settings = Settings()
     public var mounts: [MountConfiguration] = []
     /// Follow logind's sessions (screen lock, suspend, logout lock identities).

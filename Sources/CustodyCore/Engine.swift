@@ -264,6 +264,10 @@ public final class Engine: @unchecked Sendable {
             let account = try enrollChecked(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid)
             events.emit(.enrolled, identity: account.upn, code: 100, "enrolled \(account.upn); new policies received",
                         details: ["id": account.id, "protectionLevel": account.policy?.protectionLevel.description ?? ""])
+            // Files the identity already has (written while it was unmanaged, or kept from an
+            // earlier enrolment) are brought to its policy, as after a policy change.
+            for volume in volumes { volume.policyChanged(account) }
+            events.emit(.reprotectRequired, identity: account.upn, "existing files of \(account.upn) are brought to its policy")
             return account
         } catch {
             events.emit(.enrollmentFailed, identity: upn, code: error.code, error.description)
@@ -310,6 +314,7 @@ public final class Engine: @unchecked Sendable {
             var account = state.accounts.first(where: { $0.matches(id) || $0.matches(upn) })
                 ?? Account(id: id, upn: upn, registeredAt: wallClockSeconds(), policy: nil, uid: uid)
             account.policy = policy
+            account.reprotectPending = true
             account.hasPassphrase = keys.stored.passphrase != nil
             account.keyIDs = Self.keyIDs(of: keys.stored)
             if let uid { account.uid = uid }

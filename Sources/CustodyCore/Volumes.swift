@@ -4,7 +4,7 @@ import Synchronization
 /// A mounted protected directory, as the engine sees it: where it is, and how to change the owner
 /// of something in it. The FUSE front end implements it (the engine knows nothing of FUSE), so
 /// that owner changes made through the control API keep the mount's inodes and caches coherent.
-public protocol ProtectedVolume: AnyObject, WipeHandler {
+public protocol ProtectedVolume: AnyObject, WipeHandler, OwnedObjectLister {
     /// Where the protected view is mounted (absolute, no trailing slash).
     var mountPoint: String { get }
     /// The backing directory that holds the stored files (absolute).
@@ -14,7 +14,8 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
     var allowsOtherUsers: Bool { get }
     /// Gives `relativePath` ("" for the root) the owner `owner` (nil: no owner), and for a
     /// directory everything below it; calls `progress` with the number of objects done so far.
-    /// (`wipeFiles`, from `WipeHandler`, deletes an identity's files in the mount.)
+    /// (`wipeFiles`, from `WipeHandler`, deletes an identity's files in the mount;
+    /// `listOwnedObjects` lists what a wipe would reach.)
     func changeOwner(_ relativePath: String, to owner: String?, progress: (Int) -> Void) throws(EngineError)
     /// Returns once the mount has acted on every lock so far (cached plaintext of locked files
     /// dropped from the kernel).
@@ -26,8 +27,9 @@ public protocol ProtectedVolume: AnyObject, WipeHandler {
     func lockRequested(_ account: Account)
     /// The lock of `account` completed: the kernel's cached plaintext of its class A files goes.
     func locked(_ account: Account)
-    /// `account`'s policy changed: the cached pages of its files go (mappings granted across
-    /// identities fault again and ask), and its existing files are re-protected in the background.
+    /// `account`'s policy changed, or it was enrolled (its files may predate the policy): the
+    /// cached pages of its files go (mappings granted across identities fault again and ask), and
+    /// its existing files are re-protected in the background.
     func policyChanged(_ account: Account)
     /// A wipe of `account` starts: the cached pages of its files go.
     func wipeStarting(_ account: Account)

@@ -439,6 +439,18 @@ extension MountFileSystem {
         return String(validating: buffer.prefix(count), as: UTF8.self)
     }
 
+    /// The name a listing of the directory `fd` (whose tweak is `tweak`) shows for `stored`:
+    /// decrypted where its key is held, as stored where it is not (for walks by descriptor).
+    func listedName(_ stored: FileName, inDirectory fd: Int32, tweak: [UInt8]?) -> FileName {
+        guard engine != nil, let tweak, let text = stored.text, text.hasBytePrefix(NameCipher.prefix),
+              let tag = NameCipher.keyTag(of: text), let key = heldNameKeys().byTag[tag] else { return stored }
+        let longForm = NameCipher.isLong(text)
+            ? Self.longForm { (bytes) throws(Errno) in try Syscall.getxattr(in: fd, text, Self.longFormAttribute, bytes.baseAddress, bytes.count) }
+            : nil
+        guard let plain = try? NameCipher.decrypt(text, full: longForm, tweak: tweak, key: key) else { return stored }
+        return FileName(bytes: plain)
+    }
+
     /// A path below the backing directory `base` as the mount shows it: each encrypted name
     /// decrypted where its key is held (for messages and events; by path, as they are rare).
     func shownPath(ofStored relative: String, below base: String) -> String {

@@ -183,6 +183,10 @@ public final class FUSEMount: @unchecked Sendable {
         if let engine, let upgrade, !readOnly {
             for account in engine.accounts() where engine.nameKey(for: account.id) != nil { upgrade.start(for: account) }
         }
+        // A re-protection a stopped daemon left unfinished (its account says so) runs again.
+        if let engine, let reprotection, !readOnly {
+            for account in engine.accounts() where account.reprotectPending && account.isEnrolled { reprotection.start(for: account) }
+        }
         // A wipe a stopped daemon journaled is finished before requests are served (with several
         // mounts the daemon does it once all are attached).
         if completesPendingWipes {

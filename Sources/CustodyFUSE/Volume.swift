@@ -25,7 +25,7 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
         self.backingDirectory = backingDirectory
         self.allowsOtherUsers = allowsOtherUsers
         self.filesystem = filesystem
-        self.wipe = MountWipe(filesystem: filesystem, session: session)
+        self.wipe = MountWipe(filesystem: filesystem, session: session, mountPoint: mountPoint)
     }
 
     /// Waits for the lock enforcement queue: every invalidation for locks so far has been sent.
@@ -47,6 +47,10 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
 
     func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
         try wipe.wipeFiles(of: account, progress: progress)
+    }
+
+    func listOwnedObjects(of account: Account, visit: (OwnedObject) -> Bool) throws(Errno) {
+        try wipe.listOwnedObjects(of: account, visit: visit)
     }
 
     func changeOwner(_ relativePath: String, to owner: String?, progress: (Int) -> Void) throws(EngineError) {

@@ -10,13 +10,19 @@ import Glibc
 /// untouched, also inside the identity's directories (which then stay, with names nobody can read
 /// any more). The engine has destroyed the identity's keys before this runs: its names are found
 /// by their key tag (`Account.nameTag`).
-final class MountWipe: WipeHandler, @unchecked Sendable {
+///
+/// The same walk, deleting nothing, lists what the identity owns (`listOwnedObjects`): what
+/// `custodyctl files --owner` shows and `custodyctl wipe --dry-run` previews, so the preview is
+/// exactly what the wipe does.
+final class MountWipe: WipeHandler, OwnedObjectLister, @unchecked Sendable {
     private let filesystem: MountFileSystem
     private let session: OpaquePointer?
+    private let mountPoint: String
 
-    init(filesystem: MountFileSystem, session: OpaquePointer?) {
+    init(filesystem: MountFileSystem, session: OpaquePointer?, mountPoint: String) {
         self.filesystem = filesystem
         self.session = session
+        self.mountPoint = mountPoint
     }
 
     struct Counts {
@@ -25,48 +31,93 @@ final class MountWipe: WipeHandler, @unchecked Sendable {
         var bytesFreed: UInt64 = 0
     }
 
-    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
+    /// What one walk does with what the identity owns: deletes it (a wipe) or shows it.
+    private struct Walk {
+        let account: Account
+        let tagged: String?
+        let deleting: Bool
         var counts = Counts()
-        let root = try filesystem.inodes.inode(InodeTable.rootID)
-        try wipe(directory: root.fd, directoryID: InodeTable.rootID, account: account, counts: &counts, progress: progress)
-        progress(counts.scanned, counts.deleted, counts.bytesFreed)
+        /// Files with more than one name already shown (device, inode).
+        var shownFiles = Set<[UInt64]>()
+        /// False once the listing's reader stopped it.
+        var going = true
     }
 
-    /// Wipes below the directory `fd`; true when it is left empty.
+    func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
+        var walk = Walk(account: account, tagged: account.nameTag.map { NameCipher.prefix + $0 }, deleting: true)
+        let root = try filesystem.inodes.inode(InodeTable.rootID)
+        try self.walk(directory: root.fd, directoryID: InodeTable.rootID, shown: nil, tweak: nil, &walk, progress: progress, visit: { _ in true })
+        progress(walk.counts.scanned, walk.counts.deleted, walk.counts.bytesFreed)
+    }
+
+    func listOwnedObjects(of account: Account, visit: (OwnedObject) -> Bool) throws(Errno) {
+        var walk = Walk(account: account, tagged: account.nameTag.map { NameCipher.prefix + $0 }, deleting: false)
+        let root = try filesystem.inodes.inode(InodeTable.rootID)
+        // The root's descriptor is an O_PATH one, whose attributes are read by path.
+        let tweak = try? filesystem.tweak(of: root)
+        try self.walk(directory: root.fd, directoryID: InodeTable.rootID, shown: mountPoint, tweak: tweak ?? nil, &walk,
+                      progress: { _, _, _ in }, visit: visit)
+    }
+
+    /// Walks below the directory `fd` (shown as `shown` when listing, its names decrypted with
+    /// `tweak` where their key is held); true when it is (or, for a listing, a wipe would leave
+    /// it) empty.
     @discardableResult
-    private func wipe(directory fd: Int32, directoryID: UInt64?, account: Account, counts: inout Counts,
-                      progress: (Int, Int, UInt64) -> Void) throws(Errno) -> Bool {
+    private func walk(directory fd: Int32, directoryID: UInt64?, shown: String?, tweak: [UInt8]?, _ walk: inout Walk,
+                      progress: (Int, Int, UInt64) -> Void, visit: (OwnedObject) -> Bool) throws(Errno) -> Bool {
         let names = try Syscall.directoryNames(in: fd)
         var remaining = names.count
-        let tagged = account.nameTag.map { NameCipher.prefix + $0 }
-        for name in names {
-            let named = tagged.map { name.hasPrefix($0) } ?? false
+        for name in names where walk.going {
+            let named = walk.tagged.map { name.hasPrefix($0) } ?? false
             guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
             let kind = attributes.st_mode & S_IFMT
-            counts.scanned += 1
+            let childID = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
+            let path = shown.map { $0 + "/" + filesystem.listedName(name, inDirectory: fd, tweak: tweak).description }
+            walk.counts.scanned += 1
             if kind == S_IFDIR {
                 let child = try Syscall.openat(fd, name.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                let childID = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
-                let empty = try wipe(directory: child, directoryID: childID, account: account, counts: &counts, progress: progress)
-                let owned = owns(account, (try? OwnerRecord.load(on: child)) ?? nil)
-                Syscall.close(child)
-                if empty, owned || named, (try? Syscall.unlinkat(fd, name.cString, AT_REMOVEDIR)) != nil {
+                defer { Syscall.close(child) }
+                // Names are shown decrypted where the identity's key is held (listing only).
+                let childTweak = path == nil ? nil : (try? DirectoryTweak.read(fd: child)) ?? nil
+                let empty = try self.walk(directory: child, directoryID: childID, shown: path, tweak: childTweak, &walk, progress: progress, visit: visit)
+                guard walk.going, named || owns(walk.account, (try? OwnerRecord.load(on: child)) ?? nil) else { continue }
+                if let path {
+                    walk.going = visit(OwnedObject(path: path, kind: .directory, size: 0, bytesOnDisk: UInt64(attributes.st_blocks) * 512,
+                                                   encrypted: false, wipeDeletes: empty))
+                    if empty { remaining -= 1 }
+                } else if empty, (try? Syscall.unlinkat(fd, name.cString, AT_REMOVEDIR)) != nil {
                     forget(name, in: directoryID, child: childID)
                     remaining -= 1
                 }
             } else if kind == S_IFREG {
-                guard owns(account, (try? OwnerRecord.load(in: fd, name: name.cString)) ?? nil) else { continue }
-                try Syscall.unlinkat(fd, name.cString, 0)
-                counts.deleted += 1
-                counts.bytesFreed += UInt64(attributes.st_blocks) * 512
-                forget(name, in: directoryID, child: filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)))
+                let record = (try? OwnerRecord.load(in: fd, name: name.cString)) ?? nil
+                guard let record, owns(walk.account, record) else { continue }
                 remaining -= 1
-                if counts.deleted % 500 == 0 { progress(counts.scanned, counts.deleted, counts.bytesFreed) }
+                if let path {
+                    let key = [UInt64(attributes.st_dev), UInt64(attributes.st_ino)]
+                    let otherLink = attributes.st_nlink > 1 && !walk.shownFiles.insert(key).inserted
+                    let size = record.encryptedClass == nil ? UInt64(attributes.st_size)
+                        : (try? BlockLayout().plaintextSize(storedSize: UInt64(attributes.st_size))) ?? 0
+                    walk.going = visit(OwnedObject(path: path, kind: .file, size: size, bytesOnDisk: UInt64(attributes.st_blocks) * 512,
+                                                   encrypted: record.encryptedClass != nil, wipeDeletes: true, otherLink: otherLink))
+                    continue
+                }
+                try Syscall.unlinkat(fd, name.cString, 0)
+                walk.counts.deleted += 1
+                // A file with other names is freed with its last one.
+                if attributes.st_nlink <= 1 { walk.counts.bytesFreed += UInt64(attributes.st_blocks) * 512 }
+                forget(name, in: directoryID, child: childID)
+                if walk.counts.deleted % 500 == 0 { progress(walk.counts.scanned, walk.counts.deleted, walk.counts.bytesFreed) }
             } else if named {
-                try Syscall.unlinkat(fd, name.cString, 0)
-                counts.deleted += 1
-                forget(name, in: directoryID, child: filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino)))
                 remaining -= 1
+                if let path {
+                    walk.going = visit(OwnedObject(path: path, kind: kind == S_IFLNK ? .symlink : .other, size: 0,
+                                                   bytesOnDisk: UInt64(attributes.st_blocks) * 512, encrypted: kind == S_IFLNK, wipeDeletes: true))
+                    continue
+                }
+                try Syscall.unlinkat(fd, name.cString, 0)
+                walk.counts.deleted += 1
+                forget(name, in: directoryID, child: childID)
             }
         }
         return remaining == 0

@@ -196,9 +196,11 @@ struct Deregister: ParsableCommand {
     @OptionGroup var global: Global
     @Argument(help: "The account (ID or UPN).") var identity: String
     @Flag(help: "Wipe it: destroy its keys and delete its files first (same as `custodyctl wipe`).") var wipe = false
+    @Flag(name: [.customShort("y"), .long], help: "With --wipe: do not ask for confirmation on a terminal.") var yes = false
 
     func run() throws {
         if wipe {
+            if !yes { try confirmWipe(global, identity) }
             try runWipe(global: global, identity: identity, noWait: false, deregisterRoute: true)
             return
         }

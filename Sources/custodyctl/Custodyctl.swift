@@ -28,7 +28,7 @@ struct Custodyctl: ParsableCommand {
             Protect.self, Info.self, EncryptFile.self, DecryptFile.self, IsEncrypted.self, CanReceive.self, Repair.self,
             Locations.self, Locate.self, SaveToAllowed.self, OpenFromAllowed.self,
             ProtectData.self, UnprotectData.self, DataInfo.self,
-            Wipe.self, Jobs.self, Events.self, Diagnose.self, Agent.self,
+            Files.self, Wipe.self, Jobs.self, Events.self, Diagnose.self, Agent.self,
         ])
 
     /// The options every command takes (`--socket`, `--json`) may come anywhere before `--`,

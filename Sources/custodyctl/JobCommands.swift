@@ -40,47 +40,10 @@ func drawBar(_ state: (Double?, String), frame: Int, final: Bool = false) {
     line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
 }
 
-func runWipe(global: Global, identity: String, noWait: Bool, deregisterRoute: Bool) throws {
-    let started = deregisterRoute ? try request(global, Endpoint.deregister, identity, query: [("wipe", "true"), ("wait", "false")])
-        : try request(global, Endpoint.wipe, identity, query: [("wait", "false")])
-    let job = try decode(CustodyJob.self, started)
-    if noWait {
-        show(started, global) { "wipe of \(job.target) started: job \(job.id) (custodyctl jobs \(job.id))" }
-        return
-    }
-    let finished = try follow(job, global) { progress in
-        var text = "scanned \(progress["scanned"] ?? 0), deleted \(progress["deleted"] ?? 0), \(humanBytes(progress["bytesFreed"] ?? 0)) freed"
-        if progress["keysDestroyedMicroseconds"] != nil { text = "keys destroyed; " + text }
-        return (nil, text)
-    }
-    let response = try request(global, Endpoint.job, String(finished.id))
-    let result = try jobResult(WipeResult.self, response)
-    show(response, global) {
-        """
-        wiped \(result.identity): \(result.code) \(result.result)
-          keys destroyed after \(String(format3(result.keysDestroyedSeconds * 1000))) ms
-          scanned \(result.scanned), deleted \(result.deleted), \(humanBytes(result.bytesFreed)) freed
-        """
-    }
-}
-
 func format3(_ value: Double) -> String {
     let scaled = Int((value * 1000).rounded())
     let fraction = String(scaled % 1000)
     return "\(scaled / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
-}
-
-struct Wipe: ParsableCommand {
-    static let configuration = CommandConfiguration(
-        abstract: "Selective wipe of an identity (admin): keys destroyed first, then its files deleted, then it is deregistered.",
-        discussion: "Shows a progress bar on a terminal and waits for the result; --no-wait prints the job ID and returns.")
-    @OptionGroup var global: Global
-    @Argument(help: "The account (ID or UPN).") var identity: String
-    @Flag(help: "Start the wipe and return its job ID.") var noWait = false
-
-    func run() throws {
-        try runWipe(global: global, identity: identity, noWait: noWait, deregisterRoute: false)
-    }
 }
 
 struct Jobs: ParsableCommand {
@@ -140,10 +103,13 @@ struct Events: ParsableCommand {
     }
 }
 
+/// The part of a support bundle that says how it was scrubbed.
+private struct Scrubbing: Decodable { var identitiesScrubbed: Bool? }
+
 struct Diagnose: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Write a support bundle (admin): versions, the machine, the configuration, status, jobs and recent events, identities scrubbed.",
-        discussion: "The daemon scrubs the bundle with its log settings (ValuesToScrubFromLogging, ScrubAccountIdentities). Writes custody-diagnose-<time>.json, or --out FILE, or standard output with --out -.")
+        discussion: "The daemon scrubs the bundle as its log: configured values (ValuesToScrubFromLogging) always, identities unless the administrator turned that off (ScrubAccountIdentities = false, custodyd --log-identities), which the bundle and this command then say. Writes custody-diagnose-<time>.json, or --out FILE, or standard output with --out -.")
     @OptionGroup var global: Global
     @Option(help: ArgumentHelp("Where to write the bundle (- for standard output).", valueName: "file")) var out: String?
 
@@ -160,7 +126,14 @@ struct Diagnose: ParsableCommand {
             try emit(bundle + [10], to: nil)
         } else {
             try emit(bundle + [10], to: path)
-            if !global.json { print("wrote \(path) (\(bundle.count) bytes); identities and configured values are scrubbed") }
+            if !global.json {
+                // What the daemon says it did, not what it usually does.
+                let scrubbed = (try? JSONDecoder().decode(Scrubbing.self, from: Data(response.body)))?.identitiesScrubbed
+                let what = scrubbed == true ? "identities and configured values are scrubbed"
+                    : scrubbed == false ? "configured values are scrubbed, identities are NOT (ScrubAccountIdentities = false): check the bundle before sharing it"
+                    : "the daemon does not say whether identities are scrubbed: check the bundle before sharing it"
+                print("wrote \(path) (\(bundle.count) bytes); \(what)")
+            }
         }
     }
 }

@@ -94,6 +94,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Do not follow login sessions (logind): only custodyctl locks identities.")
     var noSessions = false
 
+    @Flag(help: "Show identities in the log, journal entries and support bundles, to debug (ScrubAccountIdentities = false; by default every identity is scrubbed).")
+    var logIdentities = false
+
     @Option(help: ArgumentHelp("The file systems the guard watches for processes that hold managed data: all, none, or the file systems holding these paths (repeatable).", valueName: "all|none|path"))
     var guardFileSystems: [String] = []
 
@@ -239,6 +242,7 @@ struct Custodyd: ParsableCommand {
         for (uid, identity) in try parsedDefaultIdentities() { configuration.settings.defaultIdentities[uid] = identity }
         configuration.settings.transferExemptUids += transferExemptUid
         if noSessions { configuration.followSessions = false }
+        if logIdentities { configuration.scrubAccountIdentities = false }
         if guardFileSystems == ["all"] {
             configuration.guardFileSystems = .all
         } else if guardFileSystems == ["none"] {

@@ -110,7 +110,6 @@ final class Daemon: @unchecked Sendable {
     let metrics = DaemonMetrics(version: CustodyVersion.string)
     private var metricsSubscription: Int?
     /// `ScrubAccountIdentities`, for the metrics' thread (a reload changes it).
-    private let scrubsIdentities = Atomic<Bool>(false)
     private var metricsListener: MetricsListener?
     /// Keeps processes that hold managed data to their save-to locations.
     private var dataGuard: DataGuard?
@@ -151,23 +150,23 @@ final class Daemon: @unchecked Sendable {
         server.setLog { [logger] message in logger.warning("\(message)") }
         updateScrubbing()
         metricsSubscription = metrics.observe(engine)
-        scrubsIdentities.store(configuration.scrubAccountIdentities, ordering: .releasing)
         let metrics = self.metrics, engine = self.engine
         // Series naming identities: for administrators, and only when identities are not scrubbed.
-        server.metrics.set { [weak self] administrator in
-            metrics.render(engine, identities: administrator && self?.scrubsIdentities.load(ordering: .acquiring) == false)
+        server.metrics.set { administrator in
+            metrics.render(engine, identities: administrator && !DaemonLog.scrubber.scrubsIdentities)
         }
         let path = configurationPath
         server.diagnostics.set(configuration: {
             guard let path else { return "(no configuration file; started with command-line options)" }
             return readTextFile(path) ?? "(cannot read \(path))"
-        }, scrub: { DaemonLog.scrub($0) })
+        }, scrub: { DaemonLog.scrub($0) }, identitiesScrubbed: { DaemonLog.scrubber.scrubsIdentities })
         // Every engine event is logged (progress at debug level); a new account is added to the
         // scrubbed values before its first line.
         let journal = JournalEvents.make()
-        eventSubscription = engine.events.subscribe { [weak self, logger] event in
-            if event.kind == .registered || event.kind == .enrolled { self?.updateScrubbing() }
-            journal?.send(event, scrub: DaemonLog.scrub)
+        eventSubscription = engine.events.subscribe { [logger] event in
+            // Whatever identity an event names is scrubbed from it and from every line after it.
+            DaemonLog.scrubber.note(Self.identities(in: event))
+            journal?.send(event, scrubber: DaemonLog.scrubber)
             let level: Logger.Level
             switch event.kind {
             case .wipeProgress, .reprotectProgress: level = .debug
@@ -179,13 +178,24 @@ final class Daemon: @unchecked Sendable {
         }
     }
 
-    /// The values logs must not show: the configured ones, and every account's IDs when asked.
+    /// What logs, journal entries and bundles must not show: the configured values and, unless
+    /// turned off, identities, beginning with every one the configuration and the accounts name.
     func updateScrubbing() {
-        var values = configuration.settings.valuesToScrubFromLogging
-        if configuration.scrubAccountIdentities {
-            for account in engine.accounts() { values += [account.id, account.upn] }
+        let settings = configuration.settings
+        DaemonLog.scrubber.configure(values: settings.valuesToScrubFromLogging, scrubsIdentities: configuration.scrubAccountIdentities)
+        DaemonLog.scrubber.note(engine.accounts().flatMap { [$0.id, $0.upn] } + Array(settings.defaultIdentities.values) + settings.allowedAccounts)
+    }
+
+    /// The identities an event names: its identity, and those its details carry (a blocked
+    /// transfer's sender and receiver, a new account's object ID).
+    static func identities(in event: EngineEvent) -> [String] {
+        var found = event.identity.map { [$0] } ?? []
+        switch event.kind {
+        case .transferBlocked: found += [event.details["from"], event.details["to"]].compactMap { $0 }
+        case .registered, .enrolled: found += event.details["id"].map { [$0] } ?? []
+        default: break
         }
-        DaemonLog.setScrubbed(values)
+        return found
     }
 
     func options(for mount: MountConfiguration) -> MountOptions {
@@ -371,7 +381,6 @@ final class Daemon: @unchecked Sendable {
             return
         }
         configuration = fresh
-        scrubsIdentities.store(fresh.scrubAccountIdentities, ordering: .releasing)
         engine.updateSettings(fresh.settings)
         Self.warnAboutExemptPrograms(fresh.settings, logger)
         DaemonLog.level.withLock { $0 = Logger.Level(rawValue: fresh.logLevel) ?? .info }

@@ -32,9 +32,11 @@ final class JournalEvents: Sendable {
 
     deinit { close(fd) }
 
-    /// Sends one event; a journal that is gone loses it (the text log still has it).
-    func send(_ event: EngineEvent, scrub: (String) -> String) {
-        var datagram = Self.encode(Self.fields(event, scrub: scrub))
+    /// Sends one event without waiting: a journal that is gone, or too far behind to take it,
+    /// loses it (the text log still has it). Events are sent from the thread that made them, a
+    /// wipe's or a lock's: a journal that stopped reading must not stop those.
+    func send(_ event: EngineEvent, scrubber: Scrubber) {
+        var datagram = Self.encode(Self.fields(event, scrubber: scrubber))
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
@@ -43,13 +45,14 @@ final class JournalEvents: Sendable {
         _ = datagram.withUnsafeMutableBytes { bytes in
             withUnsafePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    sendto(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL), $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+                    sendto(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT), $0, socklen_t(MemoryLayout<sockaddr_un>.size))
                 }
             }
         }
     }
 
-    static func fields(_ event: EngineEvent, scrub: (String) -> String) -> [(String, String)] {
+    static func fields(_ event: EngineEvent, scrubber: Scrubber) -> [(String, String)] {
+        let scrub = scrubber.scrub
         var fields: [(String, String)] = [
             ("MESSAGE", scrub("\(event.kind.rawValue)\(event.code.map { " [\($0)]" } ?? ""): \(event.message)")),
             ("MESSAGE_ID", messageID(event.kind)),
@@ -58,7 +61,7 @@ final class JournalEvents: Sendable {
             ("CUSTODY_EVENT", event.kind.rawValue),
         ]
         if let code = event.code { fields.append(("CUSTODY_CODE", String(code))) }
-        if let identity = event.identity { fields.append(("CUSTODY_IDENTITY", scrub(identity))) }
+        if let identity = event.identity { fields.append(("CUSTODY_IDENTITY", scrubber.scrubIdentity(identity))) }
         for (key, value) in event.details.sorted(by: { $0.key < $1.key }) {
             let name = fieldName(key)
             if !name.isEmpty { fields.append(("CUSTODY_" + name, scrub(value))) }

@@ -6,10 +6,9 @@ import Logging
 import Synchronization
 
 /// Log output for the daemon (swift-log): one line per message on stderr, with the journal's
-/// `<N>` priority prefix when stderr is the journal, and identities scrubbed: every configured
-/// value (`ValuesToScrubFromLogging`), and with `ScrubAccountIdentities` every account's object
-/// ID and UPN, is replaced by `[scrubbed:xxxxxxxx]`, a hash keyed per process, so lines about
-/// one identity can be matched without naming it. Keys and passphrases are never logged.
+/// `<N>` priority prefix when stderr is the journal, and identities and configured values
+/// scrubbed (`Scrubber`: on from the first line, unless `ScrubAccountIdentities = false`). Keys
+/// and passphrases are never logged.
 struct DaemonLogHandler: LogHandler {
     let label: String
     var metadata: Logger.Metadata = [:]
@@ -43,9 +42,9 @@ struct DaemonLogHandler: LogHandler {
 
 enum DaemonLog {
     static let level = Mutex<Logger.Level>(.info)
-    static let scrubbed = Mutex<[String]>([])
+    /// What every line, journal entry and support bundle goes through.
+    static let scrubber = Scrubber()
     nonisolated(unsafe) static var journal = false
-    private static let salt: [UInt8] = (0..<16).map { _ in UInt8.random(in: 0...255) }
     private static let output = Mutex(())
 
     static func bootstrap(level: Logger.Level) {
@@ -54,27 +53,7 @@ enum DaemonLog {
         LoggingSystem.bootstrap { label in DaemonLogHandler(label: label) }
     }
 
-    /// The strings to replace from now on (longest first, so an ID inside a UPN goes whole).
-    static func setScrubbed(_ values: [String]) {
-        let cleaned = Set(values.map { $0.trimmingWhitespace() }.filter { $0.count >= 3 })
-        scrubbed.withLock { $0 = cleaned.sorted { $0.count > $1.count } }
-    }
-
-    static func scrub(_ text: String) -> String {
-        let values = scrubbed.withLock { $0 }
-        guard !values.isEmpty else { return text }
-        var result = text
-        for value in values {
-            result = result.replacingCaseInsensitive(value, with: token(for: value))
-        }
-        return result
-    }
-
-    static func token(for value: String) -> String {
-        let digest = (salt + Array(value.lowercased().utf8)).withUnsafeBytes { sha256($0) }
-        let hex = hexString(digest.prefix(4))
-        return "[scrubbed:\(hex)]"
-    }
+    static func scrub(_ text: String) -> String { scrubber.scrub(text) }
 
     static func priority(_ level: Logger.Level) -> Int {
         switch level {
@@ -99,26 +78,5 @@ enum DaemonLog {
                 }
             }
         }
-    }
-}
-
-extension String {
-    /// Replaces every occurrence of `target`, compared without case (ASCII), with `replacement`.
-    func replacingCaseInsensitive(_ target: String, with replacement: String) -> String {
-        let haystack = Array(utf8), needle = Array(target.lowercased().utf8)
-        guard !needle.isEmpty, haystack.count >= needle.count else { return self }
-        func lower(_ byte: UInt8) -> UInt8 { byte >= 65 && byte <= 90 ? byte + 32 : byte }
-        var out: [UInt8] = []
-        var index = 0
-        while index < haystack.count {
-            if index + needle.count <= haystack.count, needle.indices.allSatisfy({ lower(haystack[index + $0]) == needle[$0] }) {
-                out += Array(replacement.utf8)
-                index += needle.count
-            } else {
-                out.append(haystack[index])
-                index += 1
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
     }
 }

@@ -21,6 +21,57 @@ final class VolumeCallTests: EngineTestCase {
         func policyChanged(_ account: Account) { record("policyChanged \(account.upn) \(account.policy?.protectionLevel.description ?? "")") }
         func wipeStarting(_ account: Account) { record("wipeStarting \(account.upn)") }
         func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) { record("wipeFiles \(account.upn)") }
+        /// Lists two objects of whoever is asked about, named after the mount and the account.
+        var mount = "/m"
+        func listOwnedObjects(of account: Account, visit: (OwnedObject) -> Bool) throws(Errno) {
+            record("list \(account.upn) tag \(account.nameTag ?? "none")")
+            for (index, kind) in [OwnedObject.Kind.file, .directory].enumerated() {
+                let object = OwnedObject(path: "\(mount)/\(account.id)-\(index)", kind: kind, size: kind == .file ? 10 : 0,
+                                         bytesOnDisk: 4096, encrypted: kind == .file, wipeDeletes: true)
+                guard visit(object) else { return }
+            }
+        }
+    }
+
+    func testOwnedObjectsWalkEveryMountKnowingTheNameTagAndStopWhenAsked() throws {
+        let engine = try makeEngine()
+        let first = RecordingVolume(), second = RecordingVolume()
+        second.mount = "/n"
+        engine.attach(first)
+        engine.attach(second)
+        defer { engine.detach(first); engine.detach(second) }
+        try engine.enroll(id: "a-id", upn: "a@contoso.com")
+        first.calls.withLock { $0.removeAll() }
+        second.calls.withLock { $0.removeAll() }
+        var seen: [String] = []
+        XCTAssertTrue(try engine.ownedObjects(of: "A@Contoso.com") { seen.append($0.path); return true })
+        XCTAssertEqual(seen, ["/m/a-id-0", "/m/a-id-1", "/n/a-id-0", "/n/a-id-1"])
+        let tag = try XCTUnwrap(engine.nameKey(for: "a-id")?.tag)
+        XCTAssertEqual(first.calls.withLock { $0 }, ["list a@contoso.com tag \(tag)"], "the walk knows the identity's names by their tag")
+        // A reader that goes away stops the walk: the second mount is not walked.
+        seen = []
+        XCTAssertFalse(try engine.ownedObjects(of: "a-id") { seen.append($0.path); return seen.count < 1 })
+        XCTAssertEqual(seen, ["/m/a-id-0"])
+        XCTAssertEqual(second.calls.withLock { $0 }.count, 1)
+        XCTAssertThrowsError(try engine.ownedObjects(of: "nobody@contoso.com") { _ in true }) {
+            XCTAssertEqual($0 as? EngineError, .unknownAccount("nobody@contoso.com"))
+        }
+    }
+
+    func testTotalsCountEachFileOnceHoweverManyNamesItHas() {
+        var totals = OwnedTotals()
+        totals.add(OwnedObject(path: "/m/a", kind: .file, size: 100, bytesOnDisk: 4096, encrypted: true, wipeDeletes: true))
+        totals.add(OwnedObject(path: "/m/b", kind: .file, size: 100, bytesOnDisk: 4096, encrypted: true, wipeDeletes: true, otherLink: true))
+        totals.add(OwnedObject(path: "/m/c", kind: .file, size: 7, bytesOnDisk: 4096, encrypted: false, wipeDeletes: true))
+        totals.add(OwnedObject(path: "/m/d", kind: .directory, size: 0, bytesOnDisk: 4096, encrypted: false, wipeDeletes: false))
+        totals.add(OwnedObject(path: "/m/e", kind: .symlink, size: 0, bytesOnDisk: 0, encrypted: true, wipeDeletes: true))
+        XCTAssertEqual(totals.files, 3)
+        XCTAssertEqual(totals.encryptedFiles, 2)
+        XCTAssertEqual(totals.directories, 1)
+        XCTAssertEqual(totals.symlinks, 1)
+        XCTAssertEqual(totals.objects, 5)
+        XCTAssertEqual(totals.size, 107, "the second name of a file adds nothing")
+        XCTAssertEqual(totals.bytesOnDisk, 2 * 4096, "files only, each once: what a wipe frees")
     }
 
     func testLocksPolicyChangesAndWipesReachEveryMountInOrder() throws {
@@ -31,6 +82,11 @@ final class VolumeCallTests: EngineTestCase {
         defer { engine.detach(volume) }
         try engine.enroll(id: "a-id", upn: "a@contoso.com")
         try engine.enroll(id: "b-id", upn: "b@contoso.com")
+        // An enrolment brings files the identity already has to its policy.
+        XCTAssertEqual(volume.calls.withLock { $0 }.map { $0.split(separator: " ").prefix(2).joined(separator: " ") },
+                       ["policyChanged a@contoso.com", "policyChanged b@contoso.com"])
+        XCTAssertTrue(try engine.account("a-id").reprotectPending, "until the mounts have done it")
+        volume.calls.withLock { $0.removeAll() }
 
         try engine.lock("a@contoso.com")
         XCTAssertEqual(volume.calls.withLock { $0 }, ["lockRequested a@contoso.com"], "the lock is requested; the keys stay for the grace period")

@@ -18,25 +18,37 @@ final class JournalEventsTests: XCTestCase {
 
     /// Binds a datagram socket at `path`.
     func listen(_ path: String) throws {
-        socketFD = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-        XCTAssertGreaterThanOrEqual(socketFD, 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: path.utf8.prefix($0.count - 1)) }
-        let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socketFD, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
-        XCTAssertEqual(bound, 0, "bind \(path): \(errno)")
-        var timeout = timeval(tv_sec: 0, tv_usec: 300_000)
-        setsockopt(socketFD, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        socketFD = try Self.bindDatagramSocket(path)
     }
 
     /// Every entry received so far, each as its fields.
-    func entries() -> [[String: String]] {
+    func entries() -> [[String: String]] { Self.receive(socketFD) }
+
+    /// A datagram socket bound at `path` that stands in for journald's, with a short receive timeout.
+    static func bindDatagramSocket(_ path: String) throws -> Int32 {
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("socket: \(errno)") }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: path.utf8.prefix($0.count - 1)) }
+        let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
+        guard bound == 0 else {
+            close(fd)
+            throw HarnessError("bind \(path): \(errno)")
+        }
+        var timeout = timeval(tv_sec: 0, tv_usec: 300_000)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        return fd
+    }
+
+    /// Every entry waiting on `fd`, each as its fields.
+    static func receive(_ fd: Int32) -> [[String: String]] {
         var result: [[String: String]] = []
         var buffer = [UInt8](repeating: 0, count: 65536)
         while true {
-            let count = recv(socketFD, &buffer, buffer.count, 0)
+            let count = recv(fd, &buffer, buffer.count, 0)
             guard count > 0 else { return result }
-            result.append(Self.parse(Array(buffer[0..<count])))
+            result.append(parse(Array(buffer[0..<count])))
         }
     }
 

@@ -8,10 +8,12 @@ import Synchronization
 /// What the daemon plugs into the support bundle: its configuration (already scrubbed) and the
 /// scrubber for everything else in the bundle.
 public final class DiagnosticsHooks: Sendable {
-    private let hooks = Mutex<(configuration: @Sendable () -> String, scrub: @Sendable (String) -> String)>(({ "" }, { $0 }))
+    private typealias Hooks = (configuration: @Sendable () -> String, scrub: @Sendable (String) -> String, identitiesScrubbed: @Sendable () -> Bool)
+    private let hooks = Mutex<Hooks>(({ "" }, { $0 }, { false }))
 
-    public func set(configuration: @escaping @Sendable () -> String, scrub: @escaping @Sendable (String) -> String) {
-        hooks.withLock { $0 = (configuration, scrub) }
+    public func set(configuration: @escaping @Sendable () -> String, scrub: @escaping @Sendable (String) -> String,
+                    identitiesScrubbed: @escaping @Sendable () -> Bool) {
+        hooks.withLock { $0 = (configuration, scrub, identitiesScrubbed) }
     }
 
     /// The control front's PID (set by the server).
@@ -19,6 +21,7 @@ public final class DiagnosticsHooks: Sendable {
 
     var configuration: String { hooks.withLock { $0.configuration }() }
     func scrub(_ text: String) -> String { hooks.withLock { $0.scrub }(text) }
+    var identitiesScrubbed: Bool { hooks.withLock { $0.identitiesScrubbed }() }
 }
 
 extension ControlServer {
@@ -28,6 +31,9 @@ extension ControlServer {
 
 struct DiagnosticsView: Encodable {
     var version: String
+    /// Whether identities are scrubbed from the bundle (`ScrubAccountIdentities`); configured
+    /// values always are.
+    var identitiesScrubbed: Bool
     var generatedAt: Double
     var daemon: [String: String]
     var system: [String: String]
@@ -39,8 +45,8 @@ struct DiagnosticsView: Encodable {
 
 extension ControlAPI {
     /// A support bundle: versions, the machine, the configuration, status, jobs and the recent
-    /// events, with identities and configured values scrubbed (the whole document goes through
-    /// the daemon's log scrubber).
+    /// events, with configured values and (unless turned off) identities scrubbed: the whole
+    /// document goes through the daemon's log scrubber, and says whether identities were.
     func diagnosticsBundle() -> HTTPResponse {
         var name = utsname()
         uname(&name)
@@ -57,7 +63,7 @@ extension ControlAPI {
             "openFileKeys": "\(engine.openFileKeyCount())",
             "stateDirectory": engine.stateDirectory,
         ]
-        let view = DiagnosticsView(version: Self.version, generatedAt: wallClockSeconds(), daemon: daemon, system: system,
+        let view = DiagnosticsView(version: Self.version, identitiesScrubbed: diagnostics.identitiesScrubbed, generatedAt: wallClockSeconds(), daemon: daemon, system: system,
                                    configuration: diagnostics.configuration, status: status(), jobs: jobs.all.map(\.snapshot),
                                    events: engine.events.events().suffix(200).map { CustodyEvent($0) })
         let encoder = Self.encoder()

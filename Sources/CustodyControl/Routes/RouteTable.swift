@@ -113,6 +113,7 @@ extension ControlAPI {
         Route(.wipe, .admin, "wipe {identity}") { (api, r) throws(Failure) in
             try api.wipe(r.identity, wait: r.flag("wait", default: true), by: r.caller)
         },
+        Route(.ownedFiles, .admin, "list the files of {identity}") { (api, r) throws(Failure) in try api.ownedFiles(r) },
         Route(.policy, .filtered) { (api, r) throws(Failure) in
             try api.run { () throws(EngineError) in
                 let account = try api.visibleAccount(r.identity, r.caller)
