@@ -55,6 +55,8 @@ code:
   type: int
 '''
 
+import difflib
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.custody.protection.plugins.module_utils.custody import (
     CONNECTION_ARGS, CustodyClient, CustodyError, segment)
@@ -68,6 +70,32 @@ LEVELS = {
                        "untilfirstauth", "untilfirstauthentication", "c", "classc", "afterrestart", "afterdevicerestart"),
     "none": ("nsfileprotectionnone", "none", "d", "classd", "usedevicesettings", "off"),
 }
+
+
+# The policy document's fields (docs/openapi.yaml, Policy), for check mode, which sends nothing for
+# the daemon to refuse: a misspelt field must fail there as it fails when applied.
+POLICY_FIELDS = (
+    "fileEncryptionRequired", "protectionLevel", "fileProviderEncryptionRequired", "sendToOtherIdentities",
+    "receiveFromOtherIdentities", "canShareWithOtherIdentities", "canReceiveFromUnmanaged", "saveToLocations",
+    "openFromLocations", "transferExemptExecutables", "transferExemptUids",
+)
+SCOPES = ("all", "managed", "none")
+
+
+def problems(policy):
+    """What the daemon would refuse in `policy` (400 BadRequest for a field, 301 InvalidPolicy for a value)."""
+    for key in policy:
+        if key not in POLICY_FIELDS:
+            close = difflib.get_close_matches(key, POLICY_FIELDS, n=1)
+            hint = " (did you mean %s?)" % close[0] if close else ""
+            return dict(msg="unknown field %s%s" % (key, hint), status=400, code=400, name="BadRequest")
+    value = policy.get("protectionLevel")
+    if value is not None and level(value) not in LEVELS:
+        return dict(msg="unknown protection level %s (accepted: %s)" % (value, ", ".join(LEVELS)), status=400, code=301, name="InvalidPolicy")
+    for key in ("sendToOtherIdentities", "receiveFromOtherIdentities"):
+        if policy.get(key) is not None and policy[key] not in SCOPES:
+            return dict(msg="%s must be all, managed or none, not %s" % (key, policy[key]), status=400, code=301, name="InvalidPolicy")
+    return None
 
 
 def level(value):
@@ -104,6 +132,9 @@ def main():
         if wanted == before:
             module.exit_json(changed=False, code=101, policy=before)
         if module.check_mode:
+            refused = problems(module.params["policy"])
+            if refused:
+                module.fail_json(**refused)
             module.exit_json(changed=True, code=100, policy=wanted, diff=dict(before=before, after=wanted))
         updated = client.call("PUT", "/v1/accounts/" + segment(identity) + "/policy", wanted)
         after = normalized(updated.get("policy") if isinstance(updated, dict) else None)

@@ -81,6 +81,19 @@ def test_policy_changes_only_what_differs_and_accepts_every_spelling(run, daemon
     assert failed and result["code"] == 301
 
 
+def test_check_mode_refuses_what_applying_would_refuse(run, daemon):
+    enroll(run)
+    result, failed = run(custody_policy, dict(identity="alice-id", policy=dict(saveToLocation=["AccountDocument"])), check_mode=True)
+    assert failed and result["code"] == 400 and result["msg"] == "unknown field saveToLocation (did you mean saveToLocations?)"
+    result, failed = run(custody_policy, dict(identity="alice-id", policy=dict(protectionLevel="ultra")), check_mode=True)
+    assert failed and result["code"] == 301 and "accepted: complete" in result["msg"]
+    result, failed = run(custody_policy, dict(identity="alice-id", policy=dict(sendToOtherIdentities="some")), check_mode=True)
+    assert failed and result["code"] == 301
+    result, failed = run(custody_policy, dict(identity="alice-id", policy=dict(saveToLocations=["AccountDocument"])), check_mode=True)
+    assert not failed and result["changed"] is True
+    assert "saveToLocations" not in daemon.accounts["alice-id"]["policy"], "check mode sends nothing"
+
+
 def test_lock_and_unlock_are_idempotent_and_a_wrong_passphrase_fails(run, daemon):
     enroll(run)
     result, failed = run(custody_lock, dict(identity="alice-id", state="locked"))
