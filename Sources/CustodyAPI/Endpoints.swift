@@ -68,6 +68,7 @@ extension Endpoint {
     public static let machineKey = Endpoint("GET", "/v1/machine-key")
     public static let migrateMachineKey = Endpoint("POST", "/v1/machine-key/migrate")
     public static let resetMachineKey = Endpoint("POST", "/v1/machine-key/reset")
+    public static let allowedAccounts = Endpoint("GET", "/v1/allowed-accounts")
     // Every account of the caller at once
     public static let lockAll = Endpoint("POST", "/v1/lock")
     public static let unlockAll = Endpoint("POST", "/v1/unlock")
@@ -101,7 +102,7 @@ extension Endpoint {
 
     /// All of them, in the order `docs/api.md` lists them.
     public static let all: [Endpoint] = [
-        status, accounts, enroll, account, deregister, wipe, ownedFiles, policy, setPolicy, lock, unlock, passphrase,
+        status, accounts, enroll, account, deregister, wipe, ownedFiles, allowedAccounts, policy, setPolicy, lock, unlock, passphrase,
         addLoginProtector, removeLoginProtector, createRecoveryKey, removeRecoveryKey, recover,
         loginUnlock, loginPassword, loginOpen, loginLock, machineKey, migrateMachineKey, resetMachineKey,
         lockAll, unlockAll, bind, unbind, processIdentity,

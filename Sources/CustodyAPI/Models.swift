@@ -63,6 +63,23 @@ public struct CustodyAccount: Codable, Equatable, Sendable {
     public var retryAfterSeconds: Double?
     /// Why an enrolled identity cannot be opened (its machine key or its keybag), in status answers.
     public var unavailable: String?
+    /// False for an enrolled account that `AllowedAccounts` does not name (absent otherwise).
+    public var allowed: Bool?
+}
+
+/// `GET /v1/allowed-accounts`: the accounts that may enroll (empty: any), what happens to enrolled
+/// accounts the list does not name, and which those are.
+public struct CustodyAllowedAccounts: Codable, Equatable, Sendable {
+    public var allowedAccounts: [String]
+    /// `warn`, `deregister` or `wipe` (`AllowedAccountsAction`).
+    public var action: String
+    public var notAllowed: [String]
+
+    public init(allowedAccounts: [String], action: String, notAllowed: [String]) {
+        self.allowedAccounts = allowedAccounts
+        self.action = action
+        self.notAllowed = notAllowed
+    }
 }
 
 public struct CustodyMount: Codable, Equatable, Sendable {
@@ -201,8 +218,11 @@ public struct FileProtectionInfo: Codable, Equatable, Sendable {
     public var protectionClass: String?
     public var size: UInt64
     public var mountPoint: String?
+    /// Why a file of a managed owner is plain (absent for every other file).
+    public var plainReason: String?
 
-    public init(path: String, kind: String, owner: String? = nil, managed: Bool, encrypted: Bool, protectionClass: String? = nil, size: UInt64, mountPoint: String? = nil) {
+    public init(path: String, kind: String, owner: String? = nil, managed: Bool, encrypted: Bool, protectionClass: String? = nil, size: UInt64,
+                mountPoint: String? = nil, plainReason: String? = nil) {
         self.path = path
         self.kind = kind
         self.owner = owner
@@ -211,6 +231,7 @@ public struct FileProtectionInfo: Codable, Equatable, Sendable {
         self.protectionClass = protectionClass
         self.size = size
         self.mountPoint = mountPoint
+        self.plainReason = plainReason
     }
 }
 

@@ -217,4 +217,11 @@ public struct EnrollmentManager: Sendable {
         let client = self.client
         return try await offload { () throws(CustodyClientError) in try client.call(Endpoint.accounts, as: [CustodyAccount].self) }
     }
+
+    /// The accounts that may enroll (the SDK's `allowedAccounts`; empty: any), with
+    /// `AllowedAccountsAction` and the enrolled accounts the list does not name. Administrators only.
+    public func allowedAccounts() async throws(CustodyClientError) -> CustodyAllowedAccounts {
+        let client = self.client
+        return try await offload { () throws(CustodyClientError) in try client.call(Endpoint.allowedAccounts, as: CustodyAllowedAccounts.self) }
+    }
 }

@@ -242,7 +242,7 @@ struct Reader {
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
                                "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout",
-                               "MaxUnlockAttempts", "UnlockAttemptsAction"]
+                               "MaxUnlockAttempts", "UnlockAttemptsAction", "AllowedAccountsAction"]
     static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
@@ -378,6 +378,11 @@ struct Reader {
         if let value = string(table, path + ["UnlockAttemptsAction"]) {
             if ["backoff", "wipe"].contains(value) { configuration.settings.unlockAttemptsAction = value } else {
                 fail(path + ["UnlockAttemptsAction"], "must be backoff or wipe, not \(value)")
+            }
+        }
+        if let value = string(table, path + ["AllowedAccountsAction"]) {
+            if let action = AllowedAccountsAction(rawValue: value) { configuration.settings.allowedAccountsAction = action } else {
+                fail(path + ["AllowedAccountsAction"], "must be warn, deregister or wipe, not \(value)")
             }
         }
         if let cost = string(table, path + ["PassphraseCost"]) {

@@ -199,9 +199,13 @@ public final class Engine: @unchecked Sendable {
     /// tests with a manual clock call `processDeadlines` instead).
     /// Replaces the settings (a reload). A shorter grace period applies to locks requested later.
     public func updateSettings(_ settings: Settings) {
-        settingsBox.withLock { $0 = settings }
+        let old = settingsBox.withLock { box in
+            defer { box = settings }
+            return box.allowedAccounts
+        }
         resolutionGeneration.add(1, ordering: .releasing)
         policyGeneration.add(1, ordering: .releasing)
+        allowedAccountsChanged(from: old, to: settings.allowedAccounts)
     }
 
     public func startDeadlineTimer() {
@@ -259,7 +263,9 @@ public final class Engine: @unchecked Sendable {
     /// Enrolls an account: it becomes managed, with `policy`, and gets a keybag (protected by
     /// `passphrase`, or unlocking on authorization alone when nil).
     @discardableResult
-    public func enroll(id: String, upn: String, policy: Policy = Policy(), passphrase: SecretBytes? = nil, uid: UInt32? = nil) throws(EngineError) -> Account {
+    /// Enrolls an account: `policy`, or without one the policy it had when it was deregistered with
+    /// its keys kept (else the default policy); the same for `uid`.
+    public func enroll(id: String, upn: String, policy: Policy? = nil, passphrase: SecretBytes? = nil, uid: UInt32? = nil) throws(EngineError) -> Account {
         do {
             let account = try enrollChecked(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid)
             events.emit(.enrolled, identity: account.upn, code: 100, "enrolled \(account.upn); new policies received",
@@ -275,14 +281,11 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    private func enrollChecked(id: String, upn: String, policy: Policy, passphrase: SecretBytes?, uid: UInt32?) throws(EngineError) -> Account {
+    private func enrollChecked(id: String, upn: String, policy requested: Policy?, passphrase: SecretBytes?, uid requestedUID: UInt32?) throws(EngineError) -> Account {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
         try refuseWhileSealed("\(upn) cannot be enrolled")
-        try checkLocations(policy)
-        if !settings.allowedAccounts.isEmpty {
-            let allowed = settings.allowedAccounts.map(IdentityKey.init)
-            guard allowed.contains(IdentityKey(id)) || allowed.contains(IdentityKey(upn)) else { throw .accountNotAllowed(upn) }
-        }
+        if let requested { try checkLocations(requested) }
+        guard isAllowed(id: id, upn: upn, settings.allowedAccounts) else { throw .accountNotAllowed(upn) }
         try state.withLock { (state) throws(EngineError) in
             if let pending = state.pendingWipes.first(where: { $0.matches(id) || $0.matches(upn) }) {
                 throw .corruptState(file: files.path(files.wipeJournalName(pending.id)), reason: "the wipe of \(pending.upn) has not finished yet")
@@ -298,10 +301,26 @@ public final class Engine: @unchecked Sendable {
         // enrolling the same account again restores access to its files.
         let name = files.keybagName(id)
         var keys: Keyring
+        var policy = requested ?? Policy(), uid = requestedUID
         if let kept = try files.read(StoredKeybag.self, from: name) {
             let secret = try Self.machineSecret(kept, keys: machineKeys, file: files.path(name))
             keys = try Keyring.load(kept, machineSecret: secret, file: files.path(name))
-            keys.install(try Keybags.unlock(kept, machineSecret: secret, passphrase: passphrase, file: files.path(name)))
+            do {
+                keys.install(try Keybags.unlock(kept, machineSecret: secret, passphrase: passphrase, file: files.path(name)))
+            } catch .passphraseRequired(_) {
+                throw .passphraseRequired("\(upn) (enrolled before: its kept keys open with the passphrase they had, "
+                                          + "given as \"passphrase\" in the request, or custodyctl enroll --passphrase-file)")
+            }
+            // What it was when it was deregistered comes back, unless the enrolment says otherwise.
+            if let was = kept.kept {
+                if requested == nil {
+                    try checkLocations(was.policy)
+                    policy = was.policy
+                }
+                uid = uid ?? was.uid
+                keys.stored.kept = nil
+                try keybagWrites.withLock { (_) throws(EngineError) in try files.write(keys.stored, to: name) }
+            }
         } else {
             var (stored, unlocked, d, b, secret) = try Keybags.create(identity: IdentityKey(id).folded, passphrase: passphrase,
                                                                        cost: settings.passphraseCost, machine: try machineKeys.current())

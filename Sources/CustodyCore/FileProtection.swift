@@ -19,6 +19,8 @@ public struct FileProtectionInfo: Codable, Equatable, Sendable {
     public var size: UInt64
     /// The mount the path is in, if any.
     public var mountPoint: String?
+    /// Why a file of a managed owner is plain (nil for every other file).
+    public var plainReason: String?
 }
 
 /// Whether an identity may receive a file (`canReceiveSharedFile`), and why.
@@ -65,8 +67,22 @@ extension Engine {
         default:
             break
         }
-        if let owner = info.owner, let account = try? account(owner) { info.managed = account.isEnrolled }
+        if let owner = info.owner, let account = try? account(owner) {
+            info.managed = account.isEnrolled
+            if info.kind == "file", info.managed, !info.encrypted { info.plainReason = plainReason(account) }
+        }
         return info
+    }
+
+    /// Why a file of the managed `account` is plain: its policy, a re-protection under way, or
+    /// (neither) a file the re-protection could not reach.
+    func plainReason(_ account: Account) -> String {
+        if account.policy?.fileEncryptionRequired == false { return "the policy of \(account.upn) does not require encryption" }
+        if account.reprotectPending {
+            return "\(account.upn)'s files are being brought to its policy (a re-protection is under way, or waits for open files to close)"
+        }
+        return "the file was not re-protected when \(account.upn) was enrolled or its policy changed (it was open, or the re-protection failed: see the events); "
+            + "custodyctl protect PATH \(account.upn) encrypts it now"
     }
 
     /// True when the file at `path` is in Custody's encrypted format (header intact; the content

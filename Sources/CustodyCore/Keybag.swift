@@ -32,6 +32,15 @@ struct StoredKeybag: Codable, Equatable {
     var machineSecret: Data?
     /// The passphrase's gate in the TPM (see `PassphraseGates.swift`); nil without one.
     var passphraseGate: Data?
+    /// What the account was when it was deregistered with its keys kept: enrolling it again
+    /// without naming a policy (or a user) restores these. Nil while it is enrolled.
+    var kept: KeptAccount?
+}
+
+/// An account's policy and local user, kept with its sealed keys across a deregistration.
+struct KeptAccount: Codable, Equatable {
+    var policy: Policy
+    var uid: UInt32?
 }
 
 /// Another way to unlock an identity: its class keys wrapped under a key derived from a secret

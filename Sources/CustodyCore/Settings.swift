@@ -13,6 +13,8 @@ public struct Settings: Codable, Equatable, Sendable {
     public var valuesToScrubFromLogging: [String] = []
     /// When not empty, only these accounts (object ID or UPN, case-insensitive) may enroll.
     public var allowedAccounts: [String] = []
+    /// What happens to an enrolled account `allowedAccounts` stops naming (`AllowedAccounts.swift`).
+    public var allowedAccountsAction: AllowedAccountsAction = .warn
     /// Default identity per uid, for callers that have no thread or process binding.
     public var defaultIdentities: [UInt32: String] = [:]
     /// Argon2id cost for passphrases: "interactive", "moderate", or "minimal" (tests only).
@@ -54,6 +56,7 @@ public struct Settings: Codable, Equatable, Sendable {
         case verboseLoggingEnabled = "VerboseLoggingEnabled"
         case valuesToScrubFromLogging = "ValuesToScrubFromLogging"
         case allowedAccounts = "AllowedAccounts"
+        case allowedAccountsAction = "AllowedAccountsAction"
         case defaultIdentities = "DefaultIdentities"
         case passphraseCost = "PassphraseCost"
         case transferExemptExecutables = "TransferExemptExecutables"
@@ -83,6 +86,7 @@ public struct Settings: Codable, Equatable, Sendable {
         verboseLoggingEnabled = try container.decodeIfPresent(Bool.self, forKey: .verboseLoggingEnabled) ?? defaults.verboseLoggingEnabled
         valuesToScrubFromLogging = try container.decodeIfPresent([String].self, forKey: .valuesToScrubFromLogging) ?? []
         allowedAccounts = try container.decodeIfPresent([String].self, forKey: .allowedAccounts) ?? []
+        allowedAccountsAction = try container.decodeIfPresent(AllowedAccountsAction.self, forKey: .allowedAccountsAction) ?? .warn
         defaultIdentities = try container.decodeIfPresent([UInt32: String].self, forKey: .defaultIdentities) ?? [:]
         passphraseCost = try container.decodeIfPresent(String.self, forKey: .passphraseCost) ?? defaults.passphraseCost
         transferExemptExecutables = try container.decodeIfPresent([String].self, forKey: .transferExemptExecutables) ?? []
@@ -106,6 +110,7 @@ public struct Settings: Codable, Equatable, Sendable {
         try container.encode(verboseLoggingEnabled, forKey: .verboseLoggingEnabled)
         try container.encode(valuesToScrubFromLogging, forKey: .valuesToScrubFromLogging)
         try container.encode(allowedAccounts, forKey: .allowedAccounts)
+        try container.encode(allowedAccountsAction, forKey: .allowedAccountsAction)
         try container.encode(defaultIdentities, forKey: .defaultIdentities)
         try container.encode(passphraseCost, forKey: .passphraseCost)
         try container.encode(transferExemptExecutables, forKey: .transferExemptExecutables)

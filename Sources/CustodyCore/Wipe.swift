@@ -72,6 +72,7 @@ extension Engine {
                 report(done, of: account, progress, keysGone: false, "wiping \(account.upn)")
             }
         } else {
+            try keep(account)
             dropKeys(key)
             for volume in volumes { volume.namesHidden(account) }
         }
@@ -89,6 +90,18 @@ extension Engine {
         }
         events.emit(.deregistered, identity: account.upn, code: 104, "unenrolled and deregistered \(account.upn)",
                     details: ["wipe": "\(wipe)"])
+    }
+
+    /// Writes a deregistered account's policy and user into its kept keybag, for an enrolment
+    /// that names neither to restore (`enroll`).
+    private func keep(_ account: Account) throws(EngineError) {
+        guard let policy = account.policy else { return }
+        let name = files.keybagName(account.id)
+        try keybagWrites.withLock { (_) throws(EngineError) in
+            guard var stored = try files.read(StoredKeybag.self, from: name) else { return }
+            stored.kept = KeptAccount(policy: policy, uid: account.uid)
+            try files.write(stored, to: name)
+        }
     }
 
     /// Forgets an identity's keys in memory and revokes its open file keys.

@@ -124,7 +124,9 @@ struct PassphraseOptions: ParsableArguments {
 }
 
 struct Enroll: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Register an account and enroll it with a policy (admin).")
+    static let configuration = CommandConfiguration(
+        abstract: "Register an account and enroll it with a policy (admin).",
+        discussion: "Without any policy option, an account deregistered with its keys kept gets back the policy it had (else the default policy); its files are brought to the policy in the background.")
     @OptionGroup var global: Global
     @Argument(help: "The account's object ID.") var id: String
     @Argument(help: "The account's UPN (user@domain).") var upn: String
@@ -149,13 +151,17 @@ struct Enroll: ParsableCommand {
     func run() throws {
         var body = EnrollRequest(id: id, upn: upn, enroll: !registerOnly, uid: uid, user: user)
         if !registerOnly {
+            // Without a policy option, the daemon restores the policy the account had when it
+            // was deregistered with its keys kept (else the default).
+            let given = level != nil || noEncryption || share || refuseUnmanaged || fileProviderEncryption || send != nil || receive != nil
+                || saveTo != nil || openFrom != nil
             var policy = CustodyPolicy(fileEncryptionRequired: !noEncryption, protectionLevel: level, fileProviderEncryptionRequired: fileProviderEncryption,
                                        canShareWithOtherIdentities: share, canReceiveFromUnmanaged: !refuseUnmanaged)
             policy.sendToOtherIdentities = send
             policy.receiveFromOtherIdentities = receive
             policy.saveToLocations = saveTo.flatMap(locationList)
             policy.openFromLocations = openFrom.flatMap(locationList)
-            body.policy = policy
+            if given { body.policy = policy }
             let wanted = passphrase || passphraseOptions.passphraseFile != nil || passphraseOptions.passphraseStdin
             if wanted, let secret = try passphraseOptions.read(prompt: "Passphrase for \(upn): ", required: true) {
                 body.passphrase = secret
@@ -196,7 +202,7 @@ struct Deregister: ParsableCommand {
     @OptionGroup var global: Global
     @Argument(help: "The account (ID or UPN).") var identity: String
     @Flag(help: "Wipe it: destroy its keys and delete its files first (same as `custodyctl wipe`).") var wipe = false
-    @Flag(name: [.customShort("y"), .long], help: "With --wipe: do not ask for confirmation on a terminal.") var yes = false
+    @Flag(help: "With --wipe: do not ask for confirmation on a terminal.") var yes = false
 
     func run() throws {
         if wipe {

@@ -8,7 +8,7 @@ func describe(_ info: FileProtectionInfo) -> String {
     var lines = ["\(info.path)"]
     lines.append("  kind: \(info.kind)")
     lines.append("  owner: " + (info.owner.map { $0 + (info.managed ? " (managed)" : " (unmanaged)") } ?? "none"))
-    lines.append("  encrypted: " + (info.encrypted ? "yes, class \(info.protectionClass ?? "?")" : "no"))
+    lines.append("  encrypted: " + (info.encrypted ? "yes, class \(info.protectionClass ?? "?")" : "no") + (info.plainReason.map { ": " + $0 } ?? ""))
     if info.kind == "file" { lines.append("  size: \(info.size) bytes") }
     if let mount = info.mountPoint { lines.append("  mount: \(mount)") }
     return lines.joined(separator: "\n")

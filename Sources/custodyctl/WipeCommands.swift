@@ -16,7 +16,7 @@ struct Wipe: ParsableCommand {
     @Argument(help: "The account (ID or UPN).") var identity: String
     @Flag(help: "Start the wipe and return its job ID.") var noWait = false
     @Flag(help: "List what a wipe would delete, and change nothing.") var dryRun = false
-    @Flag(name: [.customShort("y"), .long], help: "Do not ask for confirmation on a terminal.") var yes = false
+    @Flag(help: "Do not ask for confirmation on a terminal.") var yes = false
 
     func run() throws {
         if dryRun {

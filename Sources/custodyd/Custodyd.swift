@@ -230,6 +230,13 @@ struct Custodyd: ParsableCommand {
                 throw ExitCode(1)
             }
         }
+        try applyCommandLine(to: &configuration)
+        return (configuration, path)
+    }
+
+    /// The command line's options over a configuration read from the file: at start, and again
+    /// at every reload.
+    func applyCommandLine(to configuration: inout DaemonConfiguration) throws {
         if let state { configuration.stateDirectory = state }
         if let socket { configuration.socket = socket }
         if let socketMode { configuration.socketMode = UInt32(socketMode, radix: 8) }
@@ -269,7 +276,6 @@ struct Custodyd: ParsableCommand {
             mount.threads = threads
             configuration.mounts.insert(mount, at: 0)
         }
-        return (configuration, path)
     }
 
     /// `custodyd --control-front` is the daemon's own control front (started by the daemon, never
@@ -296,7 +302,9 @@ struct Custodyd: ParsableCommand {
         options.debug = debug
         let daemon: Daemon
         do {
-            daemon = try Daemon(configuration: configuration, configurationPath: path, baseOptions: options)
+            let commandLine = self
+            daemon = try Daemon(configuration: configuration, configurationPath: path, baseOptions: options,
+                                commandLine: { try commandLine.applyCommandLine(to: &$0) })
         } catch {
             Logger(label: "custodyd").error("\(error)")
             throw ExitCode(1)

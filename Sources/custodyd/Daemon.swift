@@ -114,9 +114,15 @@ final class Daemon: @unchecked Sendable {
     /// Keeps processes that hold managed data to their save-to locations.
     private var dataGuard: DataGuard?
 
-    init(configuration: DaemonConfiguration, configurationPath: String?, baseOptions: MountOptions) throws {
+    /// The command line's options, put over the file's again at every reload (as at start), so a
+    /// reload never drops a mount, a default identity or another option given on the command line.
+    private let commandLine: (inout DaemonConfiguration) throws -> Void
+
+    init(configuration: DaemonConfiguration, configurationPath: String?, baseOptions: MountOptions,
+         commandLine: @escaping (inout DaemonConfiguration) throws -> Void = { _ in }) throws {
         self.configuration = configuration
         self.configurationPath = configurationPath
+        self.commandLine = commandLine
         self.baseOptions = baseOptions
         let stateDirectory = configuration.stateDirectory ?? StateDirectory.defaultPath()
         try StateDirectory.prepare(stateDirectory)
@@ -286,6 +292,8 @@ final class Daemon: @unchecked Sendable {
                 return false
             }
         }
+        // Enrolled accounts the configuration no longer allows: as AllowedAccountsAction says.
+        engine.applyAllowedAccounts()
         if configuration.followSessions {
             let monitor = LoginMonitor(engine: engine) { [logger] message in logger.notice("\(message)") }
             if monitor.start() { sessions = monitor }
@@ -368,11 +376,15 @@ final class Daemon: @unchecked Sendable {
         }
         Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(monotonicMicroseconds())")
         defer { Systemd.notify("READY=1\nSTATUS=\(statusLine())") }
-        let fresh: DaemonConfiguration
+        var fresh: DaemonConfiguration
         do throws(ConfigurationErrors) {
             fresh = try DaemonConfiguration.load(path: path)
         } catch {
             logger.error("reload refused, keeping the running configuration:\n\(error.description)")
+            return
+        }
+        do { try commandLine(&fresh) } catch {
+            logger.error("reload refused, keeping the running configuration: \(error)")
             return
         }
         let environment = fresh.environmentErrors(file: path)
@@ -396,6 +408,7 @@ final class Daemon: @unchecked Sendable {
             logger.info("reload: mounting \(configured.mountPoint)")
             if let running = attachMount(configured), serve(running) { mounts.append(running) }
         }
+        engine.applyAllowedAccounts()
         logger.info("configuration reloaded from \(path)")
     }
 

@@ -141,6 +141,33 @@ final class AccountTests: EngineTestCase {
         XCTAssertEqual(events.withLock { $0[2].details["bytesFreed"] }, "4096")
     }
 
+    func testAnEnrolmentWithoutAPolicyRestoresTheOneKeptAtDeregistration() throws {
+        let engine = try makeEngine()
+        var kept = Policy(protectionLevel: .completeUnlessOpen)
+        kept.saveToLocations = ["AccountDocument"]
+        try engine.enroll(id: "alice", upn: "alice@contoso.com", policy: kept, passphrase: try passphrase("pw"), uid: 1234)
+        try engine.deregister("alice", wipe: false)
+        // The kept keys need the passphrase they had; the error says where it goes.
+        XCTAssertThrowsError(try engine.enroll(id: "alice", upn: "alice@contoso.com")) { error in
+            XCTAssertEqual((error as? EngineError)?.code, 302)
+            XCTAssertTrue("\(error)".contains("enrolled before") && "\(error)".contains("\"passphrase\"") && "\(error)".contains("--passphrase-file"), "\(error)")
+        }
+        let back = try engine.enroll(id: "alice", upn: "alice@contoso.com", passphrase: try passphrase("pw"))
+        XCTAssertEqual(back.policy, kept, "the earlier policy returns")
+        XCTAssertEqual(back.uid, 1234, "and the local user")
+        // A policy named at enrolment wins, and what is kept goes with the enrolment.
+        try engine.deregister("alice", wipe: false)
+        let fresh = try engine.enroll(id: "alice", upn: "alice@contoso.com", policy: Policy(protectionLevel: .none), passphrase: try passphrase("pw"), uid: 99)
+        XCTAssertEqual(fresh.policy?.protectionLevel, ProtectionClass.none)
+        XCTAssertEqual(fresh.uid, 99)
+        try engine.deregister("alice", wipe: false)
+        XCTAssertEqual(try engine.enroll(id: "alice", upn: "alice@contoso.com", passphrase: try passphrase("pw")).policy?.protectionLevel, ProtectionClass.none,
+                       "the policy of the last deregistration")
+        // A wipe keeps nothing: a new enrolment starts from the default policy.
+        try engine.deregister("alice", wipe: true)
+        XCTAssertEqual(try engine.enroll(id: "alice", upn: "alice@contoso.com").policy, Policy())
+    }
+
     func testDeregisterWithoutWipeKeepsKeysSealedForReEnrollment() throws {
         let engine = try makeEngine()
         try engine.enroll(id: "alice", upn: "alice@contoso.com", passphrase: try passphrase("pw"))

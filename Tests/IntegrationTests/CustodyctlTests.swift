@@ -312,6 +312,6 @@ final class CustodyctlTests: XCTestCase {
         let bundle = work + "/bundle.json"
         XCTAssertTrue(try ctl(["diagnose", "--out", bundle]).contains("wrote \(bundle)"))
         let parsed = (try? JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: bundle)))) as? [String: Any] ?? [:]
-        XCTAssertEqual(Set(parsed.keys), ["version", "generatedAt", "daemon", "system", "configuration", "status", "jobs", "events", "client"])
+        XCTAssertEqual(Set(parsed.keys), ["version", "identitiesScrubbed", "generatedAt", "daemon", "system", "configuration", "status", "jobs", "events", "client"])
     }
 }

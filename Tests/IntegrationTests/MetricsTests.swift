@@ -64,8 +64,9 @@ final class MetricsTests: XCTestCase {
 
     func testCountersFollowAWorkloadAndPassPromtool() throws {
         port = try Self.freePort()
+        // Identities shown (scrubbing off), to check the per-account series; PrivacyTests checks the default.
         let daemon = try MountedDaemon(extraArguments: ["--default-identity", "0=alice@contoso.com", "--lock-grace-period", "0",
-                                                        "--metrics-listen", "127.0.0.1:\(port)"])
+                                                        "--metrics-listen", "127.0.0.1:\(port)", "--log-identities"])
         self.daemon = daemon
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts", #"{"id": "alice-id", "upn": "alice@contoso.com", "passphrase": "right"}"#).status, 201)
         let before = try scrape().values

@@ -253,6 +253,7 @@ struct ControlAPI: Sendable {
                            let attempts = engine.unlockAttempts(account.id)
                            view.failedUnlockAttempts = attempts.failures
                            view.retryAfterSeconds = attempts.retryAfter
+                           if !engine.isAllowed(account) { view.allowed = false }
                        }
                        return view
                    },
@@ -280,7 +281,8 @@ struct ControlAPI: Sendable {
             if let uid, uid != entry.pointee.pw_uid { throw Self.badRequest("user \(user) is uid \(entry.pointee.pw_uid), not \(uid)") }
             uid = entry.pointee.pw_uid
         }
-        let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) } ?? Policy()
+        // No policy: the one it had when deregistered with its keys kept, else the default.
+        let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) }
         return try run { () throws(EngineError) in
             let account: Account
             if body.enroll ?? true {

@@ -67,7 +67,7 @@ extension CustodyGuardStatus {
 extension CustodyAPI.FileProtectionInfo {
     init(_ info: CustodyCore.FileProtectionInfo) {
         self.init(path: info.path, kind: info.kind, owner: info.owner, managed: info.managed, encrypted: info.encrypted,
-                  protectionClass: info.protectionClass, size: info.size, mountPoint: info.mountPoint)
+                  protectionClass: info.protectionClass, size: info.size, mountPoint: info.mountPoint, plainReason: info.plainReason)
     }
 }
 

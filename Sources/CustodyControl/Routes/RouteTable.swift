@@ -114,6 +114,11 @@ extension ControlAPI {
             try api.wipe(r.identity, wait: r.flag("wait", default: true), by: r.caller)
         },
         Route(.ownedFiles, .admin, "list the files of {identity}") { (api, r) throws(Failure) in try api.ownedFiles(r) },
+        Route(.allowedAccounts, .admin, "read the allowed accounts") { (api, _) throws(Failure) in
+            let settings = api.engine.settings
+            return api.json(CustodyAllowedAccounts(allowedAccounts: settings.allowedAccounts, action: settings.allowedAccountsAction.rawValue,
+                                                   notAllowed: api.engine.accountsNotAllowed().map(\.upn)))
+        },
         Route(.policy, .filtered) { (api, r) throws(Failure) in
             try api.run { () throws(EngineError) in
                 let account = try api.visibleAccount(r.identity, r.caller)
@@ -240,6 +245,7 @@ extension ControlAPI {
     static let fileRoutes: [Route] = [
         .with(.fileInfo, .fileReader, body: PathRequest.self) { (api, r, body) throws(Failure) in
             var info = try api.readableInfo(body, r.caller)
+            info.plainReason = info.plainReason.map { api.hidingOwner(info.owner, in: $0, from: r.caller) }
             info.owner = api.visibleOwner(info.owner, to: r.caller)
             return api.json(CustodyAPI.FileProtectionInfo(info))
         },
