@@ -40,6 +40,8 @@ public struct MountConfiguration: Equatable, Sendable {
     public var threads = 8
     /// Store the names of managed identities' new entries encrypted.
     public var encryptNames = true
+    /// Create nothing until the declared accounts are enrolled (`policy_required`).
+    public var policyRequired = false
 
     public init(backing: String, mountPoint: String) {
         self.backing = backing
@@ -63,6 +65,11 @@ public struct DaemonConfiguration: Equatable, Sendable {
     public var scrubAccountIdentities = true
     public var settings = Settings()
     public var mounts: [MountConfiguration] = []
+    /// Accounts the daemon provisions at start and at every reload (`[[account]]`;
+    /// `CustodyCore/Provisioning.swift`). Their `user`s are resolved by `declaredAccounts()`.
+    public var accounts: [DeclaredAccount] = []
+    /// The local user each `[[account]]` names by name (by its index), resolved on this machine.
+    public var accountUsers: [Int: String] = [:]
     /// Follow logind's sessions (screen lock, suspend, logout lock identities).
     public var followSessions = true
     /// A loopback address and port that also serves the metrics (`metrics-listen`), or nil.
@@ -112,6 +119,9 @@ public struct DaemonConfiguration: Equatable, Sendable {
                 errors.append(reader.error(["mount", "mount_point"], index: index, "mount point \(mount.mountPoint) does not exist or is not a directory"))
             }
         }
+        for (index, user) in accountUsers.sorted(by: { $0.key < $1.key }) where getpwnam(user) == nil {
+            errors.append(reader.error(["account", "user"], index: index, "no local user named \(user)"))
+        }
         for (key, group) in [("group", socketGroup), ("admin_group", adminGroup)] {
             if let group, gid_t(group) == nil, getgrnam(group) == nil {
                 errors.append(reader.error(["control", key], "no group named \(group)"))
@@ -120,6 +130,15 @@ public struct DaemonConfiguration: Equatable, Sendable {
         return errors
     }
 
+    /// The declared accounts, each `user` resolved to its uid (one that names no user is left
+    /// without: `environmentErrors` reports it).
+    public func declaredAccounts() -> [DeclaredAccount] {
+        accounts.enumerated().map { index, account in
+            var account = account
+            if let user = accountUsers[index], let entry = getpwnam(user) { account.uid = entry.pointee.pw_uid }
+            return account
+        }
+    }
 }
 
 /// Walks the parsed document, collecting every error with its line.
@@ -160,7 +179,11 @@ struct Reader {
             }
             if line.hasPrefix("[") {
                 current = String(line.dropFirst().prefix { $0 != "]" }).trimmingCharacters(in: " \t")
-                currentIndex = nil
+                // A sub-table of the last [[array]] entry ([account.policy]) belongs to that entry.
+                let parent = current.split(separator: ".").first.map(String.init) ?? current
+                currentIndex = current.contains(".") ? arrayIndex[parent] : nil
+                // A table's own header, for an error about the whole table.
+                if current == path.joined(separator: "."), index == nil || currentIndex == index { return number + 1 }
                 continue
             }
             guard current == table, index == nil || currentIndex == index else { continue }
@@ -237,13 +260,14 @@ struct Reader {
 
     // MARK: The document
 
-    static let topKeys = ["state", "log_level", "machine-key", "tpm2-pcrs", "tpm2-tcti", "metrics-listen", "control", "guard", "settings", "default_identities", "locations", "mount"]
+    static let topKeys = ["state", "log_level", "machine-key", "tpm2-pcrs", "tpm2-tcti", "metrics-listen", "control", "guard", "settings", "default_identities", "locations", "mount", "account"]
     static let controlKeys = ["socket", "mode", "group", "admin_group"]
     static let settingsKeys = ["MaxFileProtectionLevel", "MultiIdentity", "LockGracePeriod", "VerboseLoggingEnabled",
                                "ValuesToScrubFromLogging", "ScrubAccountIdentities", "AllowedAccounts", "PassphraseCost",
                                "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout",
                                "MaxUnlockAttempts", "UnlockAttemptsAction", "AllowedAccountsAction"]
-    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names"]
+    static let accountKeys = ["id", "upn", "user", "uid", "enroll", "policy"]
+    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names", "policy_required"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
@@ -323,6 +347,24 @@ struct Reader {
                 fail(["mount"], "must be an array of tables ([[mount]])")
             }
         }
+        var accountIndexes: [Int] = []
+        if let value = root["account"] {
+            if let array = value.array {
+                for (index, element) in array.enumerated() {
+                    guard let account = element.table else {
+                        fail(["account"], index: index, "each [[account]] must be a table")
+                        continue
+                    }
+                    if let parsed = readAccount(account, index: index, into: &configuration) {
+                        configuration.accounts.append(parsed)
+                        accountIndexes.append(index)
+                    }
+                }
+            } else {
+                fail(["account"], "must be an array of tables ([[account]])")
+            }
+        }
+        checkDeclaredAccounts(configuration, indexes: accountIndexes)
         var seen: [String: Int] = [:]
         for (index, mount) in configuration.mounts.enumerated() {
             if let first = seen[mount.mountPoint] {
@@ -427,6 +469,7 @@ struct Reader {
         if let value = bool(table, ["mount", "low_latency"], index: index) { mount.lowLatency = value }
         if let value = bool(table, ["mount", "request_rings"], index: index) { mount.requestRings = value }
         if let value = bool(table, ["mount", "encrypt_names"], index: index) { mount.encryptNames = value }
+        if let value = bool(table, ["mount", "policy_required"], index: index) { mount.policyRequired = value }
         if let value = number(table, ["mount", "cache_timeout"], index: index) {
             if value >= 0, value.isFinite { mount.cacheTimeout = value } else { fail(["mount", "cache_timeout"], index: index, "must be 0 or more seconds") }
         }
@@ -434,6 +477,71 @@ struct Reader {
             if (1...256).contains(value) { mount.threads = value } else { fail(["mount", "threads"], index: index, "must be between 1 and 256") }
         }
         return backing == nil || mountPoint == nil ? nil : mount
+    }
+
+    /// One `[[account]]`: its names, its local user, managed or not, and its policy (the policy
+    /// document's fields, as the control API takes them, checked as strictly).
+    mutating func readAccount(_ table: TOMLTable, index: Int, into configuration: inout DaemonConfiguration) -> DeclaredAccount? {
+        unknownKeys(table, allowed: Self.accountKeys, in: ["account"], index: index)
+        let id = string(table, ["account", "id"], index: index)
+        let upn = string(table, ["account", "upn"], index: index)
+        for key in ["id", "upn"] where table[key] == nil { fail(["account"], index: index, "missing key \(key)") }
+        var declared = DeclaredAccount(id: id ?? "", upn: upn ?? "")
+        for (key, value) in [("id", id), ("upn", upn)] {
+            if let value, (try? Account.checkedName(value)) == nil { fail(["account", key], index: index, "not an identity: \(value.debugDescription)") }
+        }
+        if let value = bool(table, ["account", "enroll"], index: index) { declared.enroll = value }
+        if let value = integer(table, ["account", "uid"], index: index) {
+            if let uid = UInt32(exactly: value) { declared.uid = uid } else { fail(["account", "uid"], index: index, "must be a uid (0 to 4294967295)") }
+        }
+        if let user = string(table, ["account", "user"], index: index) {
+            if table["uid"] != nil { fail(["account", "user"], index: index, "give user or uid, not both") }
+            configuration.accountUsers[index] = user
+        }
+        if let value = table["policy"] {
+            if let policy = value.table {
+                if !declared.enroll { fail(["account", "policy"], index: index, "an account with enroll = false has no policy") }
+                declared.policy = readPolicy(policy, index: index)
+            } else {
+                wrongType(value, "a table ([account.policy])", ["account", "policy"], index)
+            }
+        }
+        return id == nil || upn == nil ? nil : declared
+    }
+
+    /// A policy table, read as the control API reads a policy document: unknown fields refused
+    /// by name (with the field they resemble), values as `PUT /v1/accounts/{identity}/policy` takes them.
+    mutating func readPolicy(_ table: TOMLTable, index: Int) -> Policy? {
+        let json = table.convert(to: .json)
+        do {
+            return try StrictJSON.decode(Policy.self, from: Array(json.utf8))
+        } catch let unknown as StrictJSON.UnknownKey {
+            fail(["account", "policy", unknown.path], index: index, unknown.description)
+        } catch let DecodingError.dataCorrupted(context) {
+            fail(["account", "policy"] + context.codingPath.map(\.stringValue), index: index, context.debugDescription)
+        } catch let DecodingError.typeMismatch(_, context) {
+            fail(["account", "policy"] + context.codingPath.map(\.stringValue), index: index, "wrong type: \(context.debugDescription)")
+        } catch {
+            fail(["account", "policy"], index: index, "\(error)")
+        }
+        return nil
+    }
+
+    /// What the accounts declare together: one object ID and UPN each, and (when the settings
+    /// allow only some accounts) managed ones that are allowed.
+    mutating func checkDeclaredAccounts(_ configuration: DaemonConfiguration, indexes: [Int]) {
+        var seen: [String: Int] = [:]
+        for (account, index) in zip(configuration.accounts, indexes) {
+            let names = [account.id, account.upn]
+            if let (name, first) = names.lazy.compactMap({ name in seen[IdentityKey(name).folded].map { (name, $0) } }).first {
+                fail(["account"], index: index, "\(name) is already account[\(first + 1)]")
+            }
+            for name in names where seen[IdentityKey(name).folded] == nil { seen[IdentityKey(name).folded] = index }
+            let allowed = configuration.settings.allowedAccounts.map(IdentityKey.init)
+            if account.enroll, !allowed.isEmpty, !allowed.contains(IdentityKey(account.id)), !allowed.contains(IdentityKey(account.upn)) {
+                fail(["account", "upn"], index: index, "\(account.upn) is declared managed but settings.AllowedAccounts does not name it")
+            }
+        }
     }
 
     /// Paths must be absolute; a trailing slash is dropped.

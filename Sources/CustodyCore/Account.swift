@@ -167,6 +167,9 @@ public struct Account: Codable, Equatable, Sendable {
     /// of its name (`HiddenOwners.swift`): kept here so that its files are known as its also while
     /// its keybag cannot be used, and by a wipe resumed after the keybag is gone.
     public var keyIDs: [String]?
+    /// Declared in the configuration (`[[account]]`, `Provisioning.swift`): a reload that no
+    /// longer declares it acts on it as `AllowedAccountsAction` says. Nil or false: made over the API.
+    public var declared: Bool?
 
     public var isEnrolled: Bool {
         // Without copying the policy (asked for every file created).

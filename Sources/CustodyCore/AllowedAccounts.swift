@@ -34,28 +34,30 @@ extension Engine {
     /// attached, and after every reload. Returns the accounts it acted on.
     @discardableResult
     public func applyAllowedAccounts() -> [Account] {
-        let action = settings.allowedAccountsAction
         let refused = accountsNotAllowed()
-        for account in refused {
-            let outcome: String
-            switch action {
-            case .warn: outcome = "it stays enrolled (AllowedAccountsAction = warn)"
-            case .deregister: outcome = "deregistering it; its keys stay sealed (AllowedAccountsAction = deregister)"
-            case .wipe: outcome = "wiping it (AllowedAccountsAction = wipe)"
-            }
-            events.emit(.accountNotAllowed, identity: account.upn, code: 209,
-                        "\(account.upn) is enrolled, but AllowedAccounts does not name it: \(outcome)", details: ["action": action.rawValue])
-            switch action {
-            case .warn: break
-            case .deregister:
-                do { try deregister(account.id, wipe: false) } catch {
-                    events.emit(.stateProblem, identity: account.upn, code: error.code, "deregistering \(account.upn) failed: \(error)")
-                }
-            case .wipe:
-                DispatchQueue.global().async { [self] in try? self.deregister(account.id, wipe: true) }
-            }
-        }
+        for account in refused { act(on: account, settings.allowedAccountsAction, because: "AllowedAccounts does not name it") }
         return refused
+    }
+
+    /// Tells observers why `account` should no longer be enrolled, then does what `action` says.
+    func act(on account: Account, _ action: AllowedAccountsAction, because reason: String) {
+        let outcome: String
+        switch action {
+        case .warn: outcome = "it stays enrolled (AllowedAccountsAction = warn)"
+        case .deregister: outcome = "deregistering it; its keys stay sealed (AllowedAccountsAction = deregister)"
+        case .wipe: outcome = "wiping it (AllowedAccountsAction = wipe)"
+        }
+        events.emit(.accountNotAllowed, identity: account.upn, code: 209,
+                    "\(account.upn) is enrolled, but \(reason): \(outcome)", details: ["action": action.rawValue])
+        switch action {
+        case .warn: break
+        case .deregister:
+            do { try deregister(account.id, wipe: false) } catch {
+                events.emit(.stateProblem, identity: account.upn, code: error.code, "deregistering \(account.upn) failed: \(error)")
+            }
+        case .wipe:
+            DispatchQueue.global().async { [self] in try? self.deregister(account.id, wipe: true) }
+        }
     }
 
     /// Tells observers that the list changed (the SDK's IntuneMAMAllowedAccountsDidChangeNotification).

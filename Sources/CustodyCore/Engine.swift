@@ -58,6 +58,9 @@ public final class Engine: @unchecked Sendable {
     let keybagWrites = Mutex(())
     private let wipeHandlerBox = Mutex<WipeHandler?>(nil)
     let volumeRegistry = VolumeRegistry()
+    /// What the configuration declares (`provision`), and when each mount last said it refused
+    /// to create for want of them (`Provisioning.swift`).
+    let declared = Mutex<(accounts: [DeclaredAccount], refusalReported: [String: Double])>(([], [:]))
     private let timer = Mutex<DeadlineTimer?>(nil)
     /// Changes whenever something identity resolution reads changes (bindings, accounts,
     /// settings): remembered answers of older generations are not used.
@@ -261,10 +264,10 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Enrolls an account: it becomes managed, with `policy`, and gets a keybag (protected by
-    /// `passphrase`, or unlocking on authorization alone when nil).
+    /// `passphrase`, or unlocking on authorization alone when nil). Without `policy`: the policy
+    /// it had when it was deregistered with its keys kept, else the default policy; the same for
+    /// `uid`.
     @discardableResult
-    /// Enrolls an account: `policy`, or without one the policy it had when it was deregistered with
-    /// its keys kept (else the default policy); the same for `uid`.
     public func enroll(id: String, upn: String, policy: Policy? = nil, passphrase: SecretBytes? = nil, uid: UInt32? = nil) throws(EngineError) -> Account {
         do {
             let account = try enrollChecked(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid)

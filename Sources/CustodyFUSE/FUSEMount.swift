@@ -2,6 +2,7 @@ import CFuse3
 import CustodyCore
 import CustodyMetrics
 import CustodySystem
+import Dispatch
 import Glibc
 import Synchronization
 
@@ -107,6 +108,7 @@ public final class FUSEMount: @unchecked Sendable {
         }
         let root = Inode(fd: rootFD, device: UInt64(rootAttributes.st_dev), number: UInt64(rootAttributes.st_ino), fileType: S_IFDIR)
         let filesystem = MountFileSystem(root: root, options: options, engine: engine, metrics: metrics)
+        filesystem.mountPointPath = mountPoint
 
         var arguments = ["custodyd", "-o", mountOptionString()]
         if options.debug { arguments.append("-d") }
@@ -171,8 +173,10 @@ public final class FUSEMount: @unchecked Sendable {
         defer { pruner.stop() }
         let enforcement = LockEnforcement(filesystem: filesystem, session: session)
         defer { enforcement.settle() }
-        let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0) }
-        let upgrade = engine.map { FormatUpgrade(filesystem: filesystem, engine: $0) }
+        // The background rewrites of an identity's files take turns on one queue.
+        let rewrites = DispatchQueue(label: "custody.rewrites")
+        let reprotection = engine.map { PolicyReprotection(filesystem: filesystem, engine: $0, queue: rewrites) }
+        let upgrade = engine.map { FormatUpgrade(filesystem: filesystem, engine: $0, queue: rewrites) }
         let volume = MountVolume(mountPoint: mountPoint, backingDirectory: backing, allowsOtherUsers: options.allowOther,
                                  filesystem: filesystem, session: session, enforcement: enforcement, reprotection: reprotection,
                                  upgrade: upgrade)

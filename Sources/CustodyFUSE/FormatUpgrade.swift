@@ -23,11 +23,14 @@ import Glibc
 final class FormatUpgrade: @unchecked Sendable {
     private let filesystem: MountFileSystem
     private weak var engine: Engine?
-    private let queue = DispatchQueue(label: "custody.format-upgrade")
+    /// Shared with the mount's `PolicyReprotection`: one rewrites names and records while the
+    /// other walks the same files by name, so they take turns.
+    private let queue: DispatchQueue
 
-    init(filesystem: MountFileSystem, engine: Engine) {
+    init(filesystem: MountFileSystem, engine: Engine, queue: DispatchQueue) {
         self.filesystem = filesystem
         self.engine = engine
+        self.queue = queue
     }
 
     /// Queues a pass over the tree for `account`.

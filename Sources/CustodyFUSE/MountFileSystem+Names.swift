@@ -50,7 +50,14 @@ extension MountFileSystem {
 
     /// The stored name of a new entry the caller makes called `name` in `parent`.
     func newEntryName(_ req: fuse_req_t, _ name: UnsafePointer<CChar>, in parent: Inode) throws(Errno) -> ResolvedName {
-        try newEntryName(name, in: parent, key: try nameKey(forNewEntryOf: newEntryOwner(req, in: parent)))
+        try requirePolicy()
+        return try newEntryName(name, in: parent, key: try nameKey(forNewEntryOf: newEntryOwner(req, in: parent)))
+    }
+
+    /// A mount with `policyRequired` creates nothing until its policy exists (`Engine.mayCreate`).
+    func requirePolicy() throws(Errno) {
+        guard options.policyRequired, let engine else { return }
+        guard engine.mayCreate(policyRequiredIn: mountPointPath) else { throw Errno.accessDenied }
     }
 
     /// Makes an entry with `make` (given its stored name), as the caller, with its long form kept

@@ -140,6 +140,7 @@ extension MountFileSystem {
             // kernel held the name as missing) is opened by its name, then renamed into its form.
             var renamedInto: ResolvedName?
             if let engine {
+                try requirePolicy()
                 let caller = callerIdentity(req)
                 let owner = engine.ownerForNewFile(caller, directoryOwner: directoryOwner(parent))
                 try checkCreateTransfer(req, caller: caller, newOwner: owner, in: parent)

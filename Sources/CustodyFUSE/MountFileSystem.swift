@@ -24,6 +24,8 @@ final class MountFileSystem: @unchecked Sendable {
     let engine: Engine?
     let daemonUID = geteuid()
     let daemonGID = getegid()
+    /// Where the mount is, for events (set once before serving).
+    var mountPointPath = ""
 
     /// Inode pressure (see `InodePruner`): above `inodeHighWater` the pruner is woken and
     /// directory listings stop creating inodes.

@@ -39,6 +39,10 @@ public struct MountOptions: Sendable, Equatable {
     /// (`EncryptedNames.swift`). Off, new names are stored as given; encrypted ones are still
     /// read either way.
     public var encryptNames: Bool = true
+    /// Create nothing (EACCES, a `policyRequired` event) until the accounts the configuration
+    /// declares are enrolled (`Engine.mayCreate`), instead of serving plain files before any
+    /// policy exists.
+    public var policyRequired: Bool = false
     /// Threads kept for requests somebody waits for (`mostBackgroundRequests`).
     static let threadsForCallers = 2
 

@@ -13,13 +13,16 @@ import Glibc
 final class PolicyReprotection: @unchecked Sendable {
     private let filesystem: MountFileSystem
     private weak var engine: Engine?
-    private let queue = DispatchQueue(label: "custody.reprotection")
+    /// Shared with the mount's `FormatUpgrade` (which renames what this walks by name): the two
+    /// take turns, in the order they were asked for.
+    private let queue: DispatchQueue
     static let retryInterval: useconds_t = 200_000
     static let retryLimit = 3000
 
-    init(filesystem: MountFileSystem, engine: Engine) {
+    init(filesystem: MountFileSystem, engine: Engine, queue: DispatchQueue) {
         self.filesystem = filesystem
         self.engine = engine
+        self.queue = queue
     }
 
     /// Queues the re-protection of `account`'s files (its policy changed); the policy in force
@@ -32,15 +35,20 @@ final class PolicyReprotection: @unchecked Sendable {
     private func run(_ identity: String) {
         guard let engine, let account = try? engine.account(identity) else { return }
         var pending = files(of: account)
-        let total = pending.count
+        var total = pending.count
         var done = 0
         var reported = monotonicSeconds()
+        // A file renamed since the walk is not found by its old names: the tree is walked again
+        // (a few times at most) for what is left, so that a rename does not leave a file behind.
+        var walks = 1
         for _ in 0..<Self.retryLimit where !pending.isEmpty {
             var busy: [[FileName]] = []
+            var moved = false
             for path in pending {
                 switch reprotect(path, account: account) {
                 case .done: done += 1
                 case .busy: busy.append(path)
+                case .moved: moved = true
                 case .failed: continue
                 }
                 // Progress about five times a second on big trees.
@@ -53,7 +61,13 @@ final class PolicyReprotection: @unchecked Sendable {
             engine.events.emit(.reprotectProgress, identity: account.upn, "re-protecting \(account.upn)'s files",
                                details: ["done": "\(done)", "total": "\(total)", "waiting": "\(busy.count)"])
             pending = busy
-            if !pending.isEmpty { usleep(Self.retryInterval) }
+            if moved, walks < 3 {
+                walks += 1
+                let again = files(of: account).filter { path in !busy.contains(path) }
+                total += again.count
+                pending += again
+            }
+            if !busy.isEmpty { usleep(Self.retryInterval) }
         }
         if pending.isEmpty { try? engine.reprotectFinished(account.id) }
         engine.events.emit(.reprotectFinished, identity: account.upn,
@@ -61,7 +75,7 @@ final class PolicyReprotection: @unchecked Sendable {
                            details: ["done": "\(done)", "total": "\(total)", "left": "\(pending.count)"])
     }
 
-    enum Outcome { case done, busy, failed }
+    enum Outcome { case done, busy, moved, failed }
 
     /// The regular files `account` owns, each as the names leading to it from the root (bytes:
     /// a name need not be UTF-8).
@@ -90,9 +104,12 @@ final class PolicyReprotection: @unchecked Sendable {
     /// Brings one file to its owner's current policy.
     private func reprotect(_ path: [FileName], account: Account) -> Outcome {
         // Name by name, following no link: the tree may have changed since the walk.
-        guard let root = try? filesystem.inodes.inode(InodeTable.rootID),
-              let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC),
-              let attributes = try? Syscall.stat(of: pathFD) else { return .failed }
+        guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return .failed }
+        guard let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC) else { return .moved }
+        guard let attributes = try? Syscall.stat(of: pathFD) else {
+            Syscall.close(pathFD)
+            return .failed
+        }
         let known = filesystem.inodes.known(attributes)
         let inode: Inode
         if let known {

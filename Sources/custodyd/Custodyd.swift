@@ -94,6 +94,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Do not follow login sessions (logind): only custodyctl locks identities.")
     var noSessions = false
 
+    @Flag(help: "Create nothing in the mount (EACCES, an event) until the accounts the configuration declares are enrolled (policy_required).")
+    var policyRequired = false
+
     @Flag(help: "Show identities in the log, journal entries and support bundles, to debug (ScrubAccountIdentities = false; by default every identity is scrubbed).")
     var logIdentities = false
 
@@ -274,6 +277,7 @@ struct Custodyd: ParsableCommand {
             mount.lowLatency = !noLowLatency
             mount.requestRings = !noRequestRings
             mount.threads = threads
+            mount.policyRequired = policyRequired
             configuration.mounts.insert(mount, at: 0)
         }
     }

@@ -184,6 +184,14 @@ final class Daemon: @unchecked Sendable {
         }
     }
 
+    /// Brings the accounts to the configuration's `[[account]]`s, then acts on enrolled accounts
+    /// `AllowedAccounts` does not name (`AllowedAccountsAction`).
+    func provisionAccounts() {
+        // A declared account that cannot be provisioned is an enrollmentFailed event (logged).
+        engine.provision(configuration.declaredAccounts())
+        engine.applyAllowedAccounts()
+    }
+
     /// What logs, journal entries and bundles must not show: the configured values and, unless
     /// turned off, identities, beginning with every one the configuration and the accounts name.
     func updateScrubbing() {
@@ -216,6 +224,7 @@ final class Daemon: @unchecked Sendable {
         options.requestRings = mount.requestRings
         options.maxThreads = mount.threads
         options.encryptNames = mount.encryptNames
+        options.policyRequired = mount.policyRequired
         options.handleSignals = false
         return options
     }
@@ -292,8 +301,8 @@ final class Daemon: @unchecked Sendable {
                 return false
             }
         }
-        // Enrolled accounts the configuration no longer allows: as AllowedAccountsAction says.
-        engine.applyAllowedAccounts()
+        // Accounts the configuration declares, then enrolled ones it no longer allows.
+        provisionAccounts()
         if configuration.followSessions {
             let monitor = LoginMonitor(engine: engine) { [logger] message in logger.notice("\(message)") }
             if monitor.start() { sessions = monitor }
@@ -408,7 +417,7 @@ final class Daemon: @unchecked Sendable {
             logger.info("reload: mounting \(configured.mountPoint)")
             if let running = attachMount(configured), serve(running) { mounts.append(running) }
         }
-        engine.applyAllowedAccounts()
+        provisionAccounts()
         logger.info("configuration reloaded from \(path)")
     }
 

@@ -202,3 +202,76 @@ final class ConfigurationTests: XCTestCase {
         ])
     }
 }
+
+/// `[[account]]`: accounts provisioned from the configuration.
+extension ConfigurationTests {
+    func testAccountsWithTheirPolicyUserAndState() throws {
+        let configuration = try DaemonConfiguration.parse("""
+            [[account]]
+            id = "alice-oid"
+            upn = "alice@contoso.com"
+            user = "root"
+            [account.policy]
+            protectionLevel = "NSFileProtectionCompleteUntilFirstUserAuthentication"
+            saveToLocations = ["AccountDocument"]
+
+            [[account]]
+            id = "bob-oid"
+            upn = "bob@contoso.com"
+            uid = 1234
+            enroll = false
+            """, file: "test.toml")
+        XCTAssertEqual(configuration.accounts.count, 2)
+        var policy = Policy(protectionLevel: .untilFirstAuthentication)
+        policy.saveToLocations = ["AccountDocument"]
+        XCTAssertEqual(configuration.accounts[0], DeclaredAccount(id: "alice-oid", upn: "alice@contoso.com", policy: policy))
+        XCTAssertEqual(configuration.accounts[1], DeclaredAccount(id: "bob-oid", upn: "bob@contoso.com", uid: 1234, enroll: false))
+        XCTAssertEqual(configuration.declaredAccounts()[0].uid, 0, "the user is resolved on this machine")
+        XCTAssertEqual(configuration.environmentErrors(file: "test.toml", text: ""), [])
+    }
+
+    func testMistakesAreRefusedByNameAndLine() {
+        let found = errors("""
+            [settings]
+            AllowedAccounts = ["alice@contoso.com"]
+            [[account]]
+            id = "alice-oid"
+            upn = "alice@contoso.com"
+            usr = "alice"
+            [account.policy]
+            saveToLocation = ["AccountDocument"]
+
+            [[account]]
+            upn = "carol@contoso.com"
+
+            [[account]]
+            id = "mallory-oid"
+            upn = "mallory@contoso.com"
+
+            [[account]]
+            id = "alice-oid"
+            upn = "ALICE@contoso.com"
+            enroll = false
+            [account.policy]
+            protectionLevel = "ultra"
+            """)
+        XCTAssertEqual(Set(found), [
+            "test.toml:6: account[1].usr: unknown key (did you mean user?)",
+            "test.toml:8: account[1].policy.saveToLocation: unknown field saveToLocation (did you mean saveToLocations?)",
+            "test.toml:10: account[2]: missing key id",
+            "test.toml:15: account[3].upn: mallory@contoso.com is declared managed but settings.AllowedAccounts does not name it",
+            "test.toml:17: account[4]: alice-oid is already account[1]",
+            "test.toml:21: account[4].policy: an account with enroll = false has no policy",
+            "test.toml:22: account[4].policy.protectionLevel: unknown protection level ultra (complete, completeUnlessOpen, untilFirstAuth or none, or Apple's NSFileProtection names)",
+        ], found.joined(separator: "\n"))
+        XCTAssertTrue(found.allSatisfy { $0.hasPrefix("test.toml:") }, "\(found)")
+    }
+
+    func testAnUnknownUserIsAnEnvironmentError() throws {
+        let text = "[[account]]\nid = \"a\"\nupn = \"a@b.c\"\nuser = \"no-such-user-custody\"\n"
+        let configuration = try DaemonConfiguration.parse(text, file: "test.toml")
+        let found = configuration.environmentErrors(file: "test.toml", text: text).map(\.description)
+        XCTAssertEqual(found, ["test.toml:4: account[1].user: no local user named no-such-user-custody"])
+        XCTAssertNil(configuration.declaredAccounts()[0].uid)
+    }
+}

@@ -1,4 +1,5 @@
 import CustodyTestSupport
+import CustodySystem
 import Foundation
 import Glibc
 import XCTest
@@ -36,7 +37,12 @@ final class EnrolmentTests: XCTestCase {
 
         // Enrolled again: her files are brought to her policy, as after a policy change.
         XCTAssertEqual(try daemon.api("POST", "/v1/accounts", enroll).status, 201)
-        try eventually("the file written meanwhile is encrypted") { try storedIsEncrypted("notes/meanwhile.txt") }
+        do {
+            try eventually("the file written meanwhile is encrypted") { try storedIsEncrypted("notes/meanwhile.txt") }
+        } catch {
+            XCTFail("\(error); the daemon's log:\n\(daemon.log.split(separator: "\n").suffix(30).joined(separator: "\n"))")
+            throw error
+        }
         XCTAssertEqual(try readFile(daemon.mnt("notes/meanwhile.txt")), bytes("written meanwhile\n"))
         try eventually("the re-protection is done") {
             (try daemon.apiJSON("GET", "/v1/accounts/alice@contoso.com").json["reprotectPending"] as? Bool ?? false) == false
@@ -119,5 +125,66 @@ final class EnrolmentTests: XCTestCase {
         try eventually("bob is deregistered") { try self.daemon.api("GET", "/v1/accounts/bob@contoso.com").status == 404 }
         XCTAssertEqual(try daemon.apiJSON("GET", "/v1/allowed-accounts").json["notAllowed"] as? [String], [])
         XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.backing).filter { !$0.hasPrefix(".") }.count, 1)
+    }
+
+    /// Accounts declared in the configuration are enrolled at start and on reload, idempotently;
+    /// a mount that requires a policy creates nothing until one exists.
+    func testDeclaredAccountsAndAMountThatWaitsForItsPolicy() throws {
+        let directory = try makeTemporaryDirectory("custody-declared")
+        defer { _ = try? runCommand(["rm", "-rf", directory]) }
+        let config = directory + "/custody.toml"
+        func write(_ accounts: String) throws {
+            try ("[settings]\nMultiIdentity = true\nAllowedAccountsAction = \"deregister\"\n" + accounts).write(toFile: config, atomically: true, encoding: .utf8)
+        }
+        try write("")
+        daemon = try MountedDaemon(extraArguments: ["--config", config, "--policy-required", "--default-identity", "0=alice@contoso.com"])
+        func reload() throws {
+            let before = daemon.log.components(separatedBy: "configuration reloaded").count
+            kill(daemon.pid, SIGHUP)
+            try eventually("the reload") { self.daemon.log.components(separatedBy: "configuration reloaded").count > before }
+        }
+        // No policy yet: nothing is created, and an event says why.
+        XCTAssertEqual(errnoOf { try writeFile(self.daemon.mnt("early.txt"), bytes("too early\n")) }, EACCES)
+        XCTAssertEqual(errnoOf { if mkdir(self.daemon.mnt("dir"), 0o755) != 0 { throw Errno.current } }, EACCES)
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: daemon.backing), [], "nothing reached the disk")
+        let events = try daemon.api("GET", "/v1/events?follow=false").body
+        XCTAssertTrue(events.contains("creates nothing until its policy exists (policy_required): waiting for any account to be enrolled"), events)
+
+        // Declared: enrolled at the reload, with its policy; files are created, encrypted.
+        let declared = """
+            [[account]]
+            id = "alice-oid"
+            upn = "alice@contoso.com"
+            user = "root"
+            [account.policy]
+            protectionLevel = "untilFirstAuth"
+            saveToLocations = ["AccountDocument"]
+            """
+        try write(declared)
+        try reload()
+        let policy = try daemon.apiJSON("GET", "/v1/accounts/alice@contoso.com/policy").json
+        XCTAssertEqual(policy["protectionLevel"] as? String, "untilFirstAuth")
+        XCTAssertEqual(policy["saveToLocations"] as? [String], ["AccountDocument"])
+        XCTAssertEqual(try daemon.apiJSON("GET", "/v1/accounts/alice@contoso.com").json["uid"] as? Int, 0)
+        try writeFile(daemon.mnt("report.txt"), bytes("numbers\n"))
+        XCTAssertEqual(xattr(daemon.mnt("report.txt"), "user.custody.encrypted"), "1")
+        // The same file again: nothing changes, nothing is said.
+        let enrolledEvents = try daemon.api("GET", "/v1/events?follow=false").body.components(separatedBy: "\"kind\":\"enrolled\"").count
+        try reload()
+        let after = try daemon.api("GET", "/v1/events?follow=false").body
+        XCTAssertEqual(after.components(separatedBy: "\"kind\":\"enrolled\"").count, enrolledEvents)
+        XCTAssertFalse(after.contains(#""kind":"policyChanged""#), "an unchanged declaration changes no policy")
+        // A changed policy is applied; a removed account follows AllowedAccountsAction.
+        try write(declared.replacingOccurrences(of: "untilFirstAuth", with: "none"))
+        try reload()
+        XCTAssertEqual(try daemon.apiJSON("GET", "/v1/accounts/alice@contoso.com/policy").json["protectionLevel"] as? String, "none")
+        try write("")
+        try reload()
+        try eventually("alice is deregistered") { try self.daemon.api("GET", "/v1/accounts/alice@contoso.com").status == 404 }
+        let last = try daemon.api("GET", "/v1/events?follow=false").body
+        XCTAssertTrue(last.contains("alice@contoso.com is enrolled, but the configuration no longer declares it: deregistering it"), last)
+        XCTAssertThrowsError(try writeFile(daemon.mnt("late.txt"), bytes("no policy again\n")), "no policy again") {
+            XCTAssertEqual(($0 as? Errno)?.rawValue, EACCES, "\($0)")
+        }
     }
 }

@@ -129,6 +129,8 @@ grep -Eq "localhost +: ok=[0-9]+ +changed=[1-9]" "$WORK/role1.out" || { cat "$WO
 grep -Eq "localhost +: ok=[0-9]+ +changed=0 " "$WORK/role2.out" || { cat "$WORK/role2.out"; fail "the role changed things again"; }
 "$BIN/custodyd" --check-config "$WORK/role/etc/custody.toml" > /dev/null || fail "the role's configuration is refused"
 grep -q 'metrics-listen = "127.0.0.1:9464"' "$WORK/role/etc/custody.toml" || fail "no metrics-listen in the role's configuration"
+[ "$(grep -c '^\[\[account\]\]' "$WORK/role/etc/custody.toml")" = 2 ] || fail "the role's configuration does not declare the two accounts"
+grep -q '^saveToLocations = \["AccountDocument"\]' "$WORK/role/etc/custody.toml" || fail "the role's configuration has no account policy"
 cmp -s "$BIN/custodyd" "$WORK/role/prefix/bin/custodyd" || fail "custodyd was not installed"
 
 echo "ansible-test: sanity, units and a playbook over ${#HOSTS[@]} hosts passed"
