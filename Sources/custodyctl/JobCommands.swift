@@ -108,7 +108,7 @@ private struct Scrubbing: Decodable { var identitiesScrubbed: Bool? }
 
 struct Diagnose: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Write a support bundle (admin): versions, the machine, the configuration, status, jobs and recent events, identities scrubbed.",
+        abstract: "Write a support bundle (admin): versions, the machine, the configuration, status, jobs and recent events, identities scrubbed unless the administrator turned that off.",
         discussion: "The daemon scrubs the bundle as its log: configured values (ValuesToScrubFromLogging) always, identities unless the administrator turned that off (ScrubAccountIdentities = false, custodyd --log-identities), which the bundle and this command then say. Writes custody-diagnose-<time>.json, or --out FILE, or standard output with --out -.")
     @OptionGroup var global: Global
     @Option(help: ArgumentHelp("Where to write the bundle (- for standard output).", valueName: "file")) var out: String?
