@@ -537,8 +537,7 @@ struct Reader {
                 fail(["account"], index: index, "\(name) is already account[\(first + 1)]")
             }
             for name in names where seen[IdentityKey(name).folded] == nil { seen[IdentityKey(name).folded] = index }
-            let allowed = configuration.settings.allowedAccounts.map(IdentityKey.init)
-            if account.enroll, !allowed.isEmpty, !allowed.contains(IdentityKey(account.id)), !allowed.contains(IdentityKey(account.upn)) {
+            if account.enroll, !Engine.isAllowed(id: account.id, upn: account.upn, configuration.settings.allowedAccounts) {
                 fail(["account", "upn"], index: index, "\(account.upn) is declared managed but settings.AllowedAccounts does not name it")
             }
         }

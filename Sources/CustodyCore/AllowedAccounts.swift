@@ -13,10 +13,12 @@ public enum AllowedAccountsAction: String, Codable, Sendable, CaseIterable {
 extension Engine {
     /// Whether `account` may be enrolled under the current `AllowedAccounts` (any, when it is empty).
     public func isAllowed(_ account: Account) -> Bool {
-        isAllowed(id: account.id, upn: account.upn, settings.allowedAccounts)
+        Self.isAllowed(id: account.id, upn: account.upn, settings.allowedAccounts)
     }
 
-    func isAllowed(id: String, upn: String, _ allowed: [String]) -> Bool {
+    /// Whether `allowed` (an `AllowedAccounts` list; empty: every account) names the account with
+    /// `id` and `upn`, by either, in any case.
+    public static func isAllowed(id: String, upn: String, _ allowed: [String]) -> Bool {
         guard !allowed.isEmpty else { return true }
         let keys = allowed.map(IdentityKey.init)
         return keys.contains(IdentityKey(id)) || keys.contains(IdentityKey(upn))
@@ -25,7 +27,7 @@ extension Engine {
     /// Enrolled accounts that `AllowedAccounts` does not name.
     public func accountsNotAllowed() -> [Account] {
         let allowed = settings.allowedAccounts
-        return accounts().filter { $0.isEnrolled && !isAllowed(id: $0.id, upn: $0.upn, allowed) }
+        return accounts().filter { $0.isEnrolled && !Self.isAllowed(id: $0.id, upn: $0.upn, allowed) }
     }
 
     /// Acts on the enrolled accounts `AllowedAccounts` does not name, as `AllowedAccountsAction`

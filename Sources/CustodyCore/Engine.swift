@@ -288,7 +288,7 @@ public final class Engine: @unchecked Sendable {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
         try refuseWhileSealed("\(upn) cannot be enrolled")
         if let requested { try checkLocations(requested) }
-        guard isAllowed(id: id, upn: upn, settings.allowedAccounts) else { throw .accountNotAllowed(upn) }
+        guard Self.isAllowed(id: id, upn: upn, settings.allowedAccounts) else { throw .accountNotAllowed(upn) }
         try state.withLock { (state) throws(EngineError) in
             if let pending = state.pendingWipes.first(where: { $0.matches(id) || $0.matches(upn) }) {
                 throw .corruptState(file: files.path(files.wipeJournalName(pending.id)), reason: "the wipe of \(pending.upn) has not finished yet")

@@ -150,17 +150,3 @@ func absolute(_ path: String) -> String {
     let cwd = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     return (cwd == "/" ? "" : cwd) + "/" + path
 }
-
-
-/// Escapes one path segment (an identity) for a URL.
-
-func humanBytes(_ count: UInt64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
-    var value = Double(count)
-    var unit = 0
-    while value >= 1024, unit < units.count - 1 {
-        value /= 1024
-        unit += 1
-    }
-    return unit == 0 ? "\(count) B" : String(Int(value * 10) / 10) + "." + String(Int(value * 10) % 10) + " " + units[unit]
-}

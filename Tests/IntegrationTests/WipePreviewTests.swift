@@ -1,3 +1,4 @@
+import CustodyClient
 import Foundation
 import Glibc
 import XCTest
@@ -80,8 +81,8 @@ final class WipePreviewTests: XCTestCase {
         XCTAssertEqual(text.status, 0, text.error)
         XCTAssertTrue(text.output.contains("file            18 B  encrypted  \(m)/work/deep/a2.txt"), text.output)
         XCTAssertTrue(text.output.contains("(another name of a file listed above)"), text.output)
-        XCTAssertTrue(text.output.hasSuffix("alice@contoso.com owns \(4 + many) files (\(4 + many) encrypted, \(humanBytes(10 + 18 + 8 + many * 11)); "
-                                            + "\(humanBytes(summary["bytesOnDisk"] as? Int ?? 0)) on disk), 3 directories and 1 symlink in the mounts; "
+        XCTAssertTrue(text.output.hasSuffix("alice@contoso.com owns \(4 + many) files (\(4 + many) encrypted, \(humanBytes(UInt64(10 + 18 + 8 + many * 11))); "
+                                            + "\(humanBytes(UInt64(summary["bytesOnDisk"] as? Int ?? 0))) on disk), 3 directories and 1 symlink in the mounts; "
                                             + "a wipe would leave 2 directories that hold other owners' objects.\n"), String(text.output.suffix(300)))
         // Bob's, plain.
         let bobs = lines(try daemon.ctl(["files", "--owner", "bob@personal.example", "--json"]).output).filter { $0["path"] != nil }
@@ -163,16 +164,4 @@ final class WipePreviewTests: XCTestCase {
         XCTAssertEqual(script.status, 0, script.error)
         XCTAssertFalse(script.error.contains("Type the identity"))
     }
-}
-
-/// As custodyctl prints sizes.
-private func humanBytes(_ count: Int) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
-    var value = Double(count)
-    var unit = 0
-    while value >= 1024, unit < units.count - 1 {
-        value /= 1024
-        unit += 1
-    }
-    return unit == 0 ? "\(count) B" : String(Int(value * 10) / 10) + "." + String(Int(value * 10) % 10) + " " + units[unit]
 }
