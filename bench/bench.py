@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import drop_caches, mounted, sh, status_kib, timed, unmount_and_wait, unwind_on_signals
+from benchlib import cpu_seconds, drop_caches, mounted, sh, status_kib, timed, unmount_and_wait, unwind_on_signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUSTODYD = os.environ.get("CUSTODYD", os.path.join(ROOT, ".build/release/custodyd"))
@@ -168,6 +168,10 @@ class System:
                 counts[op] = int(float(line.rsplit(" ", 1)[1]))
         return counts
 
+    def cpu(self):
+        """The daemon's CPU time so far (any mounted system; None for the raw disk)."""
+        return cpu_seconds(self.process.pid) if self.process else None
+
     def reset_peak_rss(self):
         """Starts a new peak once the daemon is quiet: it gives back what a burst of requests left
         (the request rings' added entries, freed buffers) a tick (100 ms) after the burst, and a
@@ -204,7 +208,7 @@ def fio(path, mode, prefix=()):
     return job["read" if mode == "randread" else "write"]["iops"]
 
 
-def run_round(system, round_index, tarball, results, peaks, requests):
+def run_round(system, round_index, tarball, results, peaks, requests, cpu):
     run = lambda *args, **kwargs: sh(*system.prefix, *args, **kwargs)
 
     def cold():
@@ -231,9 +235,11 @@ def run_round(system, round_index, tarball, results, peaks, requests):
 
     def counted(name, fn):
         """fn() timed, and for Custody the requests it made, by operation."""
-        before = system.requests()
+        before, cpu_before = system.requests(), system.cpu()
         record(name, timed(fn))
-        after = system.requests()
+        after, cpu_after = system.requests(), system.cpu()
+        if cpu_before is not None and cpu_after is not None:
+            cpu.setdefault(system.name, {}).setdefault(name, []).append(cpu_after - cpu_before)
         if before is not None and after is not None:
             delta = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
             requests.setdefault(system.name, {}).setdefault(name, []).append(delta)
@@ -340,7 +346,7 @@ def main():
     files = int(subprocess.run(["sh", "-c", "tar -tf " + tarball + " | wc -l"], capture_output=True, text=True).stdout)
 
     systems = [System(name) for name in SYSTEMS]
-    results, peaks, requests = {}, {}, {}
+    results, peaks, requests, cpu = {}, {}, {}, {}
     started = time.time()
     try:
         for system in systems:
@@ -351,7 +357,7 @@ def main():
             order = [s for unit in units[r % len(units):] + units[:r % len(units)] for s in unit]
             for system in order:
                 print(f"round {r + 1}/{ROUNDS}: {system.name}", file=sys.stderr, flush=True)
-                run_round(system, r, tarball, results, peaks, requests)
+                run_round(system, r, tarball, results, peaks, requests, cpu)
     finally:
         for system in systems:
             system.stop()
@@ -392,6 +398,10 @@ def main():
               " own; it passes fio's O_DIRECT through to the disk, as the raw disk does, where Custody serves"
               " direct reads from the backing file's page cache; its O_DIRECT writes fail (EINVAL: libfuse's"
               " buffer is not aligned), so it has no random-write figure")
+    if cpu:
+        print("\nDaemon CPU time (user + system, all threads; median seconds)")
+        for s, by_workload in cpu.items():
+            print(f"  {s}: " + ", ".join(f"{w} {statistics.median(v):.3f}" for w, v in by_workload.items()))
     per_file = {}
     for s, by_workload in requests.items():
         for w, deltas in by_workload.items():
@@ -421,7 +431,7 @@ def main():
     with open(out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": ROUNDS, "fio_seconds": FIO_SECONDS,
                    "untar_entries": files, "elapsed_seconds": elapsed, "samples": results,
-                   "medians": medians, "peak_rss_kib": peaks, "requests": requests,
+                   "medians": medians, "peak_rss_kib": peaks, "daemon_cpu_seconds": cpu, "requests": requests,
                    "requests_per_entry": per_file, "round_trip_floors": floors}, f, indent=2)
     print(f"\nwrote {os.path.relpath(out, ROOT)}")
 

@@ -1,4 +1,5 @@
 """What the benchmark scripts (bench.py, scale.py) share: commands, caches, mounts, timing."""
+import os
 import signal
 import subprocess
 import time
@@ -17,6 +18,17 @@ def drop_caches():
 def mounted(path):
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == path for line in f)
+
+
+def cpu_seconds(pid):
+    """User plus system CPU time of process PID and its threads so far, in seconds, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def status_kib(pid, field):
