@@ -12,6 +12,7 @@ let sodiumReady: Bool = sodium_init() >= 0
 /// cannot end up in a log by accident.
 public final class SecretBytes: @unchecked Sendable, CustomStringConvertible, CustomDebugStringConvertible, CustomReflectable {
     public let count: Int
+    @usableFromInline
     let pointer: UnsafeMutableRawPointer
     private let allocation: SecurePool.Allocation
 
@@ -45,10 +46,12 @@ public final class SecretBytes: @unchecked Sendable, CustomStringConvertible, Cu
         SecurePool.shared.release(allocation)
     }
 
+    @inlinable
     public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
         try body(UnsafeRawBufferPointer(start: pointer, count: count))
     }
 
+    @inlinable
     public func withUnsafeMutableBytes<R, E: Error>(_ body: (UnsafeMutableRawBufferPointer) throws(E) -> R) throws(E) -> R {
         try body(UnsafeMutableRawBufferPointer(start: pointer, count: count))
     }

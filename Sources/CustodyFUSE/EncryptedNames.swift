@@ -36,7 +36,7 @@ struct KnownForms {
     /// unlock), else the oldest.
     mutating func keep(_ form: ResolvedName) {
         guard let tag = form.key?.tag else { return }
-        if let same = ring.firstIndex(where: { $0.key?.tag == tag && $0.shown == form.shown }) {
+        if let same = ring.firstIndex(where: { $0.shown == form.shown && $0.key?.tag == tag }) {
             ring[same] = form
         } else if ring.count < Self.capacity {
             ring.append(form)
@@ -72,8 +72,9 @@ struct ResolvedName {
 /// The name of an entry a managed identity owns (its files, and the directories, symlinks and
 /// other objects its processes make) is stored encrypted under that identity's name key, within
 /// the directory's tweak (`NameCipher`, `DirectoryTweak`); a symlink's target too. Every other
-/// name is stored as it is, so one directory may hold both. A name from a request is found plain
-/// first, then in each held key's form (only in a directory that has a tweak); a listing shows
+/// name is stored as it is, so one directory may hold both. A name from a request is found by the
+/// stored name of the node the kernel knows by it, else in the forms `findEntry` tries (each held
+/// key's only in a directory that has a tweak); a listing shows
 /// each stored name decrypted when its key is held, and as stored (`~c3…`, a no-key name) when
 /// not. Such a no-key name can be looked up, listed, removed and opened (its content stays as
 /// protected as its class says); it cannot be renamed, and no new name may start with `~c3`.
@@ -158,9 +159,10 @@ extension MountFileSystem {
     }
 
     /// The entry `name` names in `directory`, found by `probe` (which throws ENOENT when a stored
-    /// name is not there): in a form the directory knows, else in the form its names were last
-    /// found in (`Inode.nameHint`), then plain, then in each other held key's form.
-    func findEntry<T>(_ name: UnsafePointer<CChar>, in directory: Inode,
+    /// name is not there): by the stored name of a node the kernel knows by it (`parentID`, the
+    /// directory's node ID, given), else in a form the directory knows, else in the form its names
+    /// were last found in (`Inode.nameHint`), then plain, then in each other held key's form.
+    func findEntry<T>(_ name: UnsafePointer<CChar>, in directory: Inode, parentID: UInt64? = nil,
                       probe: (UnsafePointer<CChar>) throws(Errno) -> T) throws(Errno) -> (ResolvedName, T) {
         let shown = FileName(cString: name)
         guard engine != nil else { return (.plain(shown), try probe(name)) }
@@ -173,6 +175,14 @@ extension MountFileSystem {
         // one first spares a look at the others (and a negative entry for each in the backing file
         // system's cache, which each removal of the directory walks).
         let keys = heldNameKeys()
+        // Listed, then removed or renamed (rm -r, a file manager): the node the listing made
+        // knows its stored name, and no name is encrypted again.
+        if let parentID, let stored = inodes.storedName(in: parentID, shown: shown),
+           let tag = stored.withBytes({ NameCipher.parts(of: $0)?.tag }), let key = keys.byTag[tag] {
+            do {
+                return (ResolvedName(shown: shown, stored: stored, longForm: nil, key: key), try probe(stored.cString))
+            } catch where error == .noSuchFile {}
+        }
         let known = knownForms(of: shown, in: directory, keys: keys)
         for resolved in known {
             do {
@@ -230,8 +240,10 @@ extension MountFileSystem {
         directory.encryptedForms.withLock { $0.keep(form) }
     }
     /// The entry `name` names in `directory` (ENOENT when none).
-    func existingEntry(_ name: UnsafePointer<CChar>, in directory: Inode) throws(Errno) -> (ResolvedName, stat) {
-        try findEntry(name, in: directory) { (stored) throws(Errno) in try Syscall.fstatat(directory.fd, stored, AT_SYMLINK_NOFOLLOW) }
+    func existingEntry(_ name: UnsafePointer<CChar>, in directory: Inode, parentID: UInt64? = nil) throws(Errno) -> (ResolvedName, stat) {
+        try findEntry(name, in: directory, parentID: parentID) { (stored) throws(Errno) in
+            try Syscall.fstatat(directory.fd, stored, AT_SYMLINK_NOFOLLOW)
+        }
     }
 
     /// `shown` encrypted with `key` for `directory` (its tweak made if it has none).

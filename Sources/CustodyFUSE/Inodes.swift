@@ -70,10 +70,31 @@ final class InodeTable: @unchecked Sendable {
         var name: EntryName?
     }
 
+    /// A directory's node ID and a name the kernel knows in it.
+    private struct Shown: Hashable {
+        var parent: UInt64
+        var name: FileName
+    }
+
     private struct State {
         var byID: [UInt64: Entry] = [:]
         var byKey: [Key: UInt64] = [:]
+        /// Nodes known by an encrypted name, by the name the kernel knows: a removal or a rename
+        /// of an entry a listing showed finds its stored name here rather than encrypting again.
+        var byShownName: [Shown: UInt64] = [:]
         var nextID: UInt64 = 2
+
+        /// Indexes `id` under its name, if that is an encrypted one (dropping the name it had).
+        mutating func index(_ id: UInt64, name: EntryName?, replacing old: EntryName?) {
+            if let old, old.stored != nil, old.parent != name?.parent || old.name != name?.name { unindex(id, old) }
+            if let name, name.stored != nil { byShownName[Shown(parent: name.parent, name: name.name)] = id }
+        }
+
+        mutating func unindex(_ id: UInt64, _ name: EntryName?) {
+            guard let name, name.stored != nil else { return }
+            let shown = Shown(parent: name.parent, name: name.name)
+            if byShownName[shown] == id { byShownName[shown] = nil }
+        }
     }
 
     static let rootID: UInt64 = 1
@@ -111,7 +132,10 @@ final class InodeTable: @unchecked Sendable {
         let (id, inode, duplicate) = state.withLock { state -> (UInt64, Inode, Bool) in
             if let id = state.byKey[key], var entry = state.byID[id], entry.inode.fileType == st.st_mode & S_IFMT {
                 entry.lookups += 1
-                if let name { entry.name = name }
+                if let name {
+                    state.index(id, name: name, replacing: entry.name)
+                    entry.name = name
+                }
                 state.byID[id] = entry
                 return (id, entry.inode, true)
             }
@@ -120,6 +144,7 @@ final class InodeTable: @unchecked Sendable {
             let inode = Inode(fd: fd, device: key.device, number: key.number, fileType: st.st_mode & S_IFMT)
             state.byID[id] = Entry(inode: inode, lookups: 1, name: name)
             state.byKey[key] = id
+            state.index(id, name: name, replacing: nil)
             entries.wrappingAdd(1, ordering: .relaxed)
             return (id, inode, false)
         }
@@ -136,6 +161,7 @@ final class InodeTable: @unchecked Sendable {
             guard let entry = state.byID[id], id != Self.rootID else { return }
             let key = Key(device: entry.inode.device, number: entry.inode.number)
             if state.byKey[key] == id { state.byKey[key] = nil }
+            state.unindex(id, entry.name)
         }
     }
 
@@ -153,6 +179,7 @@ final class InodeTable: @unchecked Sendable {
             entries.wrappingSubtract(1, ordering: .relaxed)
             let key = Key(device: entry.inode.device, number: entry.inode.number)
             if state.byKey[key] == id { state.byKey[key] = nil }
+            state.unindex(id, entry.name)
             return entry.inode
         }
         _ = retired  // released outside the lock
@@ -182,8 +209,22 @@ final class InodeTable: @unchecked Sendable {
         state.withLock { state in
             guard let parent = state.byKey[Key(device: directory.device, number: directory.number)] else { return }
             for (id, entry) in state.byID where entry.name?.parent == parent && entry.name?.storedName == from {
+                let old = entry.name
                 state.byID[id]?.name?.stored = to == entry.name?.name ? nil : to
+                state.unindex(id, old)
+                state.index(id, name: state.byID[id]?.name, replacing: nil)
             }
+        }
+    }
+
+    /// The stored name of the entry the kernel knows as `shown` in the directory `parent`, when
+    /// a node was looked up or listed by it and it is an encrypted one. A hint: the entry may
+    /// have gone or moved since, which the caller finds when it looks.
+    func storedName(in parent: UInt64, shown: FileName) -> FileName? {
+        state.withLock { state in
+            guard let id = state.byShownName[Shown(parent: parent, name: shown)], let name = state.byID[id]?.name,
+                  name.parent == parent, name.name == shown else { return nil }
+            return name.stored
         }
     }
 

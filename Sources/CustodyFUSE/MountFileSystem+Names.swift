@@ -145,7 +145,7 @@ extension MountFileSystem {
     func unlink(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            let (resolved, attributes) = try existingEntry(name, in: parent)
+            let (resolved, attributes) = try existingEntry(name, in: parent, parentID: UInt64(parentID))
             let victim = knownObject(attributes)
             try Syscall.unlinkat(parent.fd, resolved.stored.cString, 0)
             removed(victim)
@@ -173,7 +173,7 @@ extension MountFileSystem {
     func rmdir(_ req: fuse_req_t, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) {
         do throws(Errno) {
             let parent = try inodes.inode(UInt64(parentID))
-            let (resolved, attributes) = try existingEntry(name, in: parent)
+            let (resolved, attributes) = try existingEntry(name, in: parent, parentID: UInt64(parentID))
             let victim = knownObject(attributes)
             try Syscall.unlinkat(parent.fd, resolved.stored.cString, AT_REMOVEDIR)
             removed(victim)
@@ -194,10 +194,10 @@ extension MountFileSystem {
             guard flags & Linux.RENAME_WHITEOUT == 0 else { throw Errno.invalidArgument }
             let parent = try inodes.inode(UInt64(parentID))
             let newParent = try inodes.inode(UInt64(newParentID))
-            let (source, sourceAttributes) = try existingEntry(name, in: parent)
+            let (source, sourceAttributes) = try existingEntry(name, in: parent, parentID: UInt64(parentID))
             // A no-key name cannot be encrypted again for another place.
             if engine != nil, Self.isReservedName(name), source.key == nil { throw Errno.accessDenied }
-            let existing = try? existingEntry(newName, in: newParent)
+            let existing = try? existingEntry(newName, in: newParent, parentID: UInt64(newParentID))
             if let existing, existing.1.st_dev == sourceAttributes.st_dev, existing.1.st_ino == sourceAttributes.st_ino {
                 // Two names of one object: rename does nothing.
                 replyError(req, 0)

@@ -162,7 +162,7 @@ final class MountFileSystem: @unchecked Sendable {
     /// Looks `name` (as a request gives it) up in `parent` (node `parentID`) and registers one
     /// kernel lookup of it.
     func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ name: UnsafePointer<CChar>) throws(Errno) -> fuse_entry_param {
-        let (resolved, fd) = try findEntry(name, in: parent) { (stored) throws(Errno) in try openPath(parent.fd, stored) }
+        let (resolved, fd) = try findEntry(name, in: parent, parentID: UInt64(parentID)) { (stored) throws(Errno) in try openPath(parent.fd, stored) }
         return try rememberEntry(pathFD: fd, name: resolved.entryName(in: UInt64(parentID)), in: parent)
     }
 

@@ -12,6 +12,7 @@ public struct FileName: Hashable, Sendable, CustomStringConvertible {
     public let cString: [CChar]
 
     /// The name whose bytes are `bytes` (up to a first NUL, if any).
+    @inlinable
     public init(bytes: some Sequence<UInt8>) {
         // Arrays and native strings (every stored name the mount makes): one copy.
         if let copied = bytes.withContiguousStorageIfAvailable({ Self.cString(copying: UnsafeRawBufferPointer($0)) }) {
@@ -24,7 +25,8 @@ public struct FileName: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// `bytes` up to a first NUL, if any, and a NUL.
-    private static func cString(copying bytes: UnsafeRawBufferPointer) -> [CChar] {
+    @usableFromInline
+    static func cString(copying bytes: UnsafeRawBufferPointer) -> [CChar] {
         let length = bytes.firstIndex(of: 0) ?? bytes.count
         return [CChar](unsafeUninitializedCapacity: length + 1) { buffer, initialized in
             if let target = buffer.baseAddress {
@@ -36,6 +38,7 @@ public struct FileName: Hashable, Sendable, CustomStringConvertible {
     }
 
     /// The name a C string spells.
+    @inlinable
     public init(cString: UnsafePointer<CChar>) {
         self.cString = Array(UnsafeBufferPointer(start: cString, count: strlen(cString) + 1))
     }
@@ -48,13 +51,23 @@ public struct FileName: Hashable, Sendable, CustomStringConvertible {
         cString.withUnsafeBytes { all in [UInt8](UnsafeRawBufferPointer(rebasing: all.dropLast())) }
     }
 
-    /// Calls `body` with the bytes, without the NUL (no copy).
+    /// Calls `body` with the bytes, without the NUL (no copy). Inlinable, as every name of every
+    /// request passes here: specialised where it is called rather than generic at run time.
+    @inlinable
     public func withBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
         try cString.withBytes { (all) throws(E) in try body(UnsafeRawBufferPointer(rebasing: all.dropLast())) }
     }
 
     /// Its length in bytes.
+    @inlinable
     public var count: Int { cString.count - 1 }
+
+    /// The bytes hashed in one piece (an array hashes element by element): names key the inode
+    /// table's index of listed names, looked at by every removal.
+    @inlinable
+    public func hash(into hasher: inout Hasher) {
+        cString.withUnsafeBytes { hasher.combine(bytes: $0) }
+    }
 
     public var isEmpty: Bool { cString.count == 1 }
 

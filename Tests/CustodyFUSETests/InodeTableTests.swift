@@ -50,6 +50,40 @@ final class InodeTableTests: XCTestCase {
         XCTAssertEqual(table.count, 1)
     }
 
+    func testEncryptedNamesAreFoundByTheNameTheKernelKnowsUntilTheyGo() throws {
+        let table = try makeTable()
+        let shown = FileName("report.txt"), stored = FileName("~c3AbCdEf.sealed-form")
+        close(try Syscall.open(directory + "/" + stored.description, O_CREAT | O_WRONLY, 0o644))
+        close(try Syscall.open(directory + "/plain.txt", O_CREAT | O_WRONLY, 0o644))
+        let (fd, st) = try pathFD(directory + "/" + stored.description)
+        let id = table.remember(fd: fd, attributes: st, name: EntryName(parent: InodeTable.rootID, name: shown, stored: stored))
+        XCTAssertEqual(table.storedName(in: InodeTable.rootID, shown: shown), stored)
+        XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: FileName("report.txt2")))
+        XCTAssertNil(table.storedName(in: 99, shown: shown), "only in the directory it was listed in")
+        // A plain name needs no index.
+        let (plainFD, plainStat) = try pathFD(directory + "/plain.txt")
+        let plainID = table.remember(fd: plainFD, attributes: plainStat, name: EntryName(parent: InodeTable.rootID, name: FileName("plain.txt")))
+        XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: FileName("plain.txt")))
+        // Its stored form changed (an owner change): the index follows.
+        let restored = FileName("~c3ZyXwVu.other-form")
+        let root = try table.inode(InodeTable.rootID)
+        table.renamed(in: root, from: stored, to: restored)
+        XCTAssertEqual(table.storedName(in: InodeTable.rootID, shown: shown), restored)
+        // Looked up again by another name (a hard link, a rename): the old name is dropped.
+        let (again, againStat) = try pathFD(directory + "/" + stored.description)
+        XCTAssertEqual(table.remember(fd: again, attributes: againStat, name: EntryName(parent: InodeTable.rootID, name: FileName("moved.txt"), stored: stored)), id)
+        XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: shown))
+        XCTAssertEqual(table.storedName(in: InodeTable.rootID, shown: FileName("moved.txt")), stored)
+        // Removed: the name goes with the object, and with a node the kernel forgets.
+        table.detach(id)
+        XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: FileName("moved.txt")))
+        let (third, thirdStat) = try pathFD(directory + "/plain.txt")
+        _ = table.remember(fd: third, attributes: thirdStat, name: EntryName(parent: InodeTable.rootID, name: FileName("p"), stored: FileName("~c3AbCdEf.p")))
+        XCTAssertEqual(table.storedName(in: InodeTable.rootID, shown: FileName("p")), FileName("~c3AbCdEf.p"))
+        table.forget(plainID, count: 2)
+        XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: FileName("p")))
+    }
+
     func testNodeIDsAreNotReusedAndRootIsNeverForgotten() throws {
         let table = try makeTable()
         close(try Syscall.open(directory + "/f", O_CREAT | O_WRONLY, 0o644))
