@@ -79,21 +79,22 @@ final class InodeTable: @unchecked Sendable {
     private struct State {
         var byID: [UInt64: Entry] = [:]
         var byKey: [Key: UInt64] = [:]
-        /// Nodes known by an encrypted name, by the name the kernel knows: a removal or a rename
-        /// of an entry a listing showed finds its stored name here rather than encrypting again.
-        var byShownName: [Shown: UInt64] = [:]
+        /// Nodes known by an encrypted name, with that stored name, by the name the kernel knows:
+        /// a removal or a rename of an entry a listing showed finds its stored name here rather
+        /// than encrypting again (one look in one table: each is a cache miss on a large tree).
+        var byShownName: [Shown: (id: UInt64, stored: FileName)] = [:]
         var nextID: UInt64 = 2
 
         /// Indexes `id` under its name, if that is an encrypted one (dropping the name it had).
         mutating func index(_ id: UInt64, name: EntryName?, replacing old: EntryName?) {
             if let old, old.stored != nil, old.parent != name?.parent || old.name != name?.name { unindex(id, old) }
-            if let name, name.stored != nil { byShownName[Shown(parent: name.parent, name: name.name)] = id }
+            if let name, let stored = name.stored { byShownName[Shown(parent: name.parent, name: name.name)] = (id, stored) }
         }
 
         mutating func unindex(_ id: UInt64, _ name: EntryName?) {
             guard let name, name.stored != nil else { return }
             let shown = Shown(parent: name.parent, name: name.name)
-            if byShownName[shown] == id { byShownName[shown] = nil }
+            if byShownName[shown]?.id == id { byShownName[shown] = nil }
         }
     }
 
@@ -221,11 +222,7 @@ final class InodeTable: @unchecked Sendable {
     /// a node was looked up or listed by it and it is an encrypted one. A hint: the entry may
     /// have gone or moved since, which the caller finds when it looks.
     func storedName(in parent: UInt64, shown: FileName) -> FileName? {
-        state.withLock { state in
-            guard let id = state.byShownName[Shown(parent: parent, name: shown)], let name = state.byID[id]?.name,
-                  name.parent == parent, name.name == shown else { return nil }
-            return name.stored
-        }
+        state.withLock { $0.byShownName[Shown(parent: parent, name: shown)]?.stored }
     }
 
     /// The names every node was last looked up by.
