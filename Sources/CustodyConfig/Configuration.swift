@@ -334,34 +334,14 @@ struct Reader {
             }
         }
         if let locations = table(root, "locations") { readLocations(locations, into: &configuration) }
-        if let value = root["mount"] {
-            if let array = value.array {
-                for (index, element) in array.enumerated() {
-                    guard let mount = element.table else {
-                        fail(["mount"], index: index, "each [[mount]] must be a table")
-                        continue
-                    }
-                    if let parsed = readMount(mount, index: index) { configuration.mounts.append(parsed) }
-                }
-            } else {
-                fail(["mount"], "must be an array of tables ([[mount]])")
-            }
+        for (index, mount) in arrayOfTables(root, "mount") {
+            if let parsed = readMount(mount, index: index) { configuration.mounts.append(parsed) }
         }
         var accountIndexes: [Int] = []
-        if let value = root["account"] {
-            if let array = value.array {
-                for (index, element) in array.enumerated() {
-                    guard let account = element.table else {
-                        fail(["account"], index: index, "each [[account]] must be a table")
-                        continue
-                    }
-                    if let parsed = readAccount(account, index: index, into: &configuration) {
-                        configuration.accounts.append(parsed)
-                        accountIndexes.append(index)
-                    }
-                }
-            } else {
-                fail(["account"], "must be an array of tables ([[account]])")
+        for (index, account) in arrayOfTables(root, "account") {
+            if let parsed = readAccount(account, index: index, into: &configuration) {
+                configuration.accounts.append(parsed)
+                accountIndexes.append(index)
             }
         }
         checkDeclaredAccounts(configuration, indexes: accountIndexes)
@@ -529,6 +509,21 @@ struct Reader {
 
     /// What the accounts declare together: one object ID and UPN each, and (when the settings
     /// allow only some accounts) managed ones that are allowed.
+    /// The tables of `[[key]]` with their positions; an element that is not a table, or a `key`
+    /// that is not an array of tables, is reported and left out.
+    mutating func arrayOfTables(_ root: TOMLTable, _ key: String) -> [(index: Int, table: TOMLTable)] {
+        guard let value = root[key] else { return [] }
+        guard let array = value.array else {
+            fail([key], "must be an array of tables ([[\(key)]])")
+            return []
+        }
+        var tables: [(index: Int, table: TOMLTable)] = []
+        for (index, element) in array.enumerated() {
+            if let table = element.table { tables.append((index, table)) } else { fail([key], index: index, "each [[\(key)]] must be a table") }
+        }
+        return tables
+    }
+
     mutating func checkDeclaredAccounts(_ configuration: DaemonConfiguration, indexes: [Int]) {
         var seen: [String: Int] = [:]
         for (account, index) in zip(configuration.accounts, indexes) {

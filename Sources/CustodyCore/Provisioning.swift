@@ -48,16 +48,15 @@ extension Engine {
         if let existing, !existing.matches(wanted.upn) {
             throw .invalidIdentity("object ID \(wanted.id) belongs to \(existing.upn), not \(wanted.upn)")
         }
+        let policy = wanted.policy ?? Policy()
         switch (existing, wanted.enroll) {
-        case (nil, true):
-            try enroll(id: wanted.id, upn: wanted.upn, policy: wanted.policy ?? Policy(), uid: wanted.uid)
-        case (.some(let existing), true) where !existing.isEnrolled:
-            try enroll(id: wanted.id, upn: wanted.upn, policy: wanted.policy ?? Policy(), uid: wanted.uid)
+        case (.some(let existing), true) where existing.isEnrolled:
+            if existing.policy != policy { try setPolicy(existing.id, policy) }
+        case (_, true):
+            // Missing, or registered only.
+            try enroll(id: wanted.id, upn: wanted.upn, policy: policy, uid: wanted.uid)
         case (nil, false):
             try register(id: wanted.id, upn: wanted.upn, uid: wanted.uid)
-        case (.some(let existing), true):
-            let policy = wanted.policy ?? Policy()
-            if existing.policy != policy { try setPolicy(existing.id, policy) }
         case (.some, false):
             // Declared unmanaged but enrolled (over the API): its keys are not dropped behind the
             // administrator's back; the status shows it enrolled.

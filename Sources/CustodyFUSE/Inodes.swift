@@ -85,9 +85,10 @@ final class InodeTable: @unchecked Sendable {
         var byShownName: [Shown: (id: UInt64, stored: FileName)] = [:]
         var nextID: UInt64 = 2
 
-        /// Indexes `id` under its name, if that is an encrypted one (dropping the name it had).
+        /// Indexes `id` under its name, if that is an encrypted one (dropping the name it had,
+        /// unless the new one takes its place).
         mutating func index(_ id: UInt64, name: EntryName?, replacing old: EntryName?) {
-            if let old, old.stored != nil, old.parent != name?.parent || old.name != name?.name { unindex(id, old) }
+            if let old, old.stored != nil, name?.stored == nil || old.parent != name?.parent || old.name != name?.name { unindex(id, old) }
             if let name, let stored = name.stored { byShownName[Shown(parent: name.parent, name: name.name)] = (id, stored) }
         }
 
@@ -210,10 +211,8 @@ final class InodeTable: @unchecked Sendable {
         state.withLock { state in
             guard let parent = state.byKey[Key(device: directory.device, number: directory.number)] else { return }
             for (id, entry) in state.byID where entry.name?.parent == parent && entry.name?.storedName == from {
-                let old = entry.name
                 state.byID[id]?.name?.stored = to == entry.name?.name ? nil : to
-                state.unindex(id, old)
-                state.index(id, name: state.byID[id]?.name, replacing: nil)
+                state.index(id, name: state.byID[id]?.name, replacing: entry.name)
             }
         }
     }

@@ -175,6 +175,11 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertEqual(syntax.count, 1)
         XCTAssertTrue(syntax[0].hasPrefix("test.toml:2: invalid TOML"), syntax[0])
         XCTAssertEqual(errors("settings = 3\n"), ["test.toml:1: settings: must be a table ([settings]), not an integer"])
+        XCTAssertEqual(errors("mount = 3\naccount = \"x\"\n"), ["test.toml:1: mount: must be an array of tables ([[mount]])",
+                                                              "test.toml:2: account: must be an array of tables ([[account]])"])
+        XCTAssertEqual(errors("mount = [1]\naccount = [2, 3]\n"), ["test.toml: mount[1]: each [[mount]] must be a table",
+                                                                  "test.toml: account[1]: each [[account]] must be a table",
+                                                                  "test.toml: account[2]: each [[account]] must be a table"])
         XCTAssertEqual(errors("[default_identities]\nalice = \"a@b.c\"\n"), ["test.toml:2: default_identities.alice: keys are uids (numbers), not alice"])
         XCTAssertEqual(errors("[[mount]]\nbacking = \"/a\"\nmount_point = \"/m\"\n[[mount]]\nbacking = \"/b\"\nmount_point = \"/m/\"\n"),
                        ["test.toml:6: mount[2].mount_point: /m is already mount 1"])

@@ -74,6 +74,12 @@ final class InodeTableTests: XCTestCase {
         XCTAssertEqual(table.remember(fd: again, attributes: againStat, name: EntryName(parent: InodeTable.rootID, name: FileName("moved.txt"), stored: stored)), id)
         XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: shown))
         XCTAssertEqual(table.storedName(in: InodeTable.rootID, shown: FileName("moved.txt")), stored)
+        // Looked up by the same name stored plain now (its owner became unmanaged): not indexed.
+        let (plainAgain, plainAgainStat) = try pathFD(directory + "/" + stored.description)
+        _ = table.remember(fd: plainAgain, attributes: plainAgainStat, name: EntryName(parent: InodeTable.rootID, name: FileName("moved.txt")))
+        XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: FileName("moved.txt")))
+        _ = table.remember(fd: try pathFD(directory + "/" + stored.description).0, attributes: plainAgainStat,
+                           name: EntryName(parent: InodeTable.rootID, name: FileName("moved.txt"), stored: stored))
         // Removed: the name goes with the object, and with a node the kernel forgets.
         table.detach(id)
         XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: FileName("moved.txt")))
