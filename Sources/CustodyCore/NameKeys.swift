@@ -11,6 +11,13 @@ public struct NameKeySet: Sendable {
 
     /// No key, of no generation the engine has (so that a mount's first look asks the engine).
     public static let empty = NameKeySet(generation: .max, byTag: [:], all: [])
+
+    /// The key whose tag is `tag`, the six tag bytes of a stored name (a listing's, a removal's):
+    /// compared byte for byte while few keys are held, as no string is made of it.
+    public func key(tagged tag: UnsafeRawBufferPointer) -> NameKey? {
+        if all.count <= 8 { return all.first { $0.hasTag(tag) } }
+        return byTag[String(decoding: tag, as: UTF8.self)]
+    }
 }
 
 /// Whether the name of an identity's new entry is encrypted, and with which key.

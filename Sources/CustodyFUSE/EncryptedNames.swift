@@ -178,7 +178,7 @@ extension MountFileSystem {
         // Listed, then removed or renamed (rm -r, a file manager): the node the listing made
         // knows its stored name, and no name is encrypted again.
         if let parentID, let stored = inodes.storedName(in: parentID, shown: shown),
-           let tag = stored.withBytes({ NameCipher.parts(of: $0)?.tag }), let key = keys.byTag[tag] {
+           let key = stored.withBytes({ bytes in NameCipher.parts(of: bytes).flatMap { keys.key(tagged: $0.tag) } }) {
             do {
                 return (ResolvedName(shown: shown, stored: stored, longForm: nil, key: key), try probe(stored.cString))
             } catch where error == .noSuchFile {}
@@ -263,16 +263,13 @@ extension MountFileSystem {
 
     /// `shown` encrypted with `key` for the directory with `tweak`.
     private func encrypted(_ shown: FileName, tweak: [UInt8], key: NameKey) throws(Errno) -> ResolvedName {
-        let stored: StoredName
         do throws(FormatError) {
-            stored = try shown.withBytes { (bytes) throws(FormatError) in try NameCipher.encrypt(bytes, tweak: tweak, key: key) }
+            let (entry, full) = try shown.withBytes { (bytes) throws(FormatError) in
+                try tweak.withBytes { (tweakBytes) throws(FormatError) in try NameCipher.entryName(of: bytes, tweak: tweakBytes, key: key) }
+            }
+            return ResolvedName(shown: shown, stored: entry, longForm: full, key: key)
         } catch {
             throw Errno.invalidArgument
-        }
-        switch stored {
-        case .plain(let bytes): return .plain(FileName(bytes: bytes))
-        case .short(let name): return ResolvedName(shown: shown, stored: FileName(name), longForm: nil, key: key)
-        case .long(let name, let full): return ResolvedName(shown: shown, stored: FileName(name), longForm: full, key: key)
         }
     }
 
@@ -414,13 +411,24 @@ extension MountFileSystem {
         guard let listing, Self.isReservedName(stored), let associatedData = listing.associatedData else { return nil }
         // Every name of a listing passes here: read in place, no string made of it.
         guard let (tag, separator, body) = NameCipher.parts(of: UnsafeRawBufferPointer(start: stored, count: strlen(stored))),
-              let key = listing.keys.byTag[tag] else { return nil }
+              let key = listing.keys.key(tagged: tag) else { return nil }
         if separator == UInt8(ascii: "-") { return decryptedName(String(cString: stored), in: directory, longForm: nil).map { FileName(bytes: $0) } }
-        guard separator == UInt8(ascii: "."), let plain = try? NameCipher.decryptShort(body: body, associatedData: associatedData, key: key) else { return nil }
+        guard separator == UInt8(ascii: "."), let plain = try? NameCipher.decryptShortName(body: body, associatedData: associatedData, key: key) else { return nil }
         // Listed, then looked up, removed or renamed by this name (rm -r, a file manager): tried
         // in this key's form first.
-        noteNameForm(tag, in: directory)
-        return FileName(bytes: plain)
+        noteNameForm(key.tag, in: directory)
+        return plain
+    }
+
+    /// As `shownName(_:in:listing:)`, for an entry of a READDIRPLUS, whose attributes are
+    /// `attributes`: the name its node is known by when the kernel knows it by this stored name
+    /// (and its key is still held), else decrypted.
+    func shownName(_ stored: UnsafePointer<CChar>, in directory: Inode, _ directoryID: UInt64, listing: NameListing?, attributes: stat) -> FileName? {
+        guard let listing, Self.isReservedName(stored), listing.associatedData != nil,
+              let (tag, separator, _) = NameCipher.parts(of: UnsafeRawBufferPointer(start: stored, count: strlen(stored))),
+              separator != UInt8(ascii: ":"), listing.keys.key(tagged: tag) != nil else { return nil }
+        return inodes.shownName(ofObject: UInt64(attributes.st_dev), UInt64(attributes.st_ino), in: directoryID, stored: stored)
+            ?? shownName(stored, in: directory, listing: listing)
     }
 
     /// The name a listing shows for the stored name `stored` (a C string) in `directory`: nil

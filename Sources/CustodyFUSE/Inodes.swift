@@ -70,10 +70,22 @@ final class InodeTable: @unchecked Sendable {
         var name: EntryName?
     }
 
-    /// A directory's node ID and a name the kernel knows in it.
-    private struct Shown: Hashable {
+    /// A node known by an encrypted name: the directory and the name the kernel knows it by in
+    /// `byShownName`, with its stored name.
+    private struct Indexed {
+        var id: UInt64
         var parent: UInt64
-        var name: FileName
+        var shown: FileName
+        var stored: FileName
+    }
+
+    /// The key of a directory's node ID and a name in it in `byShownName`: one number, so that
+    /// the neighbours a removal moves in a large table are hashed again without reading a name.
+    private static func indexKey(_ parent: UInt64, _ name: FileName) -> Int {
+        var hasher = Hasher()
+        hasher.combine(parent)
+        name.withBytes { hasher.combine(bytes: $0) }
+        return hasher.finalize()
     }
 
     private struct State {
@@ -82,20 +94,24 @@ final class InodeTable: @unchecked Sendable {
         /// Nodes known by an encrypted name, with that stored name, by the name the kernel knows:
         /// a removal or a rename of an entry a listing showed finds its stored name here rather
         /// than encrypting again (one look in one table: each is a cache miss on a large tree).
-        var byShownName: [Shown: (id: UInt64, stored: FileName)] = [:]
+        /// Keyed by `indexKey`: two names with one key (a hash collision) keep the later one,
+        /// and the other is found as if it were not indexed.
+        var byShownName: [Int: Indexed] = [:]
         var nextID: UInt64 = 2
 
         /// Indexes `id` under its name, if that is an encrypted one (dropping the name it had,
         /// unless the new one takes its place).
         mutating func index(_ id: UInt64, name: EntryName?, replacing old: EntryName?) {
             if let old, old.stored != nil, name?.stored == nil || old.parent != name?.parent || old.name != name?.name { unindex(id, old) }
-            if let name, let stored = name.stored { byShownName[Shown(parent: name.parent, name: name.name)] = (id, stored) }
+            if let name, let stored = name.stored {
+                byShownName[InodeTable.indexKey(name.parent, name.name)] = Indexed(id: id, parent: name.parent, shown: name.name, stored: stored)
+            }
         }
 
         mutating func unindex(_ id: UInt64, _ name: EntryName?) {
             guard let name, name.stored != nil else { return }
-            let shown = Shown(parent: name.parent, name: name.name)
-            if byShownName[shown]?.id == id { byShownName[shown] = nil }
+            let key = InodeTable.indexKey(name.parent, name.name)
+            if byShownName[key]?.id == id { byShownName[key] = nil }
         }
     }
 
@@ -221,7 +237,24 @@ final class InodeTable: @unchecked Sendable {
     /// a node was looked up or listed by it and it is an encrypted one. A hint: the entry may
     /// have gone or moved since, which the caller finds when it looks.
     func storedName(in parent: UInt64, shown: FileName) -> FileName? {
-        state.withLock { $0.byShownName[Shown(parent: parent, name: shown)]?.stored }
+        let key = Self.indexKey(parent, shown)
+        return state.withLock { state in
+            guard let indexed = state.byShownName[key], indexed.parent == parent, indexed.shown == shown else { return nil }
+            return indexed.stored
+        }
+    }
+
+    /// The name the kernel knows the object (`device`, `number`) by in the directory `parent`,
+    /// when its node was last looked up or listed there by the stored name `stored`: a listing
+    /// of entries the kernel knows (rm -r after find, a second ls) shows that name again rather
+    /// than decrypting it again.
+    func shownName(ofObject device: UInt64, _ number: UInt64, in parent: UInt64, stored: UnsafePointer<CChar>) -> FileName? {
+        state.withLock { state in
+            guard let id = state.byKey[Key(device: device, number: number)], let name = state.byID[id]?.name,
+                  name.parent == parent, let known = name.stored,
+                  known.cString.withUnsafeBufferPointer({ $0.baseAddress.map { strcmp($0, stored) == 0 } ?? false }) else { return nil }
+            return name.name
+        }
     }
 
     /// The names every node was last looked up by.

@@ -80,24 +80,23 @@ extension MountFileSystem {
                     return (used, used == 0 ? errno : 0)
                 }
                 let storedName = (UnsafeRawPointer(record) + Self.nameOffset).assumingMemoryBound(to: CChar.self)
-                // An encrypted name is listed decrypted when its key is held.
-                let shown = shownName(storedName, in: parent, listing: listing)
                 let next = Int64(record.pointee.d_off)
                 let remaining = size - used
                 let needed: Int
+                // An encrypted name is listed decrypted when its key is held.
+                let shown: FileName?
                 if plus {
                     var entry: fuse_entry_param
                     if Self.isDotOrDotDot(storedName) || underInodePressure {
                         // Names only (no inode for the kernel) for dot entries, and while the
                         // kernel holds too many inodes: it looks them up when it needs them.
+                        shown = shownName(storedName, in: parent, listing: listing)
                         entry = fuse_entry_param()
                         entry.attr.st_ino = record.pointee.d_ino
                         entry.attr.st_mode = mode_t(record.pointee.d_type) << 12
                     } else {
                         do {
-                            let listed = shown.map { ResolvedName(shown: $0, stored: FileName(cString: storedName), longForm: nil, key: nil) }
-                                ?? .plain(FileName(cString: storedName))
-                            entry = try lookupEntry(in: parent, id, listed)
+                            (shown, entry) = try listedEntry(storedName, in: parent, UInt64(id), listing: listing)
                         } catch {
                             // Removed since the listing was read: skip it.
                             stream.offset = next
@@ -112,6 +111,7 @@ extension MountFileSystem {
                         files.append(UInt64(entry.ino))
                     }
                 } else {
+                    shown = shownName(storedName, in: parent, listing: listing)
                     var attributes = stat()
                     attributes.st_ino = record.pointee.d_ino
                     attributes.st_mode = mode_t(record.pointee.d_type) << 12
@@ -135,6 +135,21 @@ extension MountFileSystem {
             if plus { directoryReadAhead.listed(files, in: UInt64(id), fromStart: offset == 0) }
             fuse_reply_buf(req, buffer.assumingMemoryBound(to: CChar.self), used)
         }
+    }
+
+    /// Looks up the entry a READDIRPLUS lists by its stored name `stored`, and the name it is
+    /// shown by (nil: as stored).
+    private func listedEntry(_ stored: UnsafePointer<CChar>, in parent: Inode, _ parentID: UInt64,
+                             listing: NameListing?) throws(Errno) -> (FileName?, fuse_entry_param) {
+        let fd = try openPath(parent.fd, stored)
+        let attributes: stat
+        do { attributes = try Syscall.stat(of: fd) } catch {
+            Syscall.close(fd)
+            throw error
+        }
+        let shown = shownName(stored, in: parent, parentID, listing: listing, attributes: attributes)
+        let name = EntryName(parent: parentID, name: shown ?? FileName(cString: stored), stored: shown.map { _ in FileName(cString: stored) })
+        return (shown, try rememberEntry(pathFD: fd, name: name, in: parent, stated: attributes))
     }
 
     static func isDotOrDotDot(_ name: UnsafePointer<CChar>) -> Bool {

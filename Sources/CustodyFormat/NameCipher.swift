@@ -1,4 +1,5 @@
 import CustodyCrypto
+import CustodySystem
 
 /// Names of a managed identity's files, directories and symlinks as the backing store keeps them,
 /// and symlink targets: encrypted under a key of that identity, so that a copy of the disk shows
@@ -56,6 +57,24 @@ public final class NameKey: Sendable {
         return output
     }
 
+    /// Whether `tag`, the six tag characters of a stored name, are this key's (compared as bytes:
+    /// every name a listing or a removal meets is matched so).
+    public func hasTag(_ tag: UnsafeRawBufferPointer) -> Bool {
+        tag.count == 6 && tag.elementsEqual(formHead[NameCipher.prefixLength..<(NameCipher.prefixLength + 6)])
+    }
+
+    /// Opens `sealed` (nonce ‖ ciphertext ‖ tag) into `plaintext` (room for its length less 28
+    /// bytes); returns how many bytes it wrote.
+    func open(sealed: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, into plaintext: UnsafeMutableRawPointer) throws(CryptoError) -> Int {
+        let nonceSize = AESGCMKey.nonceSize, tagSize = AESGCMKey.tagSize
+        guard sealed.count >= nonceSize + tagSize, let base = sealed.baseAddress else { throw .authenticationFailed }
+        let length = sealed.count - nonceSize - tagSize
+        try cipher.open(nonce: UnsafeRawBufferPointer(start: base, count: nonceSize), aad: aad,
+                        ciphertext: UnsafeRawBufferPointer(start: base + nonceSize, count: length),
+                        tag: base + nonceSize + length, plaintext: plaintext)
+        return length
+    }
+
     /// Opens `sealed` (nonce ‖ ciphertext ‖ tag) in a caller's buffer.
     func open(sealed: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer) throws(CryptoError) -> [UInt8] {
         let nonceSize = AESGCMKey.nonceSize, tagSize = AESGCMKey.tagSize
@@ -103,14 +122,14 @@ public final class NameKey: Sendable {
         }
     }
 
-    /// The full encrypted form of `name` (checked) in the directory with `tweak`:
-    /// `~c3` ‖ tag ‖ `.` ‖ base64url(nonce ‖ ciphertext ‖ GCM tag). Every lookup of a name the
-    /// mount does not know and every creation makes one: built in one buffer on the stack and
-    /// one string.
-    func fullForm(of name: UnsafeRawBufferPointer, tweak: UnsafeRawBufferPointer) throws(CryptoError) -> String {
+    /// The full encrypted form of `name` (checked) in the directory with `tweak`, as a C string:
+    /// `~c3` ‖ tag ‖ `.` ‖ base64url(nonce ‖ ciphertext ‖ GCM tag) ‖ NUL. Every lookup of a name the
+    /// mount does not know and every creation makes one: sealed in one buffer on the stack and
+    /// encoded straight into the name's own storage.
+    func fullForm(of name: UnsafeRawBufferPointer, tweak: UnsafeRawBufferPointer) throws(CryptoError) -> [CChar] {
         let nonceSize = AESGCMKey.nonceSize, sealedCount = nonceSize + name.count + AESGCMKey.tagSize
         let aadCount = NameCipher.nameData.count + tweak.count
-        return try withUnsafeTemporaryAllocation(byteCount: sealedCount + aadCount, alignment: 16) { (scratch) throws(CryptoError) -> String in
+        return try withUnsafeTemporaryAllocation(byteCount: sealedCount + aadCount, alignment: 16) { (scratch) throws(CryptoError) -> [CChar] in
             guard let base = scratch.baseAddress else { throw .invalidLength(what: "name buffer", expected: sealedCount, actual: 0) }
             let aad = UnsafeMutableRawBufferPointer(start: base + sealedCount, count: aadCount)
             NameCipher.nameData.withUnsafeBytes { aad.copyMemory(from: $0) }
@@ -122,10 +141,15 @@ public final class NameKey: Sendable {
                             ciphertext: base + nonceSize, tag: base + nonceSize + name.count)
             let sealed = UnsafeRawBufferPointer(start: base, count: sealedCount)
             let head = formHead
-            return String(unsafeUninitializedCapacity: head.count + Base64URL.encodedCount(sealedCount)) { out in
-                guard let target = out.baseAddress else { return 0 }
-                head.withUnsafeBufferPointer { if let start = $0.baseAddress { target.update(from: start, count: head.count) } }
-                return head.count + Base64URL.encode(sealed, into: target + head.count)
+            let length = head.count + Base64URL.encodedCount(sealedCount)
+            return [CChar](unsafeUninitializedCapacity: length + 1) { out, initialized in
+                guard let start = out.baseAddress else { return }
+                let written = start.withMemoryRebound(to: UInt8.self, capacity: length + 1) { target -> Int in
+                    head.withUnsafeBufferPointer { if let from = $0.baseAddress { target.update(from: from, count: head.count) } }
+                    return head.count + Base64URL.encode(sealed, into: target + head.count)
+                }
+                start[written] = 0
+                initialized = written + 1
             }
         }
     }
@@ -154,6 +178,7 @@ public enum NameCipher {
     /// Every encrypted name and target starts so; a plain name that does too cannot be stored
     /// (`isReserved`).
     public static let prefix = "~c3"
+    static let prefixLength = 3
     /// The longest stored entry name: what every Linux file system allows.
     public static let maxStoredLength = 255
     /// Bytes of a directory's tweak.
@@ -169,15 +194,33 @@ public enum NameCipher {
 
     /// The same, for a name in a caller's buffer.
     public static func encrypt(_ name: UnsafeRawBufferPointer, tweak: [UInt8], key: NameKey) throws(FormatError) -> StoredName {
+        let (entry, full) = try tweak.withBytes { (tweakBytes) throws(FormatError) in try entryName(of: name, tweak: tweakBytes, key: key) }
+        let text = String(decoding: entry.bytes, as: UTF8.self)
+        if let full { return .long(name: text, full: full) }
+        return .short(text)
+    }
+
+    /// `name` (checked as `encrypt` does) encrypted for the directory with `tweak`: the entry's
+    /// name in the backing directory, and the full form kept beside it when that is too long to
+    /// be the name (`StoredName.long`). What the mount names entries with: no string is made of
+    /// a short form.
+    public static func entryName(of name: UnsafeRawBufferPointer, tweak: UnsafeRawBufferPointer, key: NameKey) throws(FormatError) -> (entry: FileName, full: String?) {
         try check(name)
-        let full: String
-        do {
-            full = try tweak.withBytes { (tweakBytes) throws(CryptoError) in try key.fullForm(of: name, tweak: tweakBytes) }
-        } catch {
-            throw .crypto(error)
-        }
-        if full.utf8.count <= maxStoredLength { return .short(full) }
-        return .long(name: prefix + key.tag + "-" + Base64URL.encode(full.utf8.withContiguousStorageIfAvailable { sha256(UnsafeRawBufferPointer($0)) } ?? Array(full.utf8).withUnsafeBytes { sha256($0) }), full: full)
+        let full: [CChar]
+        do throws(CryptoError) { full = try key.fullForm(of: name, tweak: tweak) } catch { throw .crypto(error) }
+        if full.count - 1 <= maxStoredLength { return (FileName(terminated: full), nil) }
+        let text = full.withUnsafeBytes { String(decoding: UnsafeRawBufferPointer(rebasing: $0.dropLast()), as: UTF8.self) }
+        return (FileName(longName(of: text, tag: key.tag)), text)
+    }
+
+    /// The entry name of the long form `full`: `~c3` ‖ tag ‖ `-` ‖ base64url(SHA-256 of `full`).
+    static func longName(of full: String, tag: String) -> String {
+        prefix + tag + "-" + Base64URL.encode(digest(of: full))
+    }
+
+    static func digest(of full: String) -> [UInt8] {
+        var full = full
+        return full.withUTF8 { sha256(UnsafeRawBufferPointer($0)) }
     }
 
     /// The name `stored` stands for; `full` is the long form kept beside a `.long` entry. Throws
@@ -196,7 +239,7 @@ public enum NameCipher {
         var body = kind.body
         if kind.separator == "-" {
             guard let full, let longKind = self.kind(of: full), longKind.separator == ".", longKind.tag == key.tag,
-                  Base64URL.encode(full.utf8.withContiguousStorageIfAvailable { sha256(UnsafeRawBufferPointer($0)) } ?? Array(full.utf8).withUnsafeBytes { sha256($0) }) == kind.body else {
+                  Base64URL.encode(digest(of: full)) == kind.body else {
                 throw .corruptName("the long form does not match the name")
             }
             body = longKind.body
@@ -239,33 +282,47 @@ public enum NameCipher {
 
     /// A stored name as bytes (a listing's), split: its key tag, separator and body; nil for a
     /// plain name.
-    public static func parts(of stored: UnsafeRawBufferPointer) -> (tag: String, separator: UInt8, body: UnsafeRawBufferPointer)? {
-        let head = prefix.utf8.count
-        guard stored.count > head + 7, stored.starts(with: prefix.utf8) else { return nil }
+    public static func parts(of stored: UnsafeRawBufferPointer) -> (tag: UnsafeRawBufferPointer, separator: UInt8, body: UnsafeRawBufferPointer)? {
+        let head = prefixLength
+        guard stored.count > head + 7, stored[0] == 0x7E, stored[1] == 0x63, stored[2] == 0x33 else { return nil }
         let tagBytes = UnsafeRawBufferPointer(rebasing: stored[head..<(head + 6)])
         guard tagBytes.allSatisfy({ Base64URL.value(of: $0) != nil }) else { return nil }
         let separator = stored[head + 6]
         guard separator == UInt8(ascii: ":") || separator == UInt8(ascii: ".") || separator == UInt8(ascii: "-") else { return nil }
-        return (String(decoding: tagBytes, as: UTF8.self), separator, UnsafeRawBufferPointer(rebasing: stored[(head + 7)...]))
+        return (tagBytes, separator, UnsafeRawBufferPointer(rebasing: stored[(head + 7)...]))
     }
 
     /// The name the body of a short stored name (`parts(of:)`, separator `.`) stands for, for a
     /// listing: decoded on the stack, one array made.
     public static func decryptShort(body: UnsafeRawBufferPointer, associatedData: [UInt8], key: NameKey) throws(FormatError) -> [UInt8] {
+        try decryptShortName(body: body, associatedData: associatedData, key: key).bytes
+    }
+
+    /// The same, as a name: decoded on the stack and opened straight into the name's storage.
+    public static func decryptShortName(body: UnsafeRawBufferPointer, associatedData: [UInt8], key: NameKey) throws(FormatError) -> FileName {
         let capacity = body.count * 3 / 4 + 3
-        let name = try withUnsafeTemporaryAllocation(byteCount: capacity, alignment: 16) { (scratch) throws(FormatError) -> [UInt8] in
+        return try withUnsafeTemporaryAllocation(byteCount: capacity, alignment: 16) { (scratch) throws(FormatError) -> FileName in
+            let overhead = AESGCMKey.nonceSize + AESGCMKey.tagSize
             guard let base = scratch.baseAddress?.assumingMemoryBound(to: UInt8.self),
                   let count = Base64URL.decode(body, into: base, capacity: capacity) else { throw .corruptName("not base64url") }
-            do {
-                return try associatedData.withBytes { (aad) throws(CryptoError) in
-                    try key.open(sealed: UnsafeRawBufferPointer(start: base, count: count), aad: aad)
+            guard count > overhead else { throw .corruptName("not a file name (\(max(0, count - overhead)) bytes)") }
+            var failed = false
+            let cString = [CChar](unsafeUninitializedCapacity: count - overhead + 1) { out, initialized in
+                guard let target = out.baseAddress else { failed = true; return }
+                do throws(CryptoError) {
+                    let length = try associatedData.withBytes { (aad) throws(CryptoError) in
+                        try key.open(sealed: UnsafeRawBufferPointer(start: base, count: count), aad: aad, into: target)
+                    }
+                    target[length] = 0
+                    initialized = length + 1
+                } catch {
+                    failed = true
                 }
-            } catch {
-                throw .corruptName("authentication failed")
             }
+            guard !failed else { throw .corruptName("authentication failed") }
+            try cString.withBytes { (all) throws(FormatError) in try check(UnsafeRawBufferPointer(rebasing: all.dropLast())) }
+            return FileName(terminated: cString)
         }
-        try check(name)
-        return name
     }
 
     static func kind(of stored: String) -> (tag: String, separator: Character, body: Substring)? {

@@ -43,6 +43,17 @@ public struct FileName: Hashable, Sendable, CustomStringConvertible {
         self.cString = Array(UnsafeBufferPointer(start: cString, count: strlen(cString) + 1))
     }
 
+    /// The name whose C string `terminated` is, ending in its one NUL (taken as it is, no copy:
+    /// for names built in place). A NUL before the end cuts the name there.
+    @inlinable
+    public init(terminated: [CChar]) {
+        guard let end = terminated.firstIndex(of: 0) else {
+            self.cString = terminated + [0]
+            return
+        }
+        self.cString = end == terminated.count - 1 ? terminated : Array(terminated[...end])
+    }
+
     /// The name spelled by `text` in UTF-8.
     public init(_ text: String) { self.init(bytes: text.utf8) }
 

@@ -90,6 +90,31 @@ final class InodeTableTests: XCTestCase {
         XCTAssertNil(table.storedName(in: InodeTable.rootID, shown: FileName("p")))
     }
 
+    func testAListingShowsTheNameAKnownNodeHasForTheSameStoredName() throws {
+        let table = try makeTable()
+        let stored = FileName("~c3AbCdEf.sealed-form")
+        close(try Syscall.open(directory + "/" + stored.description, O_CREAT | O_WRONLY, 0o644))
+        close(try Syscall.open(directory + "/other", O_CREAT | O_WRONLY, 0o644))
+        let (fd, st) = try pathFD(directory + "/" + stored.description)
+        let id = table.remember(fd: fd, attributes: st, name: EntryName(parent: InodeTable.rootID, name: FileName("report.txt"), stored: stored))
+        func shown(_ attributes: stat, in parent: UInt64 = InodeTable.rootID, _ name: FileName = stored) -> FileName? {
+            name.cString.withUnsafeBufferPointer { table.shownName(ofObject: UInt64(attributes.st_dev), UInt64(attributes.st_ino), in: parent, stored: $0.baseAddress!) }
+        }
+        XCTAssertEqual(shown(st), FileName("report.txt"))
+        XCTAssertNil(shown(st, in: 99), "known in another directory")
+        XCTAssertNil(shown(st, FileName("~c3AbCdEf.another")), "listed by another stored name (moved, re-keyed)")
+        let (otherFD, otherStat) = try pathFD(directory + "/other")
+        XCTAssertNil(shown(otherStat), "another object")
+        close(otherFD)
+        // A plain name is not one a listing decrypts.
+        let (plainFD, plainStat) = try pathFD(directory + "/other")
+        _ = table.remember(fd: plainFD, attributes: plainStat, name: EntryName(parent: InodeTable.rootID, name: FileName("other")))
+        XCTAssertNil(shown(plainStat, FileName("other")))
+        // Gone from its inode number: nothing is shown for whatever takes it.
+        table.detach(id)
+        XCTAssertNil(shown(st))
+    }
+
     func testNodeIDsAreNotReusedAndRootIsNeverForgotten() throws {
         let table = try makeTable()
         close(try Syscall.open(directory + "/f", O_CREAT | O_WRONLY, 0o644))

@@ -49,12 +49,23 @@ final class NameCipherTests: XCTestCase {
             if case .short(let text) = stored {
                 let listed = try Array(text.utf8).withUnsafeBytes { (bytes) throws -> [UInt8] in
                     let parts = try XCTUnwrap(NameCipher.parts(of: bytes))
-                    XCTAssertEqual(parts.tag, key.tag)
+                    XCTAssertEqual(Array(parts.tag), Array(key.tag.utf8))
+                    XCTAssertTrue(key.hasTag(parts.tag))
+                    XCTAssertFalse(try self.key(1).hasTag(parts.tag), "another key's tag")
+                    XCTAssertFalse(key.hasTag(UnsafeRawBufferPointer(rebasing: parts.tag.dropLast())), "five bytes")
                     XCTAssertEqual(parts.separator, UInt8(ascii: "."))
+                    let asName = try NameCipher.decryptShortName(body: parts.body, associatedData: NameCipher.associatedData(tweak: tweak), key: key)
+                    XCTAssertEqual(asName, FileName(bytes: name))
+                    XCTAssertEqual(asName.count, name.count)
                     return try NameCipher.decryptShort(body: parts.body, associatedData: NameCipher.associatedData(tweak: tweak), key: key)
                 }
                 XCTAssertEqual(listed, name)
             }
+            // As the mount names an entry: the same name, built as a C string.
+            let entry = try name.withUnsafeBytes { bytes in try tweak.withUnsafeBytes { try NameCipher.entryName(of: bytes, tweak: $0, key: key) } }
+            XCTAssertEqual(entry.entry.bytes, stored.entryName)
+            XCTAssertEqual(entry.entry.cString.last, 0)
+            if case .long(_, let full) = stored { XCTAssertEqual(entry.full, full) } else { XCTAssertNil(entry.full) }
         }
         // What must not open read in place is refused too: another directory, a changed byte.
         guard case .short(let text) = try NameCipher.encrypt(Array("report.txt".utf8), tweak: tweak, key: key) else { return XCTFail("short") }

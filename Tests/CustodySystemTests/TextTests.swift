@@ -45,6 +45,9 @@ final class TextTests: XCTestCase {
         XCTAssertEqual(FileName("a\u{0}b").bytes, [0x61], "a name ends at a NUL, from text too")
         XCTAssertEqual(FileName(bytes: [0x61, 0x62].lazy.map { $0 }).bytes, [0x61, 0x62], "from a sequence with no storage")
         XCTAssertEqual(FileName(bytes: []).cString, [0])
+        XCTAssertEqual(FileName(terminated: [0x61, 0x62, 0]), FileName("ab"), "a C string built in place")
+        XCTAssertEqual(FileName(terminated: [0x61, 0x62]).cString, [0x61, 0x62, 0], "given no NUL, it gets one")
+        XCTAssertEqual(FileName(terminated: [0x61, 0, 0x62, 0]).cString, [0x61, 0], "cut at its first NUL")
         var seen: [UInt8] = []
         FileName("ab").withBytes { seen = Array($0) }
         XCTAssertEqual(seen, [0x61, 0x62], "its bytes, without the NUL")
