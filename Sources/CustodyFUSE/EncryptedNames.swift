@@ -47,6 +47,20 @@ struct KnownForms {
     }
 }
 
+/// What a directory the mount made knows of its names (`Inode.madeNames`): the names, as the
+/// kernel knows them, of every entry that may be stored encrypted in it since it was made empty.
+/// A request that stores a name encrypted adds it first; nothing else puts an encrypted name in
+/// a directory without changing a name's form (`MountFileSystem.formChanges`), and what a control
+/// request copies in is named plain. So a name outside the set can only be stored plain, and the
+/// LOOKUP that comes before every CREATE looks for the plain name alone and encrypts nothing.
+/// Kept while no name changed form otherwise, and up to `limit` names.
+struct MadeDirectoryNames {
+    static let limit = 65_536
+    /// `formChanges` when it was made: the set holds while that stands.
+    let generation: UInt64
+    var names: Set<FileName> = []
+}
+
 /// A name a request gave, and the entry it is in the backing directory.
 struct ResolvedName {
     /// As the kernel knows it.
@@ -151,6 +165,44 @@ extension MountFileSystem {
         return try asErrno { () throws(FormatError) in try DirectoryTweak.ensure(fd: fd) }
     }
 
+    // MARK: Names of directories the mount made
+
+    /// What a directory the mount is making starts knowing of its names.
+    func madeDirectoryNames() -> MadeDirectoryNames {
+        MadeDirectoryNames(generation: formChanges.load(ordering: .acquiring))
+    }
+
+    /// Whether `shown` may be stored encrypted in `directory`: false only when the directory was
+    /// made by the mount and knows it is not.
+    func mayBeEncrypted(_ shown: FileName, in directory: Inode) -> Bool {
+        let generation = formChanges.load(ordering: .acquiring)
+        return directory.madeNames.withLock { made in
+            guard let known = made else { return true }
+            guard known.generation == generation else {
+                made = nil
+                return true
+            }
+            return known.names.contains(shown)
+        }
+    }
+
+    /// Before an entry named `resolved` is stored in `directory`: an encrypted one joins what the
+    /// directory knows.
+    func storing(_ resolved: ResolvedName, in directory: Inode) {
+        guard resolved.isEncrypted else { return }
+        directory.madeNames.withLock { made in
+            guard let count = made?.names.count else { return }
+            if count >= MadeDirectoryNames.limit { made = nil } else { made?.names.insert(resolved.shown) }
+        }
+    }
+
+    /// After the entry `resolved` left `directory` (before the answer, so that the kernel's next
+    /// request about the name comes after).
+    func nameRemoved(_ resolved: ResolvedName, from directory: Inode) {
+        guard resolved.isEncrypted else { return }
+        directory.madeNames.withLock { made in _ = made?.names.remove(resolved.shown) }
+    }
+
     // MARK: Names from requests
 
     /// Whether a C name starts with `NameCipher.prefix` (`~c3`).
@@ -161,7 +213,9 @@ extension MountFileSystem {
     /// The entry `name` names in `directory`, found by `probe` (which throws ENOENT when a stored
     /// name is not there): by the stored name of a node the kernel knows by it (`parentID`, the
     /// directory's node ID, given), else in a form the directory knows, else in the form its names
-    /// were last found in (`Inode.nameHint`), then plain, then in each other held key's form.
+    /// were last found in (`Inode.nameHint`), then plain, then in each other held key's form. In
+    /// a directory the mount made, a name it never stored encrypted is looked for in plain only
+    /// (`MadeDirectoryNames`).
     func findEntry<T>(_ name: UnsafePointer<CChar>, in directory: Inode, parentID: UInt64? = nil,
                       probe: (UnsafePointer<CChar>) throws(Errno) -> T) throws(Errno) -> (ResolvedName, T) {
         let shown = FileName(cString: name)
@@ -171,6 +225,8 @@ extension MountFileSystem {
             if let text = shown.text, decryptedName(text, in: directory, longForm: nil) != nil { throw Errno.noSuchFile }
             return (.plain(shown), try probe(name))
         }
+        // In a directory the mount made, a name it never stored encrypted can only be plain.
+        if !mayBeEncrypted(shown, in: directory) { return (.plain(shown), try probe(name)) }
         // A name exists in one form only, so the first form found is the entry; trying the likely
         // one first spares a look at the others (and a negative entry for each in the backing file
         // system's cache, which each removal of the directory walks).
@@ -246,11 +302,12 @@ extension MountFileSystem {
         }
     }
 
-    /// `shown` encrypted with `key` for `directory` (its tweak made if it has none).
+    /// `shown` encrypted with `key` for `directory` (its tweak made if it has none): the form its
+    /// LOOKUP computed, else computed now (and not kept: the entry it names is about to exist).
     func encryptedName(_ shown: FileName, in directory: Inode, key: NameKey) throws(Errno) -> ResolvedName {
         noteNameForm(key.tag, in: directory)
         if let known = directory.encryptedForms.withLock({ $0.form(of: shown, key: key) }) { return known }
-        return try encrypted(shown, tweak: try ensureTweak(of: directory), key: key, in: directory)
+        return try encrypted(shown, tweak: try ensureTweak(of: directory), key: key)
     }
 
     /// `shown` encrypted with `key` for `directory`, whose tweak is `tweak`.
@@ -308,6 +365,10 @@ extension MountFileSystem {
     /// keeps its long form, and tells the inode table.
     func moveIntoForm(_ stored: FileName, in directory: Inode, _ wanted: ResolvedName) throws(Errno) {
         guard stored != wanted.stored else { return }
+        // What directories the mount made know of their names holds no more (before and after,
+        // so that no lookup between takes the old knowledge for the new state).
+        formChanges.add(1, ordering: .acquiringAndReleasing)
+        defer { formChanges.add(1, ordering: .acquiringAndReleasing) }
         try Syscall.renameat2(directory.fd, stored.cString, directory.fd, wanted.stored.cString, Linux.RENAME_NOREPLACE)
         try? storeLongForm(of: wanted, in: directory)
         inodes.renamed(in: directory, from: stored, to: wanted.stored)

@@ -25,6 +25,9 @@ final class Inode: @unchecked Sendable {
     /// The key tag a directory's names were last found, listed or made in (nil: plain): the form
     /// a lookup of a name it does not know tries first (`EncryptedNames.swift`).
     let nameHint = Mutex<String?>(nil)
+    /// For a directory the mount made: the names whose entries may be stored encrypted in it
+    /// (`MadeDirectoryNames`); nil for every other node.
+    let madeNames = Mutex<MadeDirectoryNames?>(nil)
 
     init(fd: Int32, device: UInt64, number: UInt64, fileType: mode_t) {
         self.fd = fd
@@ -145,7 +148,9 @@ final class InodeTable: @unchecked Sendable {
     /// Registers one kernel lookup (of `name`, when given) of the object that `fd` (an O_PATH
     /// descriptor) refers to and returns its node ID. Takes ownership of `fd`: it is kept, or
     /// closed if the object is known.
-    func remember(fd: Int32, attributes st: stat, name: EntryName? = nil) -> UInt64 {
+    /// `made`: what a directory just made (empty) starts knowing of its names, kept only when
+    /// this call makes its node (a node another request made first may have been used already).
+    func remember(fd: Int32, attributes st: stat, name: EntryName? = nil, made: MadeDirectoryNames? = nil) -> UInt64 {
         let key = Key(device: UInt64(st.st_dev), number: UInt64(st.st_ino))
         let (id, inode, duplicate) = state.withLock { state -> (UInt64, Inode, Bool) in
             if let id = state.byKey[key], var entry = state.byID[id], entry.inode.fileType == st.st_mode & S_IFMT {
@@ -160,6 +165,7 @@ final class InodeTable: @unchecked Sendable {
             let id = state.nextID
             state.nextID += 1
             let inode = Inode(fd: fd, device: key.device, number: key.number, fileType: st.st_mode & S_IFMT)
+            if let made, inode.isDirectory { inode.madeNames.withLock { $0 = made } }
             state.byID[id] = Entry(inode: inode, lookups: 1, name: name)
             state.byKey[key] = id
             state.index(id, name: name, replacing: nil)

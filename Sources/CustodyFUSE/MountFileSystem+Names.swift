@@ -64,6 +64,8 @@ extension MountFileSystem {
     /// and the caller as its owner, and answers with it.
     private func makeEntry(_ req: fuse_req_t, _ parent: Inode, _ parentID: fuse_ino_t, _ resolved: ResolvedName, mode: mode_t,
                            _ make: (UnsafePointer<CChar>) throws(Errno) -> Void) throws(Errno) {
+        let made = mode & S_IFMT == S_IFDIR ? madeDirectoryNames() : nil
+        storing(resolved, in: parent)
         try creatingAsCaller(req, on: parent.device) { () throws(Errno) in try make(resolved.stored.cString) }
         var tweak: [UInt8]?
         do throws(Errno) {
@@ -76,7 +78,7 @@ extension MountFileSystem {
             _ = unlinkat(parent.fd, resolved.stored.cString, mode & S_IFMT == S_IFDIR ? AT_REMOVEDIR : 0)
             throw error
         }
-        var entry = try lookupEntry(in: parent, parentID, resolved)
+        var entry = try lookupEntry(in: parent, parentID, resolved, made: made)
         if let tweak, let made = try? inodes.inode(UInt64(entry.ino)) { made.tweak.withLock { $0 = .known(tweak) } }
         fuse_reply_entry(req, &entry)
     }
@@ -132,6 +134,7 @@ extension MountFileSystem {
             let inode = try inodes.inode(UInt64(id))
             let newParent = try inodes.inode(UInt64(newParentID))
             let resolved = try newEntryName(newName, in: newParent, key: try nameKey(ofObject: UInt64(id)))
+            storing(resolved, in: newParent)
             try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
                 try Syscall.linkat(AT_FDCWD, inode.procPath, newParent.fd, resolved.stored.cString, AT_SYMLINK_FOLLOW)
             }
@@ -149,6 +152,7 @@ extension MountFileSystem {
             let victim = knownObject(attributes)
             try Syscall.unlinkat(parent.fd, resolved.stored.cString, 0)
             removed(victim)
+            nameRemoved(resolved, from: parent)
             replyError(req, 0)
             if let victim, victim.inode.isRegularFile { storageEdges.releaseSoon(victim.inode) }
         } catch {
@@ -177,6 +181,7 @@ extension MountFileSystem {
             let victim = knownObject(attributes)
             try Syscall.unlinkat(parent.fd, resolved.stored.cString, AT_REMOVEDIR)
             removed(victim)
+            nameRemoved(resolved, from: parent)
             replyError(req, 0)
         } catch {
             replyError(req, error.rawValue)
@@ -208,6 +213,9 @@ extension MountFileSystem {
             let target = try storedForm(of: newName, in: newParent, key: source.key)
             if flags & Linux.RENAME_EXCHANGE != 0 {
                 guard let (other, _) = existing else { throw Errno.noSuchFile }
+                // Each name may hold the other's form for a moment; their forms change after.
+                storing(ResolvedName(shown: other.shown, stored: other.stored, longForm: nil, key: source.key), in: newParent)
+                storing(ResolvedName(shown: source.shown, stored: source.stored, longForm: nil, key: other.key), in: parent)
                 try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
                     try Syscall.renameat2(parent.fd, source.stored.cString, newParent.fd, other.stored.cString, flags)
                     // Each entry now holds the other's object: give each the form of its object's key.
@@ -232,9 +240,11 @@ extension MountFileSystem {
                     (replaced, otherForm) = (nil, nil)
                 }
             }
+            storing(target, in: newParent)
             try creatingAsCaller(req, on: newParent.device) { () throws(Errno) in
                 try Syscall.renameat2(parent.fd, source.stored.cString, newParent.fd, target.stored.cString, flags)
             }
+            nameRemoved(source, from: parent)
             try? storeLongForm(of: target, in: newParent)
             if let (other, _) = otherForm { try Syscall.unlinkat(newParent.fd, other.stored.cString, 0) }
             removed(replaced)

@@ -152,6 +152,8 @@ extension MountFileSystem {
                 if other != nil { renamedInto = wanted }
             }
             let stored = resolved.stored.cString
+            storing(resolved, in: parent)
+            if let renamedInto { storing(renamedInto, in: parent) }
             var flags = backingFlags(fi.pointee.flags) | O_CREAT | (fi.pointee.flags & O_EXCL)
             if wanted.isEncrypted { flags = (flags & ~(O_ACCMODE | O_APPEND)) | O_RDWR }
             // A tracked file starts empty: O_TRUNC empties one that appeared in the backing

@@ -62,6 +62,10 @@ final class MountFileSystem: @unchecked Sendable {
     let nameKeyCache = Mutex<NameKeySet>(.empty)
     /// Directory tweaks made so far (`DirectoryTweakState.none`).
     let tweaksMade = Atomic<UInt64>(0)
+    /// Changes of a name's form made other than by a request about that name (an owner change,
+    /// an upgrade, an exchange): each ends what directories the mount made know of their names
+    /// (`MadeDirectoryNames`).
+    let formChanges = Atomic<UInt64>(0)
 
     init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
         let inodes = InodeTable(root: root)
@@ -166,10 +170,11 @@ final class MountFileSystem: @unchecked Sendable {
         return try rememberEntry(pathFD: fd, name: resolved.entryName(in: UInt64(parentID)), in: parent)
     }
 
-    /// Looks up an entry whose stored name is known (just made, or listed).
-    func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ resolved: ResolvedName) throws(Errno) -> fuse_entry_param {
+    /// Looks up an entry whose stored name is known (just made, or listed). `made`: see
+    /// `InodeTable.remember`.
+    func lookupEntry(in parent: Inode, _ parentID: fuse_ino_t, _ resolved: ResolvedName, made: MadeDirectoryNames? = nil) throws(Errno) -> fuse_entry_param {
         let fd = try openPath(parent.fd, resolved.stored.cString)
-        return try rememberEntry(pathFD: fd, name: resolved.entryName(in: UInt64(parentID)), in: parent)
+        return try rememberEntry(pathFD: fd, name: resolved.entryName(in: UInt64(parentID)), in: parent, made: made)
     }
 
     /// An O_PATH descriptor on what `fd` (just opened by `name` in `parent`) refers to: by the
@@ -213,7 +218,7 @@ final class MountFileSystem: @unchecked Sendable {
     /// `parent`: the directory `name` is in (its record is then read by name, not by /proc);
     /// `stated`: the attributes of `fd`, when the caller has them.
     func rememberEntry(pathFD fd: Int32, name: EntryName?, in parent: Inode? = nil, stated: stat? = nil,
-                       protection known: Protection? = nil) throws(Errno) -> fuse_entry_param {
+                       protection known: Protection? = nil, made: MadeDirectoryNames? = nil) throws(Errno) -> fuse_entry_param {
         let attributes: stat
         do throws(Errno) {
             if let stated { attributes = stated } else { attributes = try Syscall.stat(of: fd) }
@@ -221,7 +226,7 @@ final class MountFileSystem: @unchecked Sendable {
             Syscall.close(fd)
             throw error
         }
-        let id = inodes.remember(fd: fd, attributes: attributes, name: name)
+        let id = inodes.remember(fd: fd, attributes: attributes, name: name, made: made)
         _ = underInodePressure
         guard let inode = try? inodes.inode(id) else { return entryParam(id: id, attributes: attributes) }
         if let known {

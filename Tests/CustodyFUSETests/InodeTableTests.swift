@@ -115,6 +115,26 @@ final class InodeTableTests: XCTestCase {
         XCTAssertNil(shown(st))
     }
 
+    func testADirectoryKnowsItsNamesOnlyWhenItsNodeIsMadeWithIt() throws {
+        let table = try makeTable()
+        XCTAssertEqual(mkdir(directory + "/made", 0o755), 0)
+        XCTAssertEqual(mkdir(directory + "/listed", 0o755), 0)
+        let (fd, st) = try pathFD(directory + "/made")
+        let made = table.remember(fd: fd, attributes: st, made: MadeDirectoryNames(generation: 7))
+        XCTAssertEqual(try table.inode(made).madeNames.withLock { $0?.generation }, 7)
+        // A node another request made first (a listing) may have served requests already.
+        let (listedFD, listedStat) = try pathFD(directory + "/listed")
+        let listed = table.remember(fd: listedFD, attributes: listedStat)
+        let (againFD, againStat) = try pathFD(directory + "/listed")
+        XCTAssertEqual(table.remember(fd: againFD, attributes: againStat, made: MadeDirectoryNames(generation: 7)), listed)
+        XCTAssertTrue(try table.inode(listed).madeNames.withLock { $0 == nil })
+        // Not for a file.
+        close(try Syscall.open(directory + "/file", O_CREAT | O_WRONLY, 0o644))
+        let (fileFD, fileStat) = try pathFD(directory + "/file")
+        let file = table.remember(fd: fileFD, attributes: fileStat, made: MadeDirectoryNames(generation: 7))
+        XCTAssertTrue(try table.inode(file).madeNames.withLock { $0 == nil })
+    }
+
     func testNodeIDsAreNotReusedAndRootIsNeverForgotten() throws {
         let table = try makeTable()
         close(try Syscall.open(directory + "/f", O_CREAT | O_WRONLY, 0o644))

@@ -232,6 +232,58 @@ final class EncryptedNameTests: XCTestCase {
         XCTAssertEqual(stat(daemon.mnt("alice-dir/missing")), ENOENT)
     }
 
+    /// A directory the mount made knows which names it may hold encrypted, and looks for any other
+    /// name in plain only: every way a name gets into one is found by a fresh lookup (the
+    /// directory's node kept, its children's forgotten), also after names changed form.
+    func testADirectoryTheMountMadeFindsEveryNameItHolds() throws {
+        try startMount()
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && mkdir made made2 && chmod 1777 made made2 && echo A > made/a.txt && echo X > made2/x.txt "
+                     + "&& echo L > linked-from.txt && echo M > moved-from.txt && echo old > made/again.txt"])
+        XCTAssertEqual(try asBob("echo bob > made/bob.txt").status, 0)
+        // Processes whose working directories keep the two directories' nodes while the kernel
+        // forgets their entries: each name below is then a LOOKUP the daemon answers.
+        let holders = try ["made", "made2"].map { directory -> Process in
+            let holder = Process()
+            holder.executableURL = URL(fileURLWithPath: "/bin/sleep")
+            holder.arguments = ["600"]
+            holder.currentDirectoryURL = URL(fileURLWithPath: daemon.mnt(directory))
+            try holder.run()
+            return holder
+        }
+        defer { for holder in holders { holder.terminate(); holder.waitUntilExit() } }
+        func freshLookups(_ expected: [(String, String)], missing: [String], file: StaticString = #filePath, line: UInt = #line) throws {
+            try mustRun(["sh", "-c", "sync; echo 2 > /proc/sys/vm/drop_caches"])
+            for (name, content) in expected {
+                XCTAssertEqual(try? String(contentsOfFile: daemon.mnt(name), encoding: .utf8), content, name, file: file, line: line)
+            }
+            for name in missing { XCTAssertEqual(stat(daemon.mnt(name)), ENOENT, name, file: file, line: line) }
+        }
+
+        // A hard link and a rename into it, a name removed and made again, a copy the control API writes.
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && ln linked-from.txt made/linked.txt && mv moved-from.txt made/moved.txt "
+                     + "&& rm made/again.txt && echo new > made/again.txt"])
+        XCTAssertEqual(try daemon.ctl(["decrypt-file", daemon.mnt("made/linked.txt"), daemon.mnt("made/copy.txt")]).status, 0)
+        try freshLookups([("made/a.txt", "A\n"), ("made/bob.txt", "bob\n"), ("made/linked.txt", "L\n"), ("made/moved.txt", "M\n"),
+                          ("made/again.txt", "new\n"), ("made/copy.txt", "L\n"), ("made2/x.txt", "X\n")],
+                         missing: ["made/moved-from.txt", "made/x.txt", "made2/a.txt", "made/missing"])
+        let stored = try FileManager.default.contentsOfDirectory(atPath: daemon.backing).first { name in
+            name.hasPrefix("~c3") && ((try? FileManager.default.contentsOfDirectory(atPath: daemon.backing + "/" + name))?.contains("bob.txt") ?? false)
+        }
+        let made = try XCTUnwrap(stored, "Bob's name is plain in Alice's directory")
+
+        // An owner change turns Bob's plain name into Alice's encrypted one.
+        XCTAssertEqual(try daemon.ctl(["protect", daemon.mnt("made/bob.txt"), "alice@contoso.com"]).status, 0)
+        XCTAssertFalse(try FileManager.default.contentsOfDirectory(atPath: daemon.backing + "/" + made).contains("bob.txt"))
+        try freshLookups([("made/bob.txt", "bob\n"), ("made/a.txt", "A\n")], missing: ["made/missing"])
+
+        // An exchange across the two: each name now holds the other's file, in its own form.
+        let exchange = #"import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "#
+            + #"sys.exit(0 if libc.syscall(316, -100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2) == 0 else ctypes.get_errno())"#
+        try mustRun(["/usr/bin/python3", "-c", exchange, daemon.mnt("made/a.txt"), daemon.mnt("made2/x.txt")])
+        try freshLookups([("made/a.txt", "X\n"), ("made2/x.txt", "A\n"), ("made/copy.txt", "L\n")], missing: ["made2/a.txt", "made/x.txt"])
+        XCTAssertEqual(try mustRun(["ls", daemon.mnt("made")]), "a.txt\nagain.txt\nbob.txt\ncopy.txt\nlinked.txt\nmoved.txt\n")
+    }
+
     private func stat(_ path: String) -> Int32 {
         var attributes = Glibc.stat()
         return Glibc.lstat(path, &attributes) == 0 ? 0 : errno
