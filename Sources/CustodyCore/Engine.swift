@@ -74,6 +74,9 @@ public final class Engine: @unchecked Sendable {
     /// Accounts by the IDs of their class keys, for the resolution generation it was made in
     /// (`HiddenOwners.swift`).
     let keyIDIndex = Mutex<(generation: UInt64, accounts: [String: Account])?>(nil)
+    /// The key ID each identity's new files are recorded by (`ownerKeyID`), for the resolution and
+    /// name-key generations it was read in.
+    let ownerKeyIDs = Mutex<(generation: UInt64, keys: UInt64, ids: [String: [UInt8]])>((.max, .max, [:]))
     /// How owners no account names are shown, by key ID, for the resolution generation (`HiddenOwners.swift`).
     let unknownOwners = Mutex<(generation: UInt64, names: [String: String])>((0, [:]))
     /// No lock completes before this time (monotonic seconds, as a `Double`'s bits): every file
@@ -453,8 +456,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Registers a key the caller made itself (a file it just created) as open.
     public func adoptFileKey(_ fileKey: SecretBytes, header: FileHeader) throws(EngineError) -> FileKeyLease {
-        let account = try self.account(of: header)
-        let lease = FileKeyLease(identity: account.key, protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
+        let lease = FileKeyLease(identity: try identityKey(of: header), protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
         state.withLock { $0.openKeys.add(lease) }
         return lease
     }

@@ -15,6 +15,21 @@ extension Engine {
         let generation = resolutionGeneration.load(ordering: .acquiring)
         let wanted = hexString(id)
         if let index = keyIDIndex.withLock({ $0 }), index.generation == generation { return index.accounts[wanted] }
+        return keyIDIndex(generation)[wanted]
+    }
+
+    /// The identity of `account(forKeyID:)`, without a copy of its account: every file created
+    /// asks (`adoptFileKey`).
+    func identityKey(forKeyID id: [UInt8]) -> IdentityKey? {
+        guard id.count == FileHeader.classKeyIDSize else { return nil }
+        let generation = resolutionGeneration.load(ordering: .acquiring)
+        let wanted = hexString(id)
+        if let key = keyIDIndex.withLock({ index in index?.generation == generation ? index?.accounts[wanted]?.key : nil }) { return key }
+        return keyIDIndex(generation)[wanted]?.key
+    }
+
+    /// Makes the index of accounts by key ID for `generation`.
+    private func keyIDIndex(_ generation: UInt64) -> [String: Account] {
         // By the IDs' hex, as accounts keep them.
         var accounts: [String: Account] = [:]
         let known = self.accounts()
@@ -27,7 +42,13 @@ extension Engine {
             }
         }
         keyIDIndex.withLock { $0 = (generation, accounts) }
-        return accounts[wanted]
+        return accounts
+    }
+
+    /// The identity a header belongs to, as `account(of:)` finds it.
+    func identityKey(of header: FileHeader) throws(EngineError) -> IdentityKey {
+        if header.owner == nil, let key = identityKey(forKeyID: header.classKeyID) { return key }
+        return try account(of: header).key
     }
 
     /// The account a header belongs to: the one it names (versions 1 and 2), or the one whose
@@ -69,13 +90,23 @@ extension Engine {
     /// The key ID an owner record of `identity` carries instead of its name (the ID of its class D
     /// key, which every enrolled identity has); nil for an unmanaged or unknown identity.
     public func ownerKeyID(for identity: String) -> [UInt8]? {
-        // Asked for every file created: one look under the lock, no copy of the account, and the
-        // ID as the keyring holds it (class D is unwrapped from the start).
-        state.withLock { state in
+        // Asked for every file created: kept by the identity as given, while no account, binding
+        // or key changed; else one look under the lock, no copy of the account, and the ID as the
+        // keyring holds it (class D is unwrapped from the start).
+        let generation = resolutionGeneration.load(ordering: .acquiring), keys = nameKeyGenerationCounter.load(ordering: .acquiring)
+        if let known = ownerKeyIDs.withLock({ $0.generation == generation && $0.keys == keys ? $0.ids[identity] : nil }) { return known }
+        let id = state.withLock { state -> [UInt8]? in
             guard let index = state.accountIndex(identity),
                   state.accounts[index].isEnrolled else { return nil }
             return state.keys[state.accounts[index].key]?.classD.id
         }
+        if let id {
+            ownerKeyIDs.withLock { cache in
+                if cache.generation != generation || cache.keys != keys { cache = (generation, keys, [:]) }
+                cache.ids[identity] = id
+            }
+        }
+        return id
     }
 
     /// How an owner that no account here names is shown: the identity of a keybag in the state
