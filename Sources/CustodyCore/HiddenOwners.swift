@@ -18,6 +18,10 @@ extension Engine {
         return keyIDIndex(generation)[wanted]
     }
 
+    /// Changes whenever what `account(forKeyID:)` answers may change (accounts, their keys,
+    /// bindings, settings): a caller may keep answers of one generation.
+    public var ownerGeneration: UInt64 { resolutionGeneration.load(ordering: .acquiring) }
+
     /// The identity of `account(forKeyID:)`, without a copy of its account: every file created
     /// asks (`adoptFileKey`).
     func identityKey(forKeyID id: [UInt8]) -> IdentityKey? {

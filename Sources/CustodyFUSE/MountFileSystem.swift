@@ -62,6 +62,9 @@ final class MountFileSystem: @unchecked Sendable {
     let nameKeyCache = Mutex<NameKeySet>(.empty)
     /// Directory tweaks made so far (`DirectoryTweakState.none`).
     let tweaksMade = Atomic<UInt64>(0)
+    /// The owners of key IDs in owner records (`protection(from:)`), for the engine's owner
+    /// generation.
+    let keyIDOwners = Mutex<(generation: UInt64, owners: [[UInt8]: Owner])>((.max, [:]))
     /// Changes of a name's form made other than by a request about that name (an owner change,
     /// an upgrade, an exchange): each ends what directories the mount made know of their names
     /// (`MadeDirectoryNames`).

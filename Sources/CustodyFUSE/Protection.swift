@@ -143,9 +143,21 @@ extension MountFileSystem {
         case .named(let owner):
             return (Protection(record: record, owner: owner), true)
         case .keyID(let id):
+            // Every entry looked up or listed asks: the owner of each key ID is kept for the
+            // engine's owner generation once an account here names it.
+            let generation = engine?.ownerGeneration ?? 0
+            if let owner = keyIDOwners.withLock({ $0.generation == generation ? $0.owners[id] : nil }) {
+                return (Protection(record: record, owner: owner), true)
+            }
             let account = engine?.account(forKeyID: id)
             let name = account?.upn ?? engine?.unknownOwner(keyID: id) ?? hexString(id)
             guard let owner = try? Owner(name) else { return (.untracked, account != nil) }
+            if account != nil {
+                keyIDOwners.withLock { known in
+                    if known.generation != generation { known = (generation, [:]) }
+                    known.owners[id] = owner
+                }
+            }
             return (Protection(record: record, owner: owner), account != nil)
         }
     }
