@@ -507,8 +507,6 @@ struct Reader {
         return nil
     }
 
-    /// What the accounts declare together: one object ID and UPN each, and (when the settings
-    /// allow only some accounts) managed ones that are allowed.
     /// The tables of `[[key]]` with their positions; an element that is not a table, or a `key`
     /// that is not an array of tables, is reported and left out.
     mutating func arrayOfTables(_ root: TOMLTable, _ key: String) -> [(index: Int, table: TOMLTable)] {
@@ -524,6 +522,8 @@ struct Reader {
         return tables
     }
 
+    /// What the accounts declare together: one object ID and UPN each, and (when the settings
+    /// allow only some accounts) managed ones that are allowed.
     mutating func checkDeclaredAccounts(_ configuration: DaemonConfiguration, indexes: [Int]) {
         var seen: [String: Int] = [:]
         for (account, index) in zip(configuration.accounts, indexes) {

@@ -10,12 +10,7 @@ extension Engine {
     /// The account whose keybag holds a class key with the ID `id` (of any class); nil when none
     /// here does (an identity enrolled elsewhere, or wiped).
     public func account(forKeyID id: [UInt8]) -> Account? {
-        guard id.count == FileHeader.classKeyIDSize else { return nil }
-        // Every file probed asks: an index, made again when accounts or their keys change.
-        let generation = resolutionGeneration.load(ordering: .acquiring)
-        let wanted = hexString(id)
-        if let index = keyIDIndex.withLock({ $0 }), index.generation == generation { return index.accounts[wanted] }
-        return keyIDIndex(generation)[wanted]
+        indexed(keyID: id) { $0 }
     }
 
     /// Changes whenever what `account(forKeyID:)` answers may change (accounts, their keys,
@@ -25,11 +20,22 @@ extension Engine {
     /// The identity of `account(forKeyID:)`, without a copy of its account: every file created
     /// asks (`adoptFileKey`).
     func identityKey(forKeyID id: [UInt8]) -> IdentityKey? {
+        indexed(keyID: id) { $0.key }
+    }
+
+    /// What `part` takes of the account whose keybag holds the class key `id`, read in the index
+    /// (under its lock, so that only that part is copied out).
+    private func indexed<T: Sendable>(keyID id: [UInt8], _ part: (Account) -> T) -> T? {
         guard id.count == FileHeader.classKeyIDSize else { return nil }
+        // Every file probed asks: an index, made again when accounts or their keys change.
         let generation = resolutionGeneration.load(ordering: .acquiring)
         let wanted = hexString(id)
-        if let key = keyIDIndex.withLock({ index in index?.generation == generation ? index?.accounts[wanted]?.key : nil }) { return key }
-        return keyIDIndex(generation)[wanted]?.key
+        let found = keyIDIndex.withLock { index -> T?? in
+            guard let index, index.generation == generation else { return nil }
+            return .some(index.accounts[wanted].map(part))
+        }
+        if let found { return found }
+        return keyIDIndex(generation)[wanted].map(part)
     }
 
     /// Makes the index of accounts by key ID for `generation`.

@@ -467,29 +467,25 @@ extension MountFileSystem {
         return NameListing(keys: keys, associatedData: NameCipher.associatedData(tweak: tweak))
     }
 
-    /// As `shownName(_:in:)`, with what `nameListing` found for the directory.
-    func shownName(_ stored: UnsafePointer<CChar>, in directory: Inode, listing: NameListing?) -> FileName? {
+    /// As `shownName(_:in:)`, with what `nameListing` found for the directory. `known`: for an
+    /// entry of a READDIRPLUS, the directory's node ID and the entry's attributes: the name its
+    /// node has when the kernel knows it by this stored name there is shown, and nothing decrypted.
+    func shownName(_ stored: UnsafePointer<CChar>, in directory: Inode, listing: NameListing?,
+                   known: (directoryID: UInt64, attributes: stat)? = nil) -> FileName? {
         guard let listing, Self.isReservedName(stored), let associatedData = listing.associatedData else { return nil }
         // Every name of a listing passes here: read in place, no string made of it.
         guard let (tag, separator, body) = NameCipher.parts(of: UnsafeRawBufferPointer(start: stored, count: strlen(stored))),
-              let key = listing.keys.key(tagged: tag) else { return nil }
+              separator != UInt8(ascii: ":"), let key = listing.keys.key(tagged: tag) else { return nil }
+        if let (directoryID, attributes) = known,
+           let name = inodes.shownName(ofObject: UInt64(attributes.st_dev), UInt64(attributes.st_ino), in: directoryID, stored: stored) {
+            return name
+        }
         if separator == UInt8(ascii: "-") { return decryptedName(String(cString: stored), in: directory, longForm: nil).map { FileName(bytes: $0) } }
-        guard separator == UInt8(ascii: "."), let plain = try? NameCipher.decryptShortName(body: body, associatedData: associatedData, key: key) else { return nil }
+        guard let plain = try? NameCipher.decryptShortName(body: body, associatedData: associatedData, key: key) else { return nil }
         // Listed, then looked up, removed or renamed by this name (rm -r, a file manager): tried
         // in this key's form first.
         noteNameForm(key.tag, in: directory)
         return plain
-    }
-
-    /// As `shownName(_:in:listing:)`, for an entry of a READDIRPLUS, whose attributes are
-    /// `attributes`: the name its node is known by when the kernel knows it by this stored name
-    /// (and its key is still held), else decrypted.
-    func shownName(_ stored: UnsafePointer<CChar>, in directory: Inode, _ directoryID: UInt64, listing: NameListing?, attributes: stat) -> FileName? {
-        guard let listing, Self.isReservedName(stored), listing.associatedData != nil,
-              let (tag, separator, _) = NameCipher.parts(of: UnsafeRawBufferPointer(start: stored, count: strlen(stored))),
-              separator != UInt8(ascii: ":"), listing.keys.key(tagged: tag) != nil else { return nil }
-        return inodes.shownName(ofObject: UInt64(attributes.st_dev), UInt64(attributes.st_ino), in: directoryID, stored: stored)
-            ?? shownName(stored, in: directory, listing: listing)
     }
 
     /// The name a listing shows for the stored name `stored` (a C string) in `directory`: nil

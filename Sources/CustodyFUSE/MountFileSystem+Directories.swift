@@ -147,7 +147,7 @@ extension MountFileSystem {
             Syscall.close(fd)
             throw error
         }
-        let shown = shownName(stored, in: parent, parentID, listing: listing, attributes: attributes)
+        let shown = shownName(stored, in: parent, listing: listing, known: (parentID, attributes))
         let name = EntryName(parent: parentID, name: shown ?? FileName(cString: stored), stored: shown.map { _ in FileName(cString: stored) })
         return (shown, try rememberEntry(pathFD: fd, name: name, in: parent, stated: attributes))
     }

@@ -77,18 +77,13 @@ public final class NameKey: Sendable {
 
     /// Opens `sealed` (nonce ‖ ciphertext ‖ tag) in a caller's buffer.
     func open(sealed: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer) throws(CryptoError) -> [UInt8] {
-        let nonceSize = AESGCMKey.nonceSize, tagSize = AESGCMKey.tagSize
-        guard sealed.count >= nonceSize + tagSize, let base = sealed.baseAddress else { throw .authenticationFailed }
-        let length = sealed.count - nonceSize - tagSize
+        guard sealed.count >= AESGCMKey.nonceSize + AESGCMKey.tagSize else { throw .authenticationFailed }
         var failure: CryptoError?
         // One spare byte, so that an empty name still has an address to decrypt into.
-        let plaintext = [UInt8](unsafeUninitializedCapacity: length + 1) { out, initialized in
+        let plaintext = [UInt8](unsafeUninitializedCapacity: sealed.count - AESGCMKey.nonceSize - AESGCMKey.tagSize + 1) { out, initialized in
             guard let target = out.baseAddress else { failure = .authenticationFailed; return }
             do throws(CryptoError) {
-                try cipher.open(nonce: UnsafeRawBufferPointer(start: base, count: nonceSize), aad: aad,
-                                ciphertext: UnsafeRawBufferPointer(start: base + nonceSize, count: length),
-                                tag: base + nonceSize + length, plaintext: target)
-                initialized = length
+                initialized = try open(sealed: sealed, aad: aad, into: target)
             } catch {
                 failure = error
             }
