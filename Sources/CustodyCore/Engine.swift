@@ -66,6 +66,8 @@ public final class Engine: @unchecked Sendable {
     /// settings): remembered answers of older generations are not used.
     let resolutionGeneration = Atomic<UInt64>(0)
     let resolutions = ResolutionCache()
+    /// What callers bound to no identity resolve to, by uid, for the resolution generation.
+    let unboundResolutions = Mutex<(generation: UInt64, answers: [UInt32: ResolvedIdentity])>((.max, [:]))
     /// Changes whenever a policy or the settings change: open handles granted across identities
     /// check their grant again.
     let policyGeneration = Atomic<UInt64>(0)
@@ -73,10 +75,10 @@ public final class Engine: @unchecked Sendable {
     let nameKeyGenerationCounter = Atomic<UInt64>(0)
     /// Accounts by the IDs of their class keys, for the resolution generation it was made in
     /// (`HiddenOwners.swift`).
-    let keyIDIndex = Mutex<(generation: UInt64, accounts: [String: Account])?>(nil)
-    /// The key ID each identity's new files are recorded by (`ownerKeyID`), for the resolution and
+    let keyIDIndex = Mutex<(generation: UInt64, accounts: [UInt64: IndexedAccount])?>(nil)
+    /// What each identity's new files are made as (`newFileOwner`), for the resolution and
     /// name-key generations it was read in.
-    let ownerKeyIDs = Mutex<(generation: UInt64, keys: UInt64, ids: [String: [UInt8]])>((.max, .max, [:]))
+    let newFileOwners = Mutex<(generation: UInt64, keys: UInt64, owners: [String: NewFileOwner])>((.max, .max, [:]))
     /// How owners no account names are shown, by key ID, for the resolution generation (`HiddenOwners.swift`).
     let unknownOwners = Mutex<(generation: UInt64, names: [String: String])>((0, [:]))
     /// No lock completes before this time (monotonic seconds, as a `Double`'s bits): every file
@@ -129,6 +131,20 @@ public final class Engine: @unchecked Sendable {
         /// creates a file asks), then case-folded.
         func accountIndex(_ identity: String) -> Int? {
             accounts.firstIndex { $0.matchesAsStored(identity) } ?? accounts.firstIndex { $0.matches(identity) }
+        }
+
+        /// Calls `body` with the keyring of `key` where it is, not a copy: a copy retains every key
+        /// it holds, and every request thread that creates or opens a file shares those counts.
+        /// The UPN of the account filed as `key` (its key when none is), for messages.
+        func upn(of key: IdentityKey) -> String {
+            accounts.first { $0.key == key }?.upn ?? key.folded
+        }
+
+        /// Nil when `key` has none. (The values' subscript yields the stored keyring; the
+        /// dictionary's own takes it out and puts a copy back.)
+        mutating func withKeyring<T>(_ key: IdentityKey, _ body: (inout Keyring) -> T) -> T? {
+            guard let index = keys.index(forKey: key) else { return nil }
+            return body(&keys.values[index])
         }
     }
 
@@ -418,32 +434,45 @@ public final class Engine: @unchecked Sendable {
     public func classKey(for identity: String, _ protectionClass: ProtectionClass, purpose: KeyPurpose) throws(EngineError) -> ClassKey {
         processDeadlines()
         let account = try self.account(identity)
-        return try state.withLock { (state) throws(EngineError) -> ClassKey in
-            guard let keys = state.keys[account.key] else { throw missingKeys(account, state) }
-            switch protectionClass {
-            case .none:
-                return .symmetric(id: keys.classD.id, key: keys.classD.key)
-            case .untilFirstAuthentication:
-                guard let c = keys.classC else { throw .locked(account.upn, protectionClass) }
-                return .symmetric(id: c.id, key: c.key)
-            case .completeUnlessOpen:
-                if purpose == .open, keys.classBPrivate == nil { throw .locked(account.upn, protectionClass) }
-                return .agreement(id: keys.classBPublic.id, publicKey: keys.classBPublic.publicKey,
-                                  privateKey: purpose == .open ? keys.classBPrivate : nil)
-            case .complete:
-                guard let a = keys.classA else { throw .locked(account.upn, protectionClass) }
-                return .symmetric(id: a.id, key: a.key)
-            }
+        return try classKey(of: account.key, protectionClass, purpose: purpose)
+    }
+
+    /// The class key of the account filed as `key`.
+    func classKey(of key: IdentityKey, _ protectionClass: ProtectionClass, purpose: KeyPurpose) throws(EngineError) -> ClassKey {
+        try state.withLock { (state) throws(EngineError) -> ClassKey in
+            let found = state.withKeyring(key) { (keys: inout Keyring) -> ClassKey? in Self.classKey(protectionClass, purpose: purpose, in: &keys) }
+            guard let found else { throw missingKeys(key, upn: state.upn(of: key), state) }
+            guard let found else { throw .locked(state.upn(of: key), protectionClass) }
+            return found
+        }
+    }
+
+    /// The key of `protectionClass` in `keys`; nil while the class is withheld (class B can
+    /// create while locked: public key only). Reads the keyring in place, field by field.
+    private static func classKey(_ protectionClass: ProtectionClass, purpose: KeyPurpose, in keys: inout Keyring) -> ClassKey? {
+        switch protectionClass {
+        case .none:
+            return .symmetric(id: keys.classD.id, key: keys.classD.key)
+        case .untilFirstAuthentication:
+            guard let c = keys.classC else { return nil }
+            return .symmetric(id: c.id, key: c.key)
+        case .completeUnlessOpen:
+            let privateKey = purpose == .open ? keys.classBPrivate : nil
+            if purpose == .open, privateKey == nil { return nil }
+            return .agreement(id: keys.classBPublic.id, publicKey: keys.classBPublic.publicKey, privateKey: privateKey)
+        case .complete:
+            guard let a = keys.classA else { return nil }
+            return .symmetric(id: a.id, key: a.key)
         }
     }
 
     /// The file key of a protected file for an open handle: unwrapped once, shared by the file's
     /// open handles, dropped at the last `closeFileKey`.
     public func openFileKey(_ header: FileHeader) throws(EngineError) -> FileKeyLease {
-        let account = try self.account(of: header)
-        let key = account.key
+        let key = try identityKey(of: header)
         if let lease = state.withLock({ $0.openKeys.reuse(header.fileID) }) { return lease }
-        let classKey = try self.classKey(for: account.id, header.protectionClass, purpose: .open)
+        processDeadlines()
+        let classKey = try self.classKey(of: key, header.protectionClass, purpose: .open)
         let fileKey: SecretBytes
         do { fileKey = try header.unwrapFileKey(with: classKey) } catch { throw .format(error) }
         let lease = FileKeyLease(identity: key, protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)
@@ -466,7 +495,7 @@ public final class Engine: @unchecked Sendable {
     /// not one that arrives before the kernel's release of the last handle closed.
     public func admitsNewHandle(_ lease: FileKeyLease) -> Bool {
         guard lease.protectionClass == .completeUnlessOpen else { return true }
-        return state.withLock { $0.keys[lease.identity]?.classBPrivate != nil }
+        return state.withLock { $0.withKeyring(lease.identity) { $0.classBPrivate != nil } ?? false }
     }
 
     /// One handle closed; at the last one the key is dropped (zeroed once nothing holds it).

@@ -10,7 +10,7 @@ extension Engine {
     /// The account whose keybag holds a class key with the ID `id` (of any class); nil when none
     /// here does (an identity enrolled elsewhere, or wiped).
     public func account(forKeyID id: [UInt8]) -> Account? {
-        indexed(keyID: id) { $0 }
+        indexed(keyID: id)?.account
     }
 
     /// Changes whenever what `account(forKeyID:)` answers may change (accounts, their keys,
@@ -20,34 +20,42 @@ extension Engine {
     /// The identity of `account(forKeyID:)`, without a copy of its account: every file created
     /// asks (`adoptFileKey`).
     func identityKey(forKeyID id: [UInt8]) -> IdentityKey? {
-        indexed(keyID: id) { $0.key }
+        indexed(keyID: id)?.key
     }
 
-    /// What `part` takes of the account whose keybag holds the class key `id`, read in the index
-    /// (under its lock, so that only that part is copied out).
-    private func indexed<T: Sendable>(keyID id: [UInt8], _ part: (Account) -> T) -> T? {
-        guard id.count == FileHeader.classKeyIDSize else { return nil }
-        // Every file probed asks: an index, made again when accounts or their keys change.
+    /// The entry of the account whose keybag holds the class key `id`. Every file created or
+    /// probed asks: an index by the ID as a number, made again when accounts or their keys change.
+    private func indexed(keyID id: [UInt8]) -> IndexedAccount? {
+        guard let wanted = Self.keyIDNumber(id) else { return nil }
         let generation = resolutionGeneration.load(ordering: .acquiring)
-        let wanted = hexString(id)
-        let found = keyIDIndex.withLock { index -> T?? in
+        let found = keyIDIndex.withLock { index -> IndexedAccount?? in
             guard let index, index.generation == generation else { return nil }
-            return .some(index.accounts[wanted].map(part))
+            return .some(index.accounts[wanted])
         }
         if let found { return found }
-        return keyIDIndex(generation)[wanted].map(part)
+        return keyIDIndex(generation)[wanted]
+    }
+
+    /// A class key ID as the index holds it: its eight bytes as a big-endian number (nil for
+    /// another length).
+    static func keyIDNumber(_ id: some Collection<UInt8>) -> UInt64? {
+        guard id.count == FileHeader.classKeyIDSize else { return nil }
+        return id.reduce(0) { $0 << 8 | UInt64($1) }
     }
 
     /// Makes the index of accounts by key ID for `generation`.
-    private func keyIDIndex(_ generation: UInt64) -> [String: Account] {
-        // By the IDs' hex, as accounts keep them.
-        var accounts: [String: Account] = [:]
+    private func keyIDIndex(_ generation: UInt64) -> [UInt64: IndexedAccount] {
+        var accounts: [UInt64: IndexedAccount] = [:]
         let known = self.accounts()
         state.withLock { state in
             for account in known {
-                for id in account.keyIDs ?? [] { accounts[id] = account }
+                let entry = IndexedAccount(account)
+                // As the account keeps them (hex, the same number read big-endian), and as its keybag does.
+                for hex in account.keyIDs ?? [] where hex.utf8.count == 2 * FileHeader.classKeyIDSize {
+                    if let id = UInt64(hex, radix: 16) { accounts[id] = entry }
+                }
                 if let stored = state.keys[account.key]?.stored {
-                    for id in Self.keyIDs(of: stored) { accounts[id] = account }
+                    for wrapped in stored.classes.values { if let id = Self.keyIDNumber(wrapped.id) { accounts[id] = entry } }
                 }
             }
         }
@@ -97,28 +105,6 @@ extension Engine {
         }
     }
 
-    /// The key ID an owner record of `identity` carries instead of its name (the ID of its class D
-    /// key, which every enrolled identity has); nil for an unmanaged or unknown identity.
-    public func ownerKeyID(for identity: String) -> [UInt8]? {
-        // Asked for every file created: kept by the identity as given, while no account, binding
-        // or key changed; else one look under the lock, no copy of the account, and the ID as the
-        // keyring holds it (class D is unwrapped from the start).
-        let generation = resolutionGeneration.load(ordering: .acquiring), keys = nameKeyGenerationCounter.load(ordering: .acquiring)
-        if let known = ownerKeyIDs.withLock({ $0.generation == generation && $0.keys == keys ? $0.ids[identity] : nil }) { return known }
-        let id = state.withLock { state -> [UInt8]? in
-            guard let index = state.accountIndex(identity),
-                  state.accounts[index].isEnrolled else { return nil }
-            return state.keys[state.accounts[index].key]?.classD.id
-        }
-        if let id {
-            ownerKeyIDs.withLock { cache in
-                if cache.generation != generation || cache.keys != keys { cache = (generation, keys, [:]) }
-                cache.ids[identity] = id
-            }
-        }
-        return id
-    }
-
     /// How an owner that no account here names is shown: the identity of a keybag in the state
     /// directory that holds the key (one no account names: enrolling that object ID again takes
     /// it up), else that it is not known here.
@@ -145,5 +131,16 @@ extension Engine {
     /// The IDs (hex) of every class key of a keybag.
     static func keyIDs(of stored: StoredKeybag) -> [String] {
         stored.classes.keys.sorted().compactMap { stored.classes[$0].map { hexString(Array($0.id)) } }
+    }
+}
+
+/// An account in the index by key ID, with the key it is filed under (not made again per look).
+final class IndexedAccount: Sendable {
+    let account: Account
+    let key: IdentityKey
+
+    init(_ account: Account) {
+        self.account = account
+        self.key = account.key
     }
 }

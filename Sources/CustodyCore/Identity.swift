@@ -68,8 +68,13 @@ extension Engine {
     /// nothing changed since, costs a check per task its answer rests on instead of a walk
     /// through /proc.
     public func resolve(thread tid: Int32, uid: UInt32) -> ResolvedIdentity {
-        let (threads, processesBound) = state.withLock { ($0.threadBindings, $0.processBindings) }
-        if threads.isEmpty, processesBound.isEmpty { return resolveUnbound(uid: uid) }
+        // The bindings are copied only when there are some (a copy's counts are shared by every
+        // request thread).
+        let bindings = state.withLock { state in
+            state.threadBindings.isEmpty && state.processBindings.isEmpty ? nil : (state.threadBindings, state.processBindings)
+        }
+        guard let bindings else { return resolveUnbound(uid: uid) }
+        let (threads, processesBound) = bindings
         let generation = resolutionGeneration.load(ordering: .acquiring)
         if let known = resolutions.answer(thread: tid, uid: uid, generation: generation) { return known }
         var resting: [Int32] = [tid]
@@ -108,6 +113,18 @@ extension Engine {
     /// Rules 4 to 6: the uid's default identity (configured, or the managed account the uid
     /// owns), the primary account, or none.
     private func resolveUnbound(uid: UInt32) -> ResolvedIdentity {
+        let generation = resolutionGeneration.load(ordering: .acquiring)
+        if let known = unboundResolutions.withLock({ $0.generation == generation ? $0.answers[uid] : nil }) { return known }
+        let answer = walkUnbound(uid: uid)
+        unboundResolutions.withLock { cache in
+            if cache.generation != generation || cache.answers.count >= 1024 { cache = (generation, [:]) }
+            cache.answers[uid] = answer
+        }
+        return answer
+    }
+
+    /// The answer `resolveUnbound` keeps per uid for the resolution generation.
+    private func walkUnbound(uid: UInt32) -> ResolvedIdentity {
         let settings = self.settings
         if let identity = settings.defaultIdentities[uid] {
             return ResolvedIdentity(identity: registeredName(identity), source: .uidDefault(uid))

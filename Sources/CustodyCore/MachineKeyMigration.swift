@@ -32,11 +32,15 @@ extension Engine {
 
     /// Why an account has no keys: its machine key cannot be had, or it is not enrolled.
     func missingKeys(_ account: Account, _ state: State) -> EngineError {
-        if let reason = state.stranded[account.key] {
-            return .machineKeyUnavailable("\(account.upn): \(reason); recover it with its recovery key (custodyctl recover)")
+        missingKeys(account.key, upn: account.upn, state)
+    }
+
+    func missingKeys(_ key: IdentityKey, upn: String, _ state: State) -> EngineError {
+        if let reason = state.stranded[key] {
+            return .machineKeyUnavailable("\(upn): \(reason); recover it with its recovery key (custodyctl recover)")
         }
-        if let reason = state.unusable[account.key] { return .keysUnavailable("\(account.upn) is unavailable: \(reason)") }
-        return .notEnrolled(account.upn)
+        if let reason = state.unusable[key] { return .keysUnavailable("\(upn) is unavailable: \(reason)") }
+        return .notEnrolled(upn)
     }
 
     func missingKeys(_ account: Account) -> EngineError { state.withLock { missingKeys(account, $0) } }

@@ -44,18 +44,6 @@ extension Engine {
         return state.withLock { $0.keys[account.key]?.nameKey }
     }
 
-    /// How a new entry owned by `owner` is named.
-    public func nameKeyChoice(for owner: String?) -> NameKeyChoice {
-        guard let owner else { return .plain }
-        // Asked for every entry created: one look under the lock, no copy of the account.
-        return state.withLock { state -> NameKeyChoice in
-            guard let index = state.accountIndex(owner),
-                  state.accounts[index].isEnrolled else { return .plain }
-            if let key = state.keys[state.accounts[index].key]?.nameKey { return .key(key) }
-            return .unavailable(state.accounts[index].upn)
-        }
-    }
-
     /// Changes whenever a name key appears (first unlock, enrolment, recovery) or goes (wipe).
     public var nameKeyGeneration: UInt64 { nameKeyGenerationCounter.load(ordering: .acquiring) }
 

@@ -111,8 +111,14 @@ extension MountFileSystem {
     /// The key a new entry owned by `owner` is named with (nil: a plain name). Refused while the
     /// owner is a managed identity whose key is not held.
     func nameKey(forNewEntryOf owner: String?) throws(Errno) -> NameKey? {
-        guard options.encryptNames, let engine else { return nil }
-        switch engine.nameKeyChoice(for: owner) {
+        guard options.encryptNames, let engine, let owner else { return nil }
+        return try nameKey(for: engine.newFileOwner(owner))
+    }
+
+    /// As above, for an owner the engine has described.
+    func nameKey(for owner: NewFileOwner) throws(Errno) -> NameKey? {
+        guard options.encryptNames else { return nil }
+        switch owner.nameKey {
         case .plain: return nil
         case .key(let key): return key
         case .unavailable(let identity):

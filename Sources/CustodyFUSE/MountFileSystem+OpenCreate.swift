@@ -145,9 +145,14 @@ extension MountFileSystem {
                 let owner = engine.ownerForNewFile(caller, directoryOwner: directoryOwner(parent))
                 try checkCreateTransfer(req, caller: caller, newOwner: owner, in: parent)
                 try checkReceiving(req, owner: owner, flags: fi.pointee.flags | O_CREAT)
-                (wanted, classKey) = try plan(for: owner)
-                let (wanted, other) = try newEntryName(name, in: parent, key: try nameKey(forNewEntryOf: owner),
-                                                       keepingOtherForm: fi.pointee.flags & O_EXCL == 0)
+                // The engine is asked about the owner once, for the file and for its name.
+                var key: NameKey?
+                if let owner {
+                    let described = engine.newFileOwner(owner)
+                    (wanted, classKey) = try plan(for: described)
+                    key = try nameKey(for: described)
+                }
+                let (wanted, other) = try newEntryName(name, in: parent, key: key, keepingOtherForm: fi.pointee.flags & O_EXCL == 0)
                 resolved = other ?? wanted
                 if other != nil { renamedInto = wanted }
             }

@@ -188,15 +188,19 @@ extension MountFileSystem {
     /// and its policy requires it, else plain with the owner recorded, or untracked without owner.
     func plan(for ownerName: String?) throws(Errno) -> (Protection, ClassKey?) {
         guard let given = ownerName else { return (.untracked, nil) }
-        // A registered account is recorded as registered; other identities as given.
-        let ownerName = engine?.registeredName(given) ?? given
-        let owner: Owner
-        do throws(FormatError) { owner = try Owner(ownerName) } catch { throw Errno.invalidArgument }
-        guard let engine, let protectionClass = engine.effectiveProtection(for: ownerName) else {
-            return (.plain(owner), nil)
+        guard let engine else {
+            do throws(FormatError) { return (.plain(try Owner(given)), nil) } catch { throw Errno.invalidArgument }
         }
-        let classKey = try asErrno({ () throws(EngineError) in try engine.classKey(for: ownerName, protectionClass, purpose: .create) },
-                                   failed: { log("create refused for \(ownerName): \($0)") })
+        return try plan(for: engine.newFileOwner(given))
+    }
+
+    /// As above, for an owner the engine has described (a registered account is recorded as
+    /// registered; other identities as given).
+    func plan(for described: NewFileOwner) throws(Errno) -> (Protection, ClassKey?) {
+        guard let owner = described.owner else { throw Errno.invalidArgument }
+        guard let engine, let protectionClass = described.protectionClass else { return (.plain(owner), nil) }
+        let classKey = try asErrno({ () throws(EngineError) in try engine.classKey(forNewFileOf: described) },
+                                   failed: { log("create refused for \(owner.display): \($0)") })
         return (.encrypted(owner, protectionClass), classKey)
     }
 
