@@ -111,6 +111,14 @@ final class InodeTable: @unchecked Sendable {
             }
         }
 
+        /// Calls `body` with `id`'s entry where it is; nil when there is no such node. Every
+        /// request looks up its node: a copy of the entry would retain each name it holds, counts
+        /// that every request thread shares.
+        mutating func withEntry<T>(_ id: UInt64, _ body: (inout Entry) -> T) -> T? {
+            guard let index = byID.index(forKey: id) else { return nil }
+            return body(&byID.values[index])
+        }
+
         mutating func unindex(_ id: UInt64, _ name: EntryName?) {
             guard let name, name.stored != nil else { return }
             let key = InodeTable.indexKey(name.parent, name.name)
@@ -140,7 +148,7 @@ final class InodeTable: @unchecked Sendable {
 
     /// The inode for a node ID the kernel sent.
     func inode(_ id: UInt64) throws(Errno) -> Inode {
-        guard let inode = state.withLock({ $0.byID[id]?.inode }) else { throw Errno.badFileDescriptor }
+        guard let inode = state.withLock({ $0.withEntry(id) { $0.inode } }) else { throw Errno.badFileDescriptor }
         touch(inode)
         return inode
     }
@@ -153,14 +161,15 @@ final class InodeTable: @unchecked Sendable {
     func remember(fd: Int32, attributes st: stat, name: EntryName? = nil, made: MadeDirectoryNames? = nil) -> UInt64 {
         let key = Key(device: UInt64(st.st_dev), number: UInt64(st.st_ino))
         let (id, inode, duplicate) = state.withLock { state -> (UInt64, Inode, Bool) in
-            if let id = state.byKey[key], var entry = state.byID[id], entry.inode.fileType == st.st_mode & S_IFMT {
+            if let id = state.byKey[key], let (inode, old) = state.withEntry(id, { entry -> (Inode, EntryName?)? in
+                guard entry.inode.fileType == st.st_mode & S_IFMT else { return nil }
                 entry.lookups += 1
-                if let name {
-                    state.index(id, name: name, replacing: entry.name)
-                    entry.name = name
-                }
-                state.byID[id] = entry
-                return (id, entry.inode, true)
+                guard let name else { return (entry.inode, nil) }
+                defer { entry.name = name }
+                return (entry.inode, entry.name)
+            }) ?? nil {
+                if let name { state.index(id, name: name, replacing: old) }
+                return (id, inode, true)
             }
             let id = state.nextID
             state.nextID += 1
@@ -182,10 +191,9 @@ final class InodeTable: @unchecked Sendable {
     /// kernel forgets it.
     func detach(_ id: UInt64) {
         state.withLock { state in
-            guard let entry = state.byID[id], id != Self.rootID else { return }
-            let key = Key(device: entry.inode.device, number: entry.inode.number)
+            guard id != Self.rootID, let (key, name) = state.withEntry(id, { (Key(device: $0.inode.device, number: $0.inode.number), $0.name) }) else { return }
             if state.byKey[key] == id { state.byKey[key] = nil }
-            state.unindex(id, entry.name)
+            state.unindex(id, name)
         }
     }
 
@@ -193,13 +201,11 @@ final class InodeTable: @unchecked Sendable {
     /// closes once no request still holds the inode.
     func forget(_ id: UInt64, count: UInt64) {
         let retired: Inode? = state.withLock { state in
-            guard var entry = state.byID[id], id != Self.rootID else { return nil }
-            if entry.lookups > count {
+            guard id != Self.rootID, let retiring = state.withEntry(id, { entry -> Bool in
+                guard entry.lookups > count else { return true }
                 entry.lookups -= count
-                state.byID[id] = entry
-                return nil
-            }
-            state.byID[id] = nil
+                return false
+            }), retiring, let entry = state.byID.removeValue(forKey: id) else { return nil }
             entries.wrappingSubtract(1, ordering: .relaxed)
             let key = Key(device: entry.inode.device, number: entry.inode.number)
             if state.byKey[key] == id { state.byKey[key] = nil }
@@ -224,7 +230,7 @@ final class InodeTable: @unchecked Sendable {
 
     /// The directory and name `id` was last looked up by, if known.
     func name(of id: UInt64) -> EntryName? {
-        state.withLock { $0.byID[id]?.name }
+        state.withLock { $0.withEntry(id) { $0.name } ?? nil }
     }
 
     /// The entry `from` in `directory` is stored as `to` now (its owner changed): nodes last looked
@@ -256,10 +262,12 @@ final class InodeTable: @unchecked Sendable {
     /// than decrypting it again.
     func shownName(ofObject device: UInt64, _ number: UInt64, in parent: UInt64, stored: UnsafePointer<CChar>) -> FileName? {
         state.withLock { state in
-            guard let id = state.byKey[Key(device: device, number: number)], let name = state.byID[id]?.name,
-                  name.parent == parent, let known = name.stored,
-                  known.cString.withUnsafeBufferPointer({ $0.baseAddress.map { strcmp($0, stored) == 0 } ?? false }) else { return nil }
-            return name.name
+            guard let id = state.byKey[Key(device: device, number: number)] else { return nil }
+            return state.withEntry(id) { entry -> FileName? in
+                guard let name = entry.name, name.parent == parent, let known = name.stored,
+                      known.cString.withUnsafeBufferPointer({ $0.baseAddress.map { strcmp($0, stored) == 0 } ?? false }) else { return nil }
+                return name.name
+            } ?? nil
         }
     }
 
