@@ -95,7 +95,8 @@ let package = Package(
 
         .testTarget(name: "CustodySystemTests", dependencies: ["CustodyTestSupport", "CustodySystem"]),
         .testTarget(name: "CustodyCryptoTests", dependencies: ["CustodyTestSupport", "CustodyCrypto", "CustodySystem"]),
-        .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyTestSupport", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
+        .testTarget(name: "CustodyFormatTests", dependencies: ["CustodyTestSupport", "CustodyFormat", "CustodyCrypto", "CustodySystem"],
+                    exclude: ["Fixtures"]),
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyTestSupport", "CustodyFUSE", "CustodySystem"]),
         .testTarget(name: "IntegrationTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient", "CustodyTPM"]),
