@@ -6,7 +6,7 @@ BIN := .build/debug
 RELEASE_BIN := .build/release
 
 # Debian packages: what building and testing need, and what `make bench` compares against.
-BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev liburing-dev libsodium-dev libsystemd-dev libpam0g-dev libtss2-dev
+BUILD_PACKAGES := pkg-config gcc fuse3 libfuse3-dev liburing-dev libsodium-dev libssl-dev libsystemd-dev libpam0g-dev libtss2-dev
 TEST_PACKAGES := man-db lintian attr acl sqlite3 util-linux curl rsync git socat python3 python3-pip dbus python3-dbusmock pamtester swtpm swtpm-tools tpm2-tools
 # From PyPI: the OpenAPI fuzzer scripts/checks/api-fuzz.sh runs against a live daemon, and ansible-core
 # for the collection's tests (scripts/checks/ansible-test.sh).

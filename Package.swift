@@ -16,9 +16,6 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
         // Tests only: reads docs/openapi.yaml to check the routes' models against it.
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
-        // For the BoringSSL it builds: CustodyCrypto calls its C module (AES-256-GCM AEAD, random,
-        // SHA-256) directly, which is not swift-crypto's public API, so the version is pinned.
-        .package(url: "https://github.com/apple/swift-crypto", exact: "4.5.2"),
     ],
     targets: [
         // System-library and C shims.
@@ -26,6 +23,9 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         .target(name: "CLinux"),
+        // The system's libcrypto (OpenSSL 3, libssl-dev) through EVP: AES-256-GCM with keyed
+        // contexts reused per thread, SHA-256, random numbers.
+        .target(name: "COpenSSL", linkerSettings: [.linkedLibrary("crypto")]),
         // FUSE over io_uring for a libfuse 3.14 session (liburing-dev): per-CPU request rings.
         .target(name: "CFuseRing", linkerSettings: [.linkedLibrary("uring"), .linkedLibrary("fuse3")]),
         // tpm2-tss (ESAPI) calls for sealing a secret to a TPM 2.0 (libtss2-dev).
@@ -35,7 +35,7 @@ let package = Package(
         // Typed wrappers over the syscalls (Errno, *at calls, xattrs, mount table).
         .target(name: "CustodySystem", dependencies: ["CLinux"]),
         // AEAD, key wrap, KDFs, X25519, secure memory.
-        .target(name: "CustodyCrypto", dependencies: ["CSodium", "CustodySystem", .product(name: "Crypto", package: "swift-crypto")]),
+        .target(name: "CustodyCrypto", dependencies: ["COpenSSL", "CSodium", "CustodySystem"]),
         // The self-describing file format: header codec, block math, random-access protected files.
         .target(name: "CustodyFormat", dependencies: ["CustodyCrypto", "CustodySystem"]),
         // The machine's TPM 2.0: sealing and unsealing the machine key (the engine sees it as a MachineKeySealer).

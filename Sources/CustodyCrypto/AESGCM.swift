@@ -1,51 +1,37 @@
-import CCryptoBoringSSL
+import COpenSSL
 
-/// An AES-256-GCM key, keyed once into a BoringSSL AEAD context that lives in secure memory.
+/// An AES-256-GCM key, for the system's libcrypto (OpenSSL 3, through EVP).
 ///
-/// The AEAD comes from the BoringSSL that swift-crypto builds (its C module, not its Swift API,
-/// which would allocate and re-key on every call). It picks the fastest code the CPU allows:
-/// VAES with AVX-512 here, about 0.3 µs per 4 KiB block against 1.0–1.5 µs for Debian's OpenSSL
-/// 3.0. A keyed context is never written again, and BoringSSL allows any number of threads to
-/// seal and open with it at once, so a key needs no pool and no lock, and a context that one CPU
-/// used is not pulled over to another before every block.
+/// The key's bytes live in secure memory; OpenSSL's cipher contexts for it are made per thread on
+/// first use and reused for every later message (`custody_gcm` in `COpenSSL`), so a message pays
+/// the cipher, not a key schedule, and a context one thread uses is never pulled over to another.
+/// Their expanded key schedules are in OpenSSL's memory, which OpenSSL clears when the key goes.
+/// Any number of threads may seal and open with a key at once.
 public final class AESGCMKey: @unchecked Sendable {
     public static let keySize = 32
     public static let nonceSize = 12
     public static let tagSize = 16
-    /// Bytes of secure memory a keyed context takes (a 1 KiB slot of `SecurePool`).
-    static let stateSize = MemoryLayout<EVP_AEAD_CTX>.size
 
     private let key: SecretBytes
     /// The key bytes (for rewrapping a class key under a new passphrase).
     public var secret: SecretBytes { key }
-    /// Holds the `EVP_AEAD_CTX`: its copy of the key and the expanded key schedule.
-    private let state: SecretBytes
-    /// The keyed context, for as long as this key lives.
+    /// The keyed contexts, for as long as this key lives.
     public let context: AESGCMContext
 
     public init(_ key: SecretBytes) throws(CryptoError) {
         guard key.count == Self.keySize else {
             throw .invalidLength(what: "AES-256-GCM key", expected: Self.keySize, actual: key.count)
         }
-        state = try SecretBytes(count: Self.stateSize)
-        let aead = state.pointer.bindMemory(to: EVP_AEAD_CTX.self, capacity: 1)
-        CCryptoBoringSSL_EVP_AEAD_CTX_zero(aead)
-        let keyed = key.withUnsafeBytes {
-            CCryptoBoringSSL_EVP_AEAD_CTX_init(aead, CCryptoBoringSSL_EVP_aead_aes_256_gcm(),
-                                               $0.baseAddress?.assumingMemoryBound(to: UInt8.self), Self.keySize, Self.tagSize, nil)
-        }
-        guard keyed == 1 else {
-            CCryptoBoringSSL_ERR_clear_error()
-            throw .library("EVP_AEAD_CTX_init refused the key")
+        guard let contexts = custody_gcm_new(key.pointer.assumingMemoryBound(to: UInt8.self)) else {
+            throw .library("OpenSSL has no AES-256-GCM for this key (EVP_CipherInit_ex2 refused it)")
         }
         self.key = key
-        context = AESGCMContext(aead: aead)
+        context = AESGCMContext(contexts: contexts)
     }
 
     deinit {
-        // The secure memory is zeroed when `state` goes; cleanup releases nothing for GCM but is
-        // the contract.
-        CCryptoBoringSSL_EVP_AEAD_CTX_cleanup(context.aead)
+        // Before `key`'s secure memory is zeroed and freed: the contexts read it when made.
+        custody_gcm_free(context.contexts)
     }
 
     /// Seals one message (for one-off uses such as key wrapping).
@@ -61,42 +47,31 @@ public final class AESGCMKey: @unchecked Sendable {
     }
 }
 
-/// The keyed context of an `AESGCMKey`: a plain pointer (no reference counting), for loops over
+/// The keyed contexts of an `AESGCMKey`: a plain pointer (no reference counting), for loops over
 /// blocks and for work that must hold no references (see `ProtectedFile`'s mapped reads). Valid
 /// while its key lives; any number of threads may use it at once.
 public struct AESGCMContext: @unchecked Sendable {
-    let aead: UnsafeMutablePointer<EVP_AEAD_CTX>
+    let contexts: OpaquePointer
 
     /// Encrypts `plaintext` into `ciphertext` (same length; the same buffer or a disjoint one) and
     /// writes the 16-byte tag.
     public func seal(nonce: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, plaintext: UnsafeRawBufferPointer,
                      ciphertext: UnsafeMutableRawPointer, tag: UnsafeMutableRawPointer) throws(CryptoError) {
         try check(nonce)
-        var tagLength = 0
-        let sealed = CCryptoBoringSSL_EVP_AEAD_CTX_seal_scatter(
-            aead, ciphertext.assumingMemoryBound(to: UInt8.self), tag.assumingMemoryBound(to: UInt8.self), &tagLength,
-            AESGCMKey.tagSize, bytes(nonce), nonce.count, bytes(plaintext), plaintext.count, nil, 0, bytes(aad), aad.count)
-        guard sealed == 1, tagLength == AESGCMKey.tagSize else {
-            CCryptoBoringSSL_ERR_clear_error()
-            throw .library("EVP_AEAD_CTX_seal_scatter failed")
-        }
+        let sealed = custody_gcm_seal(contexts, bytes(nonce), bytes(aad), aad.count, bytes(plaintext), plaintext.count,
+                                      ciphertext.assumingMemoryBound(to: UInt8.self), tag.assumingMemoryBound(to: UInt8.self))
+        guard sealed == 1 else { throw .library("AES-256-GCM sealing failed in OpenSSL") }
     }
 
     /// Decrypts `ciphertext` into `plaintext` (same length; the same buffer or a disjoint one) if
-    /// `tag` verifies. On failure the
-    /// plaintext buffer is zeroed, so unauthenticated bytes never leave this call.
+    /// `tag` verifies. On failure the plaintext buffer is zeroed, so unauthenticated bytes never
+    /// leave this call.
     public func open(nonce: UnsafeRawBufferPointer, aad: UnsafeRawBufferPointer, ciphertext: UnsafeRawBufferPointer,
                      tag: UnsafeRawPointer, plaintext: UnsafeMutableRawPointer) throws(CryptoError) {
         try check(nonce)
-        let opened = CCryptoBoringSSL_EVP_AEAD_CTX_open_gather(
-            aead, plaintext.assumingMemoryBound(to: UInt8.self), bytes(nonce), nonce.count, bytes(ciphertext), ciphertext.count,
-            tag.assumingMemoryBound(to: UInt8.self), AESGCMKey.tagSize, bytes(aad), aad.count)
-        guard opened == 1 else {
-            // BoringSSL zeroes the output on failure already; this keeps the promise explicit.
-            plaintext.initializeMemory(as: UInt8.self, repeating: 0, count: ciphertext.count)
-            CCryptoBoringSSL_ERR_clear_error()
-            throw .authenticationFailed
-        }
+        let opened = custody_gcm_open(contexts, bytes(nonce), bytes(aad), aad.count, bytes(ciphertext), ciphertext.count,
+                                      tag.assumingMemoryBound(to: UInt8.self), plaintext.assumingMemoryBound(to: UInt8.self))
+        guard opened == 1 else { throw .authenticationFailed }
     }
 
     private func check(_ nonce: UnsafeRawBufferPointer) throws(CryptoError) {

@@ -269,25 +269,68 @@ final class KeyWrapAndSecretTests: XCTestCase {
         XCTAssertThrowsError(try SecretBytes(count: 0))
     }
 
-    /// Every open encrypted file has a keyed AES-GCM context in secure memory: they share slabs
-    /// too (16 to a slab), rather than costing a `sodium_malloc` (three mappings) each.
-    func testKeyedContextsShareSlabs() throws {
-        XCTAssertLessThanOrEqual(AESGCMKey.stateSize, SecurePool.slotSizes[1], "a keyed context fits a 1 KiB slot")
-        let before = SecurePool.shared.slabCount
-        let keys = try (0..<160).map { _ in try AESGCMKey(try SecretBytes.random(count: 32)) }
-        // 160 contexts fill 10 slabs of 1 KiB slots; their 160 keys fit in one slab of 64-byte slots.
-        XCTAssertLessThanOrEqual(SecurePool.shared.slabCount - before, 160 / 16 + 2)
-        // Each key still works on its own.
-        let nonce = [UInt8](repeating: 9, count: 12), message = [UInt8](repeating: 5, count: 100)
-        var sealed = [[UInt8]]()
-        for key in keys {
-            var ciphertext = [UInt8](repeating: 0, count: 100), tag = [UInt8](repeating: 0, count: 16)
-            try nonce.withUnsafeBytes { n in try message.withUnsafeBytes { p in
-                try key.seal(nonce: n, aad: UnsafeRawBufferPointer(start: nil, count: 0), plaintext: p, ciphertext: &ciphertext, tag: &tag)
-            } }
-            sealed.append(ciphertext + tag)
+    /// A key's contexts are per thread: threads that seal and open with the same keys at once, more
+    /// of them alive together than there are slots (the rest get a context per message), all get
+    /// what one thread alone gets, and every message opens on every thread.
+    func testKeysSealAndOpenOnManyThreadsAtOnce() throws {
+        let keys = try (0..<6).map { _ in try AESGCMKey(try SecretBytes.random(count: 32)) }
+        let nonce = [UInt8](repeating: 9, count: 12), aad = [UInt8]("aad".utf8)
+        let message = (0..<4096).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        @Sendable func seal(_ key: AESGCMKey) throws -> [UInt8] {
+            var out = [UInt8](repeating: 0, count: message.count + 16)
+            try nonce.withUnsafeBytes { n in try aad.withUnsafeBytes { a in try message.withUnsafeBytes { p in
+                try out.withUnsafeMutableBytes { o in
+                    try key.seal(nonce: n, aad: a, plaintext: p, ciphertext: o.baseAddress!, tag: o.baseAddress! + message.count)
+                }
+            } } }
+            return out
         }
-        XCTAssertEqual(Set(sealed).count, keys.count, "distinct keys give distinct ciphertexts")
+        @Sendable func open(_ sealed: [UInt8], _ key: AESGCMKey) throws -> [UInt8] {
+            var out = [UInt8](repeating: 0, count: message.count)
+            try nonce.withUnsafeBytes { n in try aad.withUnsafeBytes { a in try sealed.withUnsafeBytes { s in
+                try out.withUnsafeMutableBytes { o in
+                    try key.open(nonce: n, aad: a, ciphertext: UnsafeRawBufferPointer(rebasing: s.prefix(message.count)),
+                                 tag: s.baseAddress! + message.count, plaintext: o.baseAddress!)
+                }
+            } } }
+            return out
+        }
+        let expected = try keys.map(seal)
+        let threads = 80
+        let started = DispatchGroup(), done = DispatchGroup(), go = DispatchSemaphore(value: 0)
+        let failures = Mutex<[String]>([])
+        for index in 0..<threads {
+            started.enter()
+            done.enter()
+            Thread {
+                started.leave()
+                go.wait()
+                do {
+                    for round in 0..<20 {
+                        let k = (index + round) % keys.count
+                        let sealed = try seal(keys[k])
+                        if sealed != expected[k] { failures.withLock { $0.append("thread \(index): key \(k) sealed differently") } }
+                        if try open(sealed, keys[(k + 1) % keys.count]) == message {
+                            failures.withLock { $0.append("thread \(index): opened with the wrong key") }
+                        }
+                    }
+                    if try open(expected[index % keys.count], keys[index % keys.count]) != message {
+                        failures.withLock { $0.append("thread \(index): did not open") }
+                    }
+                } catch let error as CryptoError where error == .authenticationFailed {
+                    // The wrong key's open: expected; anything else is not.
+                } catch {
+                    failures.withLock { $0.append("thread \(index): \(error)") }
+                }
+                done.leave()
+            }.start()
+        }
+        started.wait()
+        for _ in 0..<threads { go.signal() }
+        done.wait()
+        XCTAssertEqual(failures.withLock { $0 }, [])
+        // Every thread above has gone and given its slot back: a thread now still opens all.
+        for (key, sealed) in zip(keys, expected) { XCTAssertEqual(try open(sealed, key), message) }
     }
 
     func testConstantTimeEqualsAndSHA256() {
