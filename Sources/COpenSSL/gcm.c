@@ -15,8 +15,6 @@
 #include <string.h>
 
 #define SLOTS 64
-#define KEY_SIZE 32
-#define NONCE_SIZE 12
 #define TAG_SIZE 16
 
 struct custody_gcm {
