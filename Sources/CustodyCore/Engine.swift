@@ -133,13 +133,13 @@ public final class Engine: @unchecked Sendable {
             accounts.firstIndex { $0.matchesAsStored(identity) } ?? accounts.firstIndex { $0.matches(identity) }
         }
 
-        /// Calls `body` with the keyring of `key` where it is, not a copy: a copy retains every key
-        /// it holds, and every request thread that creates or opens a file shares those counts.
         /// The UPN of the account filed as `key` (its key when none is), for messages.
         func upn(of key: IdentityKey) -> String {
             accounts.first { $0.key == key }?.upn ?? key.folded
         }
 
+        /// Calls `body` with the keyring of `key` where it is, not a copy: a copy retains every key
+        /// it holds, and every request thread that creates or opens a file shares those counts.
         /// Nil when `key` has none. (The values' subscript yields the stored keyring; the
         /// dictionary's own takes it out and puts a copy back.)
         mutating func withKeyring<T>(_ key: IdentityKey, _ body: (inout Keyring) -> T) -> T? {
@@ -425,8 +425,7 @@ public final class Engine: @unchecked Sendable {
     /// The class an identity's new files get: min(policy level, MaxFileProtectionLevel); nil when
     /// the identity is unmanaged or its policy does not require encryption.
     public func effectiveProtection(for identity: String) -> ProtectionClass? {
-        guard let account = try? self.account(identity), let policy = account.policy, policy.fileEncryptionRequired else { return nil }
-        return min(policy.protectionLevel, settings.maxFileProtectionLevel)
+        newFileOwner(identity).protectionClass
     }
 
     /// The class key for `identity`'s files of `protectionClass`, or `locked` when the lock state

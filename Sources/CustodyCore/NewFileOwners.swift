@@ -50,9 +50,9 @@ extension Engine {
                 return NewFileOwner(owner: owner, protectionClass: nil, nameKey: .plain, keyID: nil, account: account.key)
             }
             let protectionClass = policy.fileEncryptionRequired ? min(policy.protectionLevel, maxLevel) : nil
-            let nameKey: NameKeyChoice = state.keys[account.key]?.nameKey.map { .key($0) } ?? .unavailable(account.upn)
-            return NewFileOwner(owner: owner, protectionClass: protectionClass, nameKey: nameKey,
-                                keyID: state.keys[account.key]?.classD.id, account: account.key)
+            let held = state.withKeyring(account.key) { (nameKey: $0.nameKey, keyID: $0.classD.id) }
+            let nameKey: NameKeyChoice = held?.nameKey.map { .key($0) } ?? .unavailable(account.upn)
+            return NewFileOwner(owner: owner, protectionClass: protectionClass, nameKey: nameKey, keyID: held?.keyID, account: account.key)
         }
         newFileOwners.withLock { cache in
             if cache.generation != generation || cache.keys != keys || cache.owners.count >= Self.newFileOwnersKept {
