@@ -1,11 +1,12 @@
+import COpenSSL
 import CSodium
 
-/// HKDF (RFC 5869) over libsodium's HMAC-SHA-256 and HMAC-SHA-512.
+/// HKDF (RFC 5869) over HMAC-SHA-256 and HMAC-SHA-512 from the system's libcrypto
+/// (`custody_hmac`: RFC 2104 on a SHA context kept per thread).
 ///
-/// Not OpenSSL's `EVP_KDF`: in the daemon that cost 12 µs per derivation (the digest looked up by
-/// name in OpenSSL's registry, and a handful of allocations), once for every file created or
-/// opened; a copied, pre-configured `EVP_MAC` context still cost 9 µs there (allocations and
-/// locks). libsodium's HMAC keeps its state in a caller's buffer: 1.6–1.8 µs in a loop, nothing
+/// Not OpenSSL's `EVP_KDF` or `EVP_MAC`: in the daemon those cost 12 µs and 9 µs per derivation
+/// (the digest looked up by name, allocations and locks on every use), once for every file created
+/// or opened. Two hashes on a context the thread keeps cost about 0.4 µs per HMAC here, nothing
 /// allocated, nothing shared between threads.
 public enum HKDF {
     public enum Digest: String, Sendable {
@@ -13,7 +14,7 @@ public enum HKDF {
         case sha512 = "SHA512"
 
         /// Bytes of one HMAC output.
-        var length: Int { self == .sha256 ? Int(crypto_auth_hmacsha256_BYTES) : Int(crypto_auth_hmacsha512_BYTES) }
+        var length: Int { self == .sha256 ? 32 : 64 }
     }
 
     /// Derives `count` secret bytes from `key`, bound to `salt` and `info`.
@@ -33,59 +34,55 @@ public enum HKDF {
         guard output.count <= 255 * length else {
             throw .invalidLength(what: "HKDF output", expected: 255 * length, actual: output.count)
         }
-        let stateSize = max(MemoryLayout<crypto_auth_hmacsha256_state>.size, MemoryLayout<crypto_auth_hmacsha512_state>.size)
-        // The HMAC state, the pseudorandom key and each expansion block are secrets: on the
-        // stack, zeroed before returning.
-        withUnsafeTemporaryAllocation(byteCount: stateSize + 2 * length, alignment: 64) { scratch in
+        // The pseudorandom key and each expansion block are secrets: on the stack, zeroed before
+        // returning.
+        var failed = false
+        withUnsafeTemporaryAllocation(byteCount: 2 * length, alignment: 64) { scratch in
             defer { sodium_memzero(scratch.baseAddress, scratch.count) }
-            let state = scratch.baseAddress!, prk = state + stateSize, block = prk + length
-            /// One HMAC with libsodium's functions for `State`.
-            func run<State>(_: State.Type, key: UnsafePointer<UInt8>, _ keyCount: Int, _ parts: [UnsafeRawBufferPointer], into out: UnsafeMutablePointer<UInt8>,
-                            _ initialize: (UnsafeMutablePointer<State>, UnsafePointer<UInt8>, Int) -> Int32,
-                            _ update: (UnsafeMutablePointer<State>, UnsafePointer<UInt8>, UInt64) -> Int32,
-                            _ finish: (UnsafeMutablePointer<State>, UnsafeMutablePointer<UInt8>) -> Int32) {
-                let context = state.assumingMemoryBound(to: State.self)
-                _ = initialize(context, key, keyCount)
-                for part in parts where part.count > 0 {
-                    _ = update(context, part.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
-                }
-                _ = finish(context, out)
-            }
-            /// HMAC(key, parts…) into `out` (`length` bytes).
-            func hmac(key: UnsafeRawPointer, _ keyCount: Int, _ parts: [UnsafeRawBufferPointer], into out: UnsafeMutableRawPointer) {
-                let keyBytes = key.assumingMemoryBound(to: UInt8.self), outBytes = out.assumingMemoryBound(to: UInt8.self)
-                switch digest {
-                case .sha256:
-                    run(crypto_auth_hmacsha256_state.self, key: keyBytes, keyCount, parts, into: outBytes,
-                        crypto_auth_hmacsha256_init, crypto_auth_hmacsha256_update, crypto_auth_hmacsha256_final)
-                case .sha512:
-                    run(crypto_auth_hmacsha512_state.self, key: keyBytes, keyCount, parts, into: outBytes,
-                        crypto_auth_hmacsha512_init, crypto_auth_hmacsha512_update, crypto_auth_hmacsha512_final)
-                }
-            }
+            guard let prk = scratch.baseAddress, let target = output.baseAddress else { return }
+            let block = prk + length
             salt.withUnsafeBytes { saltBytes in
                 info.withUnsafeBytes { infoBytes in
                     // Extract: PRK = HMAC(salt, key); a missing salt is a block of zeros (RFC 5869 2.2).
-                    if saltBytes.count == 0 {
+                    if saltBytes.isEmpty {
                         block.initializeMemory(as: UInt8.self, repeating: 0, count: length)
-                        hmac(key: block, length, [key], into: prk)
+                        failed = !hmac(digest, key: UnsafeRawBufferPointer(start: block, count: length), [key], into: prk)
                     } else {
-                        hmac(key: saltBytes.baseAddress!, saltBytes.count, [key], into: prk)
+                        failed = !hmac(digest, key: saltBytes, [key], into: prk)
                     }
                     // Expand: T(i) = HMAC(PRK, T(i-1) | info | i).
                     var offset = 0
                     var index: UInt8 = 1
-                    while offset < output.count {
+                    while !failed, offset < output.count {
                         let previous = UnsafeRawBufferPointer(start: block, count: index > 1 ? length : 0)
                         var counter = index
-                        withUnsafeBytes(of: &counter) { hmac(key: prk, length, [previous, infoBytes, $0], into: block) }
+                        failed = !withUnsafeBytes(of: &counter) {
+                            hmac(digest, key: UnsafeRawBufferPointer(start: prk, count: length), [previous, infoBytes, $0], into: block)
+                        }
                         let take = min(length, output.count - offset)
-                        (output.baseAddress! + offset).copyMemory(from: block, byteCount: take)
+                        (target + offset).copyMemory(from: block, byteCount: take)
                         offset += take
                         index &+= 1
                     }
                 }
             }
+        }
+        if failed {
+            output.initializeMemory(as: UInt8.self, repeating: 0)
+            throw .library("libcrypto could not compute an HMAC")
+        }
+    }
+
+    /// HMAC(key, parts…) into `out` (the digest's length). False when libcrypto failed (`out` is
+    /// then zeroed).
+    static func hmac(_ digest: Digest, key: UnsafeRawBufferPointer, _ parts: [UnsafeRawBufferPointer], into out: UnsafeMutableRawPointer) -> Bool {
+        withUnsafeTemporaryAllocation(of: custody_bytes.self, capacity: parts.count) { list in
+            guard let listBase = list.baseAddress else { return false }
+            for (index, part) in parts.enumerated() {
+                (listBase + index).initialize(to: custody_bytes(bytes: part.baseAddress, length: part.count))
+            }
+            return custody_hmac(digest == .sha512 ? 1 : 0, key.baseAddress?.assumingMemoryBound(to: UInt8.self), key.count,
+                                listBase, parts.count, out.assumingMemoryBound(to: UInt8.self)) == 1
         }
     }
 }
@@ -134,20 +131,22 @@ public enum Argon2id {
 
 extension HKDF {
     /// HKDF-SHA-256 with one key and salt for many short derivations: the extraction is done once
-    /// and the HMAC keyed once with its result (its inner and outer states kept in secure memory),
-    /// so that each derivation of up to 32 bytes is one HMAC from a copy of that state, about two
-    /// SHA-256 compressions for a short `info` rather than eight. The bytes are those of
-    /// `derive(.sha256, key:salt:info:count:)`.
+    /// (its result kept in secure memory), so that each derivation of up to 32 bytes is one HMAC.
+    /// The bytes are those of `derive(.sha256, key:salt:info:count:)`.
     public final class SHA256Expander: Sendable {
-        private let keyed: SecretBytes
-        static let length = Int(crypto_auth_hmacsha256_BYTES)
+        private let prk: SecretBytes
+        static let length = 32
 
         public init(key: SecretBytes, salt: [UInt8]) throws(CryptoError) {
-            guard sodiumReady else { throw .library("libsodium could not be initialised") }
-            let prk = try HKDF.derivePRK(key: key, salt: salt)
-            keyed = try SecretBytes(count: MemoryLayout<crypto_auth_hmacsha256_state>.size)
-            _ = crypto_auth_hmacsha256_init(keyed.pointer.assumingMemoryBound(to: crypto_auth_hmacsha256_state.self),
-                                            prk.pointer.assumingMemoryBound(to: UInt8.self), prk.count)
+            prk = try SecretBytes(count: Self.length)
+            let zeros = [UInt8](repeating: 0, count: Self.length)
+            let extracted = try key.withUnsafeBytes { (ikm) throws(CryptoError) -> Bool in
+                try prk.withUnsafeMutableBytes { (out) throws(CryptoError) -> Bool in
+                    guard let target = out.baseAddress else { throw .library("no memory for a key") }
+                    return (salt.isEmpty ? zeros : salt).withUnsafeBytes { saltBytes in hmac(.sha256, key: saltBytes, [ikm], into: target) }
+                }
+            }
+            guard extracted else { throw .library("libcrypto could not compute an HMAC") }
         }
 
         /// T(1) of the expansion for `info` (the concatenation of `parts`), its first
@@ -156,45 +155,18 @@ extension HKDF {
             guard output.count <= Self.length, let target = output.baseAddress else {
                 throw .invalidLength(what: "HKDF output from one block", expected: Self.length, actual: output.count)
             }
-            let stateSize = MemoryLayout<crypto_auth_hmacsha256_state>.size
-            // The copied state and the full block are secrets: on the stack, zeroed before returning.
-            withUnsafeTemporaryAllocation(byteCount: stateSize + Self.length, alignment: 64) { scratch in
-                defer { sodium_memzero(scratch.baseAddress, scratch.count) }
-                guard let base = scratch.baseAddress else { return }
-                base.copyMemory(from: keyed.pointer, byteCount: stateSize)
-                let state = base.assumingMemoryBound(to: crypto_auth_hmacsha256_state.self)
-                let block = (base + stateSize).assumingMemoryBound(to: UInt8.self)
-                for part in parts {
-                    if let bytes = part.baseAddress, part.count > 0 {
-                        _ = crypto_auth_hmacsha256_update(state, bytes.assumingMemoryBound(to: UInt8.self), UInt64(part.count))
-                    }
-                }
+            // The full block is a secret: on the stack, zeroed before returning.
+            let done = withUnsafeTemporaryAllocation(byteCount: Self.length, alignment: 64) { block -> Bool in
+                defer { sodium_memzero(block.baseAddress, block.count) }
+                guard let blockBase = block.baseAddress else { return false }
                 var counter: UInt8 = 1
-                _ = crypto_auth_hmacsha256_update(state, &counter, 1)
-                _ = crypto_auth_hmacsha256_final(state, block)
-                target.copyMemory(from: block, byteCount: output.count)
-            }
-        }
-    }
-
-    /// The extraction step alone: PRK = HMAC-SHA-256(salt, key), a missing salt being 32 zero bytes.
-    static func derivePRK(key: SecretBytes, salt: [UInt8]) throws(CryptoError) -> SecretBytes {
-        let prk = try SecretBytes(count: Int(crypto_auth_hmacsha256_BYTES))
-        let zeros = [UInt8](repeating: 0, count: Int(crypto_auth_hmacsha256_BYTES))
-        let saltBytes = salt.isEmpty ? zeros : salt
-        saltBytes.withUnsafeBufferPointer { saltBuffer in
-            key.withUnsafeBytes { keyBytes in
-                withUnsafeTemporaryAllocation(of: crypto_auth_hmacsha256_state.self, capacity: 1) { state in
-                    guard let context = state.baseAddress, let salt = saltBuffer.baseAddress else { return }
-                    defer { sodium_memzero(context, MemoryLayout<crypto_auth_hmacsha256_state>.size) }
-                    _ = crypto_auth_hmacsha256_init(context, salt, saltBuffer.count)
-                    if let bytes = keyBytes.baseAddress {
-                        _ = crypto_auth_hmacsha256_update(context, bytes.assumingMemoryBound(to: UInt8.self), UInt64(keyBytes.count))
-                    }
-                    _ = crypto_auth_hmacsha256_final(context, prk.pointer.assumingMemoryBound(to: UInt8.self))
+                let ok = withUnsafeBytes(of: &counter) { counterBytes in
+                    prk.withUnsafeBytes { key in hmac(.sha256, key: key, parts + [counterBytes], into: blockBase) }
                 }
+                if ok { target.copyMemory(from: blockBase, byteCount: output.count) }
+                return ok
             }
+            guard done else { throw .library("libcrypto could not compute an HMAC") }
         }
-        return prk
     }
 }

@@ -35,4 +35,15 @@ int custody_gcm_open(custody_gcm *gcm, const uint8_t *nonce, const uint8_t *aad,
 /// 1 on success.
 int custody_sha256(const void *data, size_t length, uint8_t *digest);
 
+/// A run of bytes, one part of a message.
+typedef struct custody_bytes {
+    const void *bytes;
+    size_t length;
+} custody_bytes;
+
+/// HMAC-SHA-512 (`sha512` nonzero) or HMAC-SHA-256 with `key` over the concatenation of `parts`,
+/// into `mac` (64 or 32 bytes), with the calling thread's digest context. 1 on success; on failure
+/// `mac` is zeroed.
+int custody_hmac(int sha512, const uint8_t *key, size_t key_length, const custody_bytes *parts, size_t count, uint8_t *mac);
+
 #endif
