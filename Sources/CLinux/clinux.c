@@ -82,6 +82,18 @@ ssize_t clinux_getxattrat(int directory, const char *path, const char *name, voi
     return syscall(SYS_getxattrat, directory, path, AT_SYMLINK_NOFOLLOW, name, &args, sizeof(args));
 }
 
+#ifndef SYS_setxattrat
+#define SYS_setxattrat 463
+#endif
+
+int clinux_setxattrat(int directory, const char *path, const char *name, const void *value, size_t size, int flags) {
+    /* struct xattr_args of Linux 6.13. */
+    struct { unsigned long long value; unsigned int size; unsigned int flags; } args = {
+        (unsigned long long)(uintptr_t)value, (unsigned int)size, (unsigned int)flags };
+    if (size > 0xFFFFFFFFu) { errno = EINVAL; return -1; }
+    return (int)syscall(SYS_setxattrat, directory, path, AT_SYMLINK_NOFOLLOW, name, &args, sizeof(args));
+}
+
 #ifndef SYS_fchmodat2
 #define SYS_fchmodat2 452
 #endif

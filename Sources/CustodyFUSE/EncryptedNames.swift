@@ -166,9 +166,7 @@ extension MountFileSystem {
     /// caller may not be able to read it). No node knows the directory yet, so none holds that
     /// it has no tweak (`tweaksMade` stays).
     func makeTweak(ofNew stored: FileName, in directory: Inode) throws(Errno) -> [UInt8] {
-        let fd = try Syscall.openat(directory.fd, stored.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0)
-        defer { Syscall.close(fd) }
-        return try asErrno { () throws(FormatError) in try DirectoryTweak.ensure(fd: fd) }
+        try asErrno { () throws(FormatError) in try DirectoryTweak.make(in: directory.fd, named: stored.cString) }
     }
 
     // MARK: Names of directories the mount made

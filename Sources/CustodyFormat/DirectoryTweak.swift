@@ -64,6 +64,29 @@ public enum DirectoryTweak {
         return fresh
     }
 
+    /// Makes the tweak of the directory `name` in `directory`, just made, by name in one call
+    /// where the kernel can (`Syscall.setxattr(in:…)`), else through a descriptor opened on it.
+    /// A tweak that is there already (another request made it first) is read and returned.
+    public static func make(in directory: Int32, named name: UnsafePointer<CChar>) throws(FormatError) -> [UInt8] {
+        let fresh: [UInt8]
+        do { fresh = try Random.bytes(NameCipher.tweakSize) } catch { throw .crypto(error) }
+        let made: Bool
+        do {
+            made = try fresh.withBytes { (bytes) throws(Errno) in
+                try Syscall.setxattr(in: directory, name, attributeName, bytes.baseAddress, bytes.count, Linux.XATTR_CREATE)
+            }
+        } catch where error == .exists {
+            made = false
+        } catch {
+            throw .io(error)
+        }
+        if made { return fresh }
+        let fd: Int32
+        do { fd = try Syscall.openat(directory, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0) } catch { throw .io(error) }
+        defer { Syscall.close(fd) }
+        return try ensure(fd: fd)
+    }
+
     /// The directory's tweak, made now if it has none. Two callers at once agree: the attribute is
     /// created only if absent, and whoever loses the race reads the winner's.
     public static func ensure(_ path: String) throws(FormatError) -> [UInt8] {

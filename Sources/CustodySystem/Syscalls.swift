@@ -287,6 +287,24 @@ public enum Syscall {
     /// Set once `getxattrat` turned out to be missing.
     static let noGetxattrat = Atomic<Bool>(false)
 
+    /// Sets attribute `name` of the entry `path` in `directory` (a final symlink not followed) in
+    /// one call, where the kernel has `setxattrat` (Linux 6.13): a lookup of one name, where the
+    /// alternatives open the entry first or walk /proc. False where the kernel lacks it, or where
+    /// it is refused (EPERM: a system call filter, or no permission, which the other way then
+    /// reports): the caller then sets it another way.
+    public static func setxattr(in directory: Int32, _ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>,
+                                _ value: UnsafeRawPointer?, _ size: Int, _ flags: Int32) throws(Errno) -> Bool {
+        guard !noSetxattrat.load(ordering: .relaxed) else { return false }
+        guard clinux_setxattrat(directory, path, name, value, size, flags) < 0 else { return true }
+        let error = Errno.current
+        guard error == .notImplemented || error == .notPermitted else { throw error }
+        if error == .notImplemented { noSetxattrat.store(true, ordering: .relaxed) }
+        return false
+    }
+
+    /// Set once `setxattrat` turned out to be missing.
+    static let noSetxattrat = Atomic<Bool>(false)
+
     /// Attribute `name` of the entry `path` in `directory`, provided that entry is still the object
     /// `device`/`number`: `getxattrat`, then an `fstatat` confirming the name still leads there,
     /// two lookups of one name each, where `getxattr` on /proc/self/fd/N walks /proc (5 µs, 10–20

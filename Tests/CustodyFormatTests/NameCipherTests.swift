@@ -1,5 +1,5 @@
 import CustodyCrypto
-import CustodySystem
+@testable import CustodySystem
 @testable import CustodyFormat
 import Dispatch
 import Synchronization
@@ -192,6 +192,23 @@ final class DirectoryTweakTests: XCTestCase {
         XCTAssertEqual(try DirectoryTweak.read(fresh), madeByFD)
         XCTAssertEqual(try DirectoryTweak.ensure(fd: freshFD), madeByFD)
         XCTAssertNotEqual(madeByFD, made)
+        // A directory just made, by name: in one call where the kernel can, else through a
+        // descriptor; either way a tweak that is there is kept.
+        let parent = open(directory, O_RDONLY | O_DIRECTORY)
+        defer { close(parent) }
+        defer { Syscall.noSetxattrat.store(false, ordering: .relaxed) }
+        for (index, byDescriptor) in [false, true].enumerated() {
+            Syscall.noSetxattrat.store(byDescriptor, ordering: .relaxed)
+            let name = "made-\(index)"
+            XCTAssertEqual(mkdirat(parent, name, 0o700), 0)
+            defer { unlinkat(parent, name, AT_REMOVEDIR) }
+            let madeByName = try DirectoryTweak.make(in: parent, named: name)
+            XCTAssertEqual(madeByName.count, NameCipher.tweakSize)
+            XCTAssertEqual(try DirectoryTweak.read(directory + "/" + name), madeByName, "by descriptor: \(byDescriptor)")
+            XCTAssertEqual(try DirectoryTweak.make(in: parent, named: name), madeByName, "kept")
+            XCTAssertNotEqual(madeByName, made)
+        }
+        XCTAssertThrowsError(try DirectoryTweak.make(in: parent, named: "missing"))
         XCTAssertNoThrow(try Syscall.setxattr(directory, DirectoryTweak.attributeName, "short", 5, 0))
         XCTAssertThrowsError(try DirectoryTweak.read(directory), "not a tweak's size")
     }

@@ -84,6 +84,37 @@ final class SyscallTests: TemporaryDirectoryTestCase {
         }
     }
 
+    /// Setting an attribute by name in a directory: one call where the kernel has `setxattrat`;
+    /// the flags hold, a symlink's own attributes are set (not its target's), and where the call
+    /// is missing the answer says so and nothing is set.
+    func testSettingAnAttributeByNameInADirectory() throws {
+        let file = directory + "/set"
+        let fd = open(file, O_CREAT | O_WRONLY, 0o644)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        close(fd)
+        XCTAssertEqual(symlink("set", directory + "/set-link"), 0)
+        let dir = open(directory, O_RDONLY | O_DIRECTORY)
+        defer { close(dir) }
+        defer { Syscall.noSetxattrat.store(false, ordering: .relaxed) }
+        guard Self.kernelVersion.lexicographicallyPrecedes([6, 13]) == false else { return }
+        XCTAssertTrue(try Syscall.setxattr(in: dir, "set", "user.k", "value", 5, Linux.XATTR_CREATE))
+        var buffer = [UInt8](repeating: 0, count: 16)
+        XCTAssertEqual(try Syscall.getxattr(file, "user.k", &buffer, buffer.count), 5)
+        XCTAssertEqual(Array(buffer.prefix(5)), Array("value".utf8))
+        XCTAssertThrowsError(try Syscall.setxattr(in: dir, "set", "user.k", "again", 5, Linux.XATTR_CREATE)) { XCTAssertEqual($0 as? Errno, .exists) }
+        XCTAssertThrowsError(try Syscall.setxattr(in: dir, "set", "user.none", "x", 1, Linux.XATTR_REPLACE)) { XCTAssertEqual($0 as? Errno, .noData) }
+        XCTAssertThrowsError(try Syscall.setxattr(in: dir, "missing", "user.k", "x", 1, 0)) { XCTAssertEqual($0 as? Errno, .noSuchFile) }
+        // A symlink's own: user attributes are not allowed on symlinks (EPERM, which answers false:
+        // the caller's other way reports it), and the target is untouched.
+        XCTAssertFalse(try Syscall.setxattr(in: dir, "set-link", "user.other", "x", 1, 0))
+        XCTAssertThrowsError(try Syscall.getxattr(file, "user.other", &buffer, buffer.count)) { XCTAssertEqual($0 as? Errno, .noData) }
+        XCTAssertFalse(Syscall.noSetxattrat.load(ordering: .relaxed), "setxattrat is used where the kernel has it")
+        // Where it is missing: false, nothing set.
+        Syscall.noSetxattrat.store(true, ordering: .relaxed)
+        XCTAssertFalse(try Syscall.setxattr(in: dir, "set", "user.later", "x", 1, 0))
+        XCTAssertThrowsError(try Syscall.getxattr(file, "user.later", &buffer, buffer.count)) { XCTAssertEqual($0 as? Errno, .noData) }
+    }
+
     /// An attribute by name, only while the name still leads to the object asked about: after a
     /// rename puts another file under the name, or removes it, the answer is nil (ask by /proc),
     /// never the other file's attribute or its "no such attribute".

@@ -47,6 +47,9 @@ ssize_t clinux_lgetxattr(const char *path, const char *name, void *value, size_t
 /* getxattrat(2) (Linux 6.13): attribute `name` of `path` relative to `directory`, not following a
    final symlink. -1 with errno ENOSYS on older kernels. */
 ssize_t clinux_getxattrat(int directory, const char *path, const char *name, void *value, size_t size);
+/* setxattrat(2) (Linux 6.13): sets attribute `name` of `path` relative to `directory`, not
+   following a final symlink. -1 with errno ENOSYS on older kernels. */
+int clinux_setxattrat(int directory, const char *path, const char *name, const void *value, size_t size, int flags);
 /* fchmodat2(2) (Linux 6.6) with AT_EMPTY_PATH: the mode of what `fd` (O_PATH included) refers
    to. -1 with errno ENOSYS on older kernels. */
 int clinux_fchmod_path(int fd, unsigned int mode);
