@@ -86,24 +86,17 @@ static EVP_CIPHER_CTX *keyed_context(const uint8_t *key, int encrypt) {
 }
 
 custody_gcm *custody_gcm_new(const uint8_t *key) {
-    // A context is made now, so that a key OpenSSL cannot use fails here rather than later.
-    EVP_CIPHER_CTX *probe = keyed_context(key, 1);
-    if (probe == NULL) {
+    // No context yet: a file's key is often used by one thread for one kind of message (a file
+    // written, another read), and the thread that uses it keys its own. What can fail without
+    // a context (no AES-256-GCM among the loaded providers) fails here.
+    pthread_once(&fetched, fetch_cipher);
+    if (aes_256_gcm == NULL) {
         ERR_clear_error();
         return NULL;
     }
     custody_gcm *gcm = calloc(1, sizeof(*gcm));
-    if (gcm == NULL) {
-        EVP_CIPHER_CTX_free(probe);
-        return NULL;
-    }
+    if (gcm == NULL) return NULL;
     gcm->key = key;
-    int slot = current_slot();
-    if (slot >= 0) {
-        gcm->contexts[slot][1] = probe;
-    } else {
-        EVP_CIPHER_CTX_free(probe);
-    }
     return gcm;
 }
 

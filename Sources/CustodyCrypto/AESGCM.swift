@@ -23,7 +23,7 @@ public final class AESGCMKey: @unchecked Sendable {
             throw .invalidLength(what: "AES-256-GCM key", expected: Self.keySize, actual: key.count)
         }
         guard let contexts = custody_gcm_new(key.pointer.assumingMemoryBound(to: UInt8.self)) else {
-            throw .library("OpenSSL has no AES-256-GCM for this key (EVP_CipherInit_ex2 refused it)")
+            throw .library("OpenSSL offers no AES-256-GCM (EVP_CIPHER_fetch found none in the loaded providers)")
         }
         self.key = key
         context = AESGCMContext(contexts: contexts)

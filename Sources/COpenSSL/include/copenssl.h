@@ -17,7 +17,8 @@
 /// and unchanged until `custody_gcm_free`. Any number of threads may seal and open at once.
 typedef struct custody_gcm custody_gcm;
 
-/// NULL when OpenSSL refuses to make the first context (no AES-256-GCM in the loaded providers).
+/// NULL when the loaded providers have no AES-256-GCM, or out of memory. Contexts are made by the
+/// threads that use the key, when they first do.
 custody_gcm *custody_gcm_new(const uint8_t *key);
 /// Frees (and clears) every context of the key. No thread may use it any more.
 void custody_gcm_free(custody_gcm *gcm);
