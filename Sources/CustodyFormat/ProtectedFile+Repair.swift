@@ -48,7 +48,7 @@ extension ProtectedFile {
         var good: UInt64 = 0
         var sealedLast = true
         var plaintext = [UInt8](repeating: 0, count: Int(layout.blockSize))
-        defer { plaintext.withUnsafeMutableBytes { $0.initializeMemory(as: UInt8.self, repeating: 0) } }
+        defer { plaintext.withUnsafeMutableBytes { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
         while good < blocks {
             do throws(FormatError) {
                 _ = try plaintext.withMutableBytes { (buffer) throws(FormatError) in try file.read(into: buffer, at: good * layout.blockSize) }
