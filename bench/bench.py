@@ -34,7 +34,8 @@ RSS during the large write, the large read and untar, each measured from a quiet
 Environment: ROUNDS (3), FIO_SECONDS (10), WORKLOADS (comma list, default all), SYSTEMS (comma
 list), BENCH_DIR (/var/tmp/custody-bench), CUSTODYD (.build/release/custodyd), CUSTODYCTL (next to
 custodyd), CUSTODY_ARGS (more custodyd arguments, such as --no-low-latency), BASELINE_CUSTODYD (a
-custodyd to compare with, as custody-encrypted-baseline).
+custodyd to compare with, as custody-encrypted-baseline), BASELINE_ARGS (more arguments for that
+one only: with BASELINE_CUSTODYD the same build, `--plain-names` measures what encrypted names cost).
 """
 import json
 import os
@@ -125,6 +126,8 @@ class System:
             if self.name == "custody-encrypted-bound":
                 self.prefix = [CUSTODYCTL, "run", "--socket", self.socket, "--identity", "bench@custody.example", "--"]
             cmd += os.environ.get("CUSTODY_ARGS", "").split()
+            if self.name == "custody-encrypted-baseline":
+                cmd += os.environ.get("BASELINE_ARGS", "").split()
             cmd += [self.backing, self.mnt]
         elif self.name == "passthrough-ll":
             cmd = [build_passthrough_ll(), "-f", "-o", f"source={self.backing},writeback,xattr", "-o", "clone_fd", self.mnt]

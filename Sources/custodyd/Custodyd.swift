@@ -70,6 +70,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Serve requests through /dev/fuse only, not through per-CPU request rings (FUSE over io_uring).")
     var noRequestRings = false
 
+    @Flag(help: "Store the names of managed identities' entries as they are, not encrypted (encrypt_names = false): anyone with the backing store reads them.")
+    var plainNames = false
+
     @Option(help: ArgumentHelp("Most FUSE request threads: those reading /dev/fuse, or with request rings the workers serving requests that may wait (fsync, large reads and writes).", valueName: "n"))
     var threads: Int = 8
 
@@ -276,6 +279,7 @@ struct Custodyd: ParsableCommand {
             mount.writebackCache = !noWritebackCache
             mount.lowLatency = !noLowLatency
             mount.requestRings = !noRequestRings
+            mount.encryptNames = !plainNames
             mount.threads = threads
             mount.policyRequired = policyRequired
             configuration.mounts.insert(mount, at: 0)

@@ -235,6 +235,35 @@ final class EncryptedNameTests: XCTestCase {
     /// A directory the mount made knows which names it may hold encrypted, and looks for any other
     /// name in plain only: every way a name gets into one is found by a fresh lookup (the
     /// directory's node kept, its children's forgotten), also after names changed form.
+    /// `--plain-names` (`encrypt_names = false`): a managed identity's new names are stored as
+    /// given (its content stays encrypted); names stored encrypted before stay readable through the
+    /// mount, and a daemon that encrypts names again finds the plain ones.
+    func testPlainNamesStoreNewNamesAsGivenAndEncryptedOnesStayReadable() throws {
+        try startMount()
+        try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && mkdir sealed-dir && echo one > sealed-dir/sealed.txt"])
+        daemon.stop()
+        try daemon.start(extraArguments: Self.arguments + ["--plain-names"])
+        try mustRun(["sh", "-c", """
+            cd '\(daemon.mountPoint)' && mkdir open-dir && echo two > open-dir/open.txt && echo three > sealed-dir/added.txt && \
+            ln -s open-dir/open.txt open-link
+            """])
+        let stored = try storedNamesAndTargets()
+        for name in ["open-dir", "open.txt", "added.txt", "open-link", "open-dir/open.txt"] {
+            XCTAssertTrue(stored.contains(name), "\(name) is not stored as given: \(stored)")
+        }
+        XCTAssertFalse(stored.contains { $0.contains("sealed") }, "\(stored)")
+        let body = try Data(contentsOf: URL(fileURLWithPath: daemon.backing + "/open-dir/open.txt"))
+        XCTAssertNotEqual(body, Data("two\n".utf8), "the content is still encrypted")
+        XCTAssertEqual(try String(contentsOfFile: daemon.mnt("sealed-dir/sealed.txt"), encoding: .utf8), "one\n")
+        XCTAssertEqual(Set(try FileManager.default.contentsOfDirectory(atPath: daemon.mnt("sealed-dir"))), ["sealed.txt", "added.txt"])
+        daemon.stop()
+        try daemon.start(extraArguments: Self.arguments)
+        XCTAssertEqual(Set(try FileManager.default.contentsOfDirectory(atPath: daemon.mnt("sealed-dir"))), ["sealed.txt", "added.txt"])
+        XCTAssertEqual(try String(contentsOfFile: daemon.mnt("open-dir/open.txt"), encoding: .utf8), "two\n")
+        XCTAssertEqual(try String(contentsOfFile: daemon.mnt("sealed-dir/added.txt"), encoding: .utf8), "three\n")
+        XCTAssertEqual(try FileManager.default.destinationOfSymbolicLink(atPath: daemon.mnt("open-link")), "open-dir/open.txt")
+    }
+
     func testADirectoryTheMountMadeFindsEveryNameItHolds() throws {
         try startMount()
         try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && mkdir made made2 && chmod 1777 made made2 && echo A > made/a.txt && echo X > made2/x.txt "
