@@ -75,6 +75,8 @@ run: build
 
 test: build pip-deps $(PROMTOOL)
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS)
+	$(SWIFT) test --package-path Client --disable-swift-testing $(BUILD_FLAGS)
+	bash scripts/checks/client-package.sh $(SWIFT)
 	$(BIN)/custody-fuzz-http fuzz/http
 	bash scripts/checks/api-fuzz.sh
 	bash scripts/checks/man-test.sh $(BIN)
@@ -85,6 +87,7 @@ test: build pip-deps $(PROMTOOL)
 # The unit tests alone (no mounts, no daemons, nothing installed): the quick loop while working.
 test-unit: build
 	$(SWIFT) test --disable-swift-testing $(BUILD_FLAGS) --skip IntegrationTests
+	$(SWIFT) test --package-path Client --disable-swift-testing $(BUILD_FLAGS)
 
 # The mount and lifecycle test classes again and again (scripts/checks/soak.sh; not part of `make test`):
 # SOAK_ROUNDS rounds (default 20), each failure reported with its log.

@@ -1,14 +1,20 @@
 // swift-tools-version:6.1
 import PackageDescription
 
+// The client package's products (`Client/`), as the daemon's targets name them.
+let api: Target.Dependency = .product(name: "CustodyAPI", package: "Client")
+let client: Target.Dependency = .product(name: "CustodyClient", package: "Client")
+
 let package = Package(
     name: "Custody",
     products: [
         .executable(name: "custodyd", targets: ["custodyd"]),
         .executable(name: "custodyctl", targets: ["custodyctl"]),
-        .library(name: "CustodyClient", targets: ["CustodyClient", "CustodyAPI"]),
     ],
     dependencies: [
+        // The client library and the control API's documents, a package of their own (`Client/`)
+        // so that a program using them builds without anything the daemon needs.
+        .package(path: "Client"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.5.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.0"),
         .package(url: "https://github.com/LebJe/TOMLKit", from: "0.6.0"),
@@ -44,7 +50,7 @@ let package = Package(
         .target(name: "CustodyCore", dependencies: ["CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         // The control socket: HTTP/1.1 + JSON over a Unix socket (docs/api.md); the front that faces
         // clients speaks HTTP with SwiftNIO (NIOHTTP1).
-        .target(name: "CustodyControl", dependencies: ["CLinux", "CustodyAPI", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
+        .target(name: "CustodyControl", dependencies: ["CLinux", api, "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem",
                                                        .product(name: "NIOCore", package: "swift-nio"),
                                                        .product(name: "NIOPosix", package: "swift-nio"),
                                                        .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -64,16 +70,10 @@ let package = Package(
         .target(name: "CustodySessions", dependencies: ["CSystemd", "CustodyCore", "CustodySystem"]),
 
         // The daemon's configuration file (custody.toml): typed, checked, with line numbers in errors.
-        .target(name: "CustodyConfig", dependencies: ["CustodyAPI", "CustodyCore", "CustodyFormat", "CustodySystem", .product(name: "TOMLKit", package: "TOMLKit")]),
-
-        // The control API's routes and documents, shared by the daemon, the client library and
-        // custodyctl (no dependencies: a client depends on nothing else to speak it).
-        .target(name: "CustodyAPI"),
-        // The client library: the SDK's managers over the control socket (no crypto, no FUSE).
-        .target(name: "CustodyClient", dependencies: ["CustodyAPI"]),
+        .target(name: "CustodyConfig", dependencies: [api, "CustodyCore", "CustodyFormat", "CustodySystem", .product(name: "TOMLKit", package: "TOMLKit")]),
 
         .executableTarget(name: "custodyctl", dependencies: [
-            "CLinux", "CSystemd", "CustodyAPI", "CustodyClient", "CustodyCrypto", "CustodySystem",
+            "CLinux", "CSystemd", api, client, "CustodyCrypto", "CustodySystem",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
         .executableTarget(name: "custodyd", dependencies: [
@@ -99,14 +99,13 @@ let package = Package(
                     exclude: ["Fixtures"]),
         .testTarget(name: "CustodyCoreTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodyCrypto", "CustodySystem"]),
         .testTarget(name: "CustodyFUSETests", dependencies: ["CustodyTestSupport", "CustodyFUSE", "CustodySystem"]),
-        .testTarget(name: "IntegrationTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodySystem", "CustodyClient", "CustodyTPM"]),
-        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyTestSupport", "CustodyControl", "CustodyAPI", "CustodyCore", "CustodyClient", "CLinux",
+        .testTarget(name: "IntegrationTests", dependencies: ["CustodyTestSupport", "CustodyCore", "CustodyFormat", "CustodySystem", client, "CustodyTPM"]),
+        .testTarget(name: "CustodyControlTests", dependencies: ["CustodyTestSupport", "CustodyControl", api, "CustodyCore", client, "CLinux",
                                                                 .product(name: "NIOCore", package: "swift-nio"),
                                                                 .product(name: "NIOEmbedded", package: "swift-nio"),
                                                                 .product(name: "NIOHTTP1", package: "swift-nio"),
                                                                 .product(name: "Yams", package: "Yams")]),
         .testTarget(name: "CustodyTPMTests", dependencies: ["CustodyTestSupport", "CustodyTPM", "CustodyCrypto"]),
-        .testTarget(name: "CustodyClientTests", dependencies: ["CustodyClient", "CustodyAPI"]),
         .testTarget(name: "CustodyGuardTests", dependencies: ["CustodyTestSupport", "CustodyGuard", "CustodyCore", "CustodySystem", "CLinux"]),
         .testTarget(name: "CustodySessionsTests", dependencies: ["CustodyTestSupport", "CustodySessions", "CustodyCore"]),
         .testTarget(name: "CustodyMetricsTests", dependencies: ["CustodyTestSupport", "CustodyMetrics", "CustodyCore"]),
