@@ -1,0 +1,115 @@
+import CustodyClient
+import Foundation
+import Glibc
+import XCTest
+
+/// The SDK's own spellings in CustodyClient (`policy(forAccountId:)`, `protectFileProviderItem`,
+/// `registerAndEnrollAccountId`, `deRegisterAndUnenrollAccountId`, `Data` in and out), written as
+/// the iOS code calls them, against a real daemon and mount.
+final class ClientSDKNameTests: XCTestCase {
+    var daemon: MountedDaemon!
+
+    override func setUpWithError() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--transfer-exempt-uid", "0"])
+    }
+
+    override func tearDown() {
+        daemon?.destroy()
+        daemon = nil
+    }
+
+    func testPolicyEnrolmentFilesAndDataByTheSDKsNames() async throws {
+        let client = ControlClient(socketPath: daemon.socket)
+        let enrollment = EnrollmentManager(client: client)
+        let policies = PolicyManager(client: client)
+        let files = FileProtectionManager(client: client)
+        let data = DataProtectionManager(client: client)
+
+        var strict = CustodyPolicy(protectionLevel: "untilFirstAuth", fileProviderEncryptionRequired: true)
+        strict.saveToLocations = []
+        let alice = try await enrollment.registerAndEnrollAccountId("alice-oid", upn: "alice@contoso.com", policy: strict)
+        XCTAssertTrue(alice.enrolled)
+        XCTAssertEqual(alice.id, "alice-oid")
+        _ = try await enrollment.registerAndEnrollAccountId("bob-oid", upn: "bob@contoso.com")
+        _ = try await enrollment.registerAccount(id: "carol-oid", upn: "carol@personal.example")
+        do {
+            _ = try await enrollment.registerAndEnrollAccountId("alice-oid", upn: "alice@contoso.com")
+            XCTFail("enrolled twice")
+        } catch {
+            XCTAssertEqual(error.code, 208, "\(error)")
+            XCTAssertEqual(error.name, "AlreadyEnrolled")
+        }
+
+        // A policy per account; none for an account that is not managed.
+        let alicePolicy = try await policies.policy(forAccountId: "alice-oid")
+        let bobPolicy = try await policies.policy(forAccountId: "bob@contoso.com")
+        let carolPolicy = try await policies.policy(forAccountId: "carol-oid")
+        let strangerPolicy = try await policies.policy(forAccountId: "nobody-oid")
+        let alices = try XCTUnwrap(alicePolicy)
+        let bobs = try XCTUnwrap(bobPolicy)
+        XCTAssertNil(carolPolicy, "registered, not enrolled")
+        XCTAssertNil(strangerPolicy, "not registered")
+        XCTAssertTrue(alices.shouldFileProviderEncryptFiles)
+        XCTAssertFalse(bobs.shouldFileProviderEncryptFiles)
+        XCTAssertEqual(alices.fields.saveToLocations, [])
+        // Alice's data may be saved nowhere; Bob's (no list) anywhere.
+        let aliceSavesLocally = try await alices.isSaveToAllowed(for: .localDrive)
+        let bobSavesLocally = try await bobs.isSaveToAllowed(for: .localDrive)
+        let bobOpensFromLocal = try await bobs.isOpenFromAllowed(for: .localDrive)
+        XCTAssertFalse(aliceSavesLocally)
+        XCTAssertTrue(bobSavesLocally)
+        XCTAssertTrue(bobOpensFromLocal)
+
+        // An item of Alice's in the protected directory.
+        let item = daemon.mnt("Q3 plan.txt")
+        try writeFile(item, bytes("Q3: ship it"))
+        let info = try await files.protectFileProviderItem(item, forAccountId: "alice-oid")
+        XCTAssertEqual(info.owner, "alice@contoso.com")
+        XCTAssertTrue(info.encrypted)
+        XCTAssertEqual(try readFile(item), bytes("Q3: ship it"))
+
+        // The receiver's policy is asked: Bob may not receive it (Alice's policy shares with no
+        // other identity), Alice may.
+        let bobReceives = try await bobs.canReceiveSharedFileDecision(item)
+        XCTAssertFalse(bobReceives.allowed, bobReceives.reason)
+        XCTAssertEqual(bobReceives.code, 312, bobReceives.reason)
+        let aliceReceives = try await alices.canReceiveSharedFile(item)
+        XCTAssertTrue(aliceReceives)
+
+        // Data as Data.
+        let clipboard = Data("pasteboard secret".utf8)
+        let sealed = try await data.protect(clipboard, accountId: "alice-oid")
+        XCTAssertNil(sealed.range(of: clipboard))
+        let sealedInfo = try await data.protectionInfo(sealed)
+        XCTAssertTrue(sealedInfo.encrypted)
+        let opened = try await data.unprotect(sealed)
+        XCTAssertEqual(opened, clipboard)
+        let untouched = try await data.unprotect(Data("never protected".utf8))
+        XCTAssertEqual(untouched, Data("never protected".utf8))
+
+        // Deregistering: with wipe, the item goes and the account has no policy any more.
+        let wipe = try await enrollment.deRegisterAndUnenrollAccountId("alice-oid", withWipe: true)
+        XCTAssertEqual(wipe?.code, 104)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: item))
+        let afterWipe = try await policies.policy(forAccountId: "alice-oid")
+        XCTAssertNil(afterWipe)
+        let quietly = try await enrollment.deRegisterAndUnenrollAccountId("bob-oid", withWipe: false)
+        XCTAssertNil(quietly)
+        let accounts = try await enrollment.registeredAccounts()
+        XCTAssertEqual(accounts.map(\.upn), ["carol@personal.example"])
+    }
+
+    /// No daemon at the socket: the SDK-named calls fail with the client's typed error.
+    func testTheSDKsNamesFailTypedWithoutADaemon() async throws {
+        let missing = daemon.root + "/no-daemon.sock"
+        let policies = PolicyManager(client: ControlClient(socketPath: missing))
+        do {
+            _ = try await policies.policy(forAccountId: "alice-oid")
+            XCTFail("an answer from no daemon")
+        } catch {
+            guard case .cannotConnect(let path, let code) = error else { return XCTFail("\(error)") }
+            XCTAssertEqual(path, missing)
+            XCTAssertEqual(code, ENOENT)
+        }
+    }
+}
