@@ -10,12 +10,16 @@ public enum CustodyClientError: Error, Equatable, Sendable, CustomStringConverti
     case server(status: Int, code: Int, name: String, message: String)
     /// The answer could not be read or understood.
     case badResponse(String)
+    /// A stream that follows the daemon (`GET /v1/events`) was cut: the daemon stopped or
+    /// restarted. Open a new one; a restarted daemon numbers its events from 1 again.
+    case streamEnded(path: String)
 
     public var description: String {
         switch self {
         case .cannotConnect(let path, let errno): return "cannot reach custodyd at \(path): \(String(cString: strerror(errno)))"
         case .server(_, let code, let name, let message): return "\(message) (\(code) \(name))"
         case .badResponse(let reason): return "unexpected answer from custodyd: \(reason)"
+        case .streamEnded(let path): return "custodyd at \(path) ended the stream (it stopped or restarted)"
         }
     }
 
@@ -96,10 +100,19 @@ public struct ControlClient: Sendable {
     }
 
     /// Streams newline-delimited lines of a chunked answer to `line` until it returns false or
-    /// the daemon ends the stream.
-    public func stream(_ path: String, _ line: (String) -> Bool) throws(CustodyClientError) {
+    /// the daemon ends the stream. True when the daemon ended the answer itself; false when
+    /// `line` stopped it or the connection was cut first. `connected`, when given, gets the
+    /// socket before anything is sent (another thread may `shutdown` it to stop the stream) and
+    /// `closing` is called just before it is closed.
+    @discardableResult
+    public func stream(_ path: String, connected: ((Int32) -> Void)? = nil, closing: (() -> Void)? = nil,
+                       _ line: (String) -> Bool) throws(CustodyClientError) -> Bool {
         let fd = try connect()
-        defer { close(fd) }
+        defer {
+            closing?()
+            close(fd)
+        }
+        connected?(fd)
         try write(fd, request("GET", path, nil))
         var buffer: [UInt8] = []
         var headerDone = false
@@ -109,7 +122,7 @@ public struct ControlClient: Sendable {
         while true {
             let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
             if count < 0, errno == EINTR { continue }
-            if count <= 0 { return }
+            if count <= 0 { return false }
             if !headerDone {
                 buffer += chunk[0..<count]
                 guard let end = Self.find([13, 10, 13, 10], in: buffer) else { continue }
@@ -125,9 +138,9 @@ public struct ControlClient: Sendable {
             while let newline = pending.firstIndex(of: 10) {
                 let text = String(decoding: pending[..<newline], as: UTF8.self)
                 pending.removeSubrange(...newline)
-                if !line(text) { return }
+                if !line(text) { return false }
             }
-            if decoder.finished { return }
+            if decoder.finished { return true }
         }
     }
 
