@@ -1,6 +1,7 @@
 import CustodyClient
 import Foundation
 import Glibc
+import Synchronization
 import XCTest
 
 /// The SDK's own spellings in CustodyClient (`policy(forAccountId:)`, `protectFileProviderItem`,
@@ -97,6 +98,71 @@ final class ClientSDKNameTests: XCTestCase {
         XCTAssertNil(quietly)
         let accounts = try await enrollment.registeredAccounts()
         XCTAssertEqual(accounts.map(\.upn), ["carol@personal.example"])
+    }
+
+    /// Process and thread identities by the SDK's names: what the daemon resolves, and whose a
+    /// file the process (or the thread) makes in the mount is; locking and unlocking.
+    func testProcessAndThreadIdentitiesAndLocks() async throws {
+        let client = ControlClient(socketPath: daemon.socket)
+        let enrollment = EnrollmentManager(client: client)
+        let policies = PolicyManager(client: client)
+        let files = FileProtectionManager(client: client)
+        try await enrollment.registerAndEnrollAccountId("alice-oid", upn: "alice@contoso.com")
+        try await enrollment.registerAndEnrollAccountId("bob-oid", upn: "bob@contoso.com")
+
+        let before = try await policies.getProcessAccountId()
+        XCTAssertNil(before)
+        try await policies.setProcessAccountId("alice-oid")
+        let bound = try await policies.getProcessAccountId()
+        XCTAssertEqual(bound, "alice@contoso.com")
+        try writeFile(daemon.mnt("by-process.txt"), bytes("p"))
+        let processFile = try await files.protectionInfo(daemon.mnt("by-process.txt"))
+        XCTAssertEqual(processFile.owner, "alice@contoso.com")
+
+        // A thread of its own works as Bob, and back as the process after.
+        let mount = daemon.mountPoint
+        let outcome = Mutex<[String]>([])
+        let thread = Thread {
+            do {
+                try policies.setCurrentThreadAccountId("bob@contoso.com")
+                let own = try policies.getCurrentThreadAccountId()
+                let fd = open(mount + "/by-thread.txt", O_CREAT | O_WRONLY, 0o644)
+                if fd >= 0 { close(fd) }
+                try policies.setCurrentThreadAccountId(nil)
+                let after = try policies.getCurrentThreadAccountId()
+                outcome.withLock { $0 = [own ?? "-", fd >= 0 ? "made" : "not made", after ?? "-"] }
+            } catch {
+                outcome.withLock { $0 = ["\(error)"] }
+            }
+        }
+        thread.start()
+        let deadline = Date().addingTimeInterval(10)
+        while outcome.withLock({ $0.isEmpty }), Date() < deadline { try await Task.sleep(nanoseconds: 20_000_000) }
+        XCTAssertEqual(outcome.withLock { $0 }, ["bob@contoso.com", "made", "alice@contoso.com"])
+        let threadFile = try await files.protectionInfo(daemon.mnt("by-thread.txt"))
+        XCTAssertEqual(threadFile.owner, "bob@contoso.com")
+        let stillAlice = try await policies.getProcessAccountId()
+        XCTAssertEqual(stillAlice, "alice@contoso.com", "the thread's binding left the process's alone")
+
+        try await policies.setProcessAccountId(nil)
+        let unbound = try await policies.getProcessAccountId()
+        XCTAssertNil(unbound)
+        try writeFile(daemon.mnt("unbound.txt"), bytes("u"))
+        let unboundFile = try await files.protectionInfo(daemon.mnt("unbound.txt"))
+        XCTAssertNil(unboundFile.owner)
+
+        // Locks.
+        let locks = LockManager(client: client)
+        let locked = try await locks.lock("alice@contoso.com")
+        XCTAssertNotEqual(locked.lock, "unlocked")
+        let unlocked = try await locks.unlock("alice@contoso.com")
+        XCTAssertEqual(unlocked.lock, "unlocked")
+        do {
+            try await locks.lock("nobody@contoso.com")
+            XCTFail("locked an unknown account")
+        } catch {
+            XCTAssertEqual(error.name, "UnknownAccount", "\(error)")
+        }
     }
 
     /// No daemon at the socket: the SDK-named calls fail with the client's typed error.

@@ -225,9 +225,11 @@ extension ControlAPI {
               serve: { (api, r, body) throws(Failure) in try api.bind(body, r.caller) }),
         Route(.unbind, .processOwner) { (api, r) throws(Failure) in
             let pid = try Self.processID(r.parameters["pid"] ?? "")
-            try api.authorizeProcess(r.caller, pid, "unbind process \(pid)")
+            // ?thread=true: the number is a thread's, and its own binding goes.
+            let thread = r.http.query["thread"] == "true"
+            try api.authorizeProcess(r.caller, pid, thread ? "unbind thread \(pid)" : "unbind process \(pid)")
             return try api.run { () throws(EngineError) in
-                try api.engine.unbindProcess(pid)
+                if thread { try api.engine.unbindThread(pid) } else { try api.engine.unbindProcess(pid) }
                 return HTTPResponse(status: 204, body: [])
             }
         },
