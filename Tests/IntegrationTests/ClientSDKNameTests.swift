@@ -165,6 +165,54 @@ final class ClientSDKNameTests: XCTestCase {
         }
     }
 
+    /// Jobs, typed, followed to the end: protecting a directory tree, then a selective wipe.
+    func testJobsAreStartedFollowedAndFinishedTyped() async throws {
+        let client = ControlClient(socketPath: daemon.socket)
+        let enrollment = EnrollmentManager(client: client)
+        let jobs = JobManager(client: client)
+        try await enrollment.registerAndEnrollAccountId("alice-oid", upn: "alice@contoso.com")
+        try FileManager.default.createDirectory(atPath: daemon.mnt("tree/deeper"), withIntermediateDirectories: true)
+        for index in 0..<20 { try writeFile(daemon.mnt("tree/deeper/file-\(index).txt"), bytes("file \(index)")) }
+
+        let protect = try await jobs.startProtect(daemon.mnt("tree"), identity: "alice@contoso.com")
+        XCTAssertEqual(protect.kind, .protect)
+        XCTAssertEqual(protect.target, daemon.mnt("tree"))
+        var snapshots: [Job] = []
+        for try await snapshot in jobs.progress(of: protect.id, interval: 0.01) { snapshots.append(snapshot) }
+        let finished = try XCTUnwrap(snapshots.last)
+        XCTAssertEqual(finished.state, .succeeded)
+        XCTAssertNil(finished.failure)
+        XCTAssertEqual(finished.progress["done"], 22, "the directory, the one below it and 20 files: \(finished.progress)")
+        XCTAssertEqual(finished.protectionInfo?.owner, "alice@contoso.com")
+        XCTAssertTrue(snapshots.dropLast().allSatisfy { $0.state == .running })
+        let owner = try await FileProtectionManager(client: client).protectionInfo(daemon.mnt("tree/deeper/file-7.txt")).owner
+        XCTAssertEqual(owner, "alice@contoso.com")
+
+        let wipe = try await jobs.startWipe("alice@contoso.com")
+        XCTAssertEqual(wipe.kind, .wipe)
+        let wiped = try await jobs.wait(for: wipe.id)
+        XCTAssertEqual(wiped.state, .succeeded)
+        XCTAssertEqual(wiped.wipeResult?.code, 104)
+        XCTAssertEqual(wiped.wipeResult?.deleted, 20)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: daemon.mnt("tree/deeper/file-7.txt")))
+        let listed = try await jobs.jobs()
+        XCTAssertEqual(Set(listed.map(\.id)), [protect.id, wipe.id])
+
+        // A job nobody started, and a wipe that fails as a job (no such account now).
+        do {
+            _ = try await jobs.job(999_999)
+            XCTFail("a job that does not exist")
+        } catch {
+            XCTAssertEqual(error.name, "UnknownJob")
+        }
+        do {
+            _ = try await jobs.startWipe("alice@contoso.com")
+            XCTFail("wiped an account twice")
+        } catch {
+            XCTAssertEqual(error.name, "UnknownAccount", "\(error)")
+        }
+    }
+
     /// No daemon at the socket: the SDK-named calls fail with the client's typed error.
     func testTheSDKsNamesFailTypedWithoutADaemon() async throws {
         let missing = daemon.root + "/no-daemon.sock"
