@@ -213,7 +213,8 @@ final class ClientSDKNameTests: XCTestCase {
         }
     }
 
-    /// No daemon at the socket: the SDK-named calls fail with the client's typed error.
+    /// No daemon at the socket, or a path that is no daemon's socket: the SDK-named calls fail
+    /// with the client's typed error.
     func testTheSDKsNamesFailTypedWithoutADaemon() async throws {
         let missing = daemon.root + "/no-daemon.sock"
         let policies = PolicyManager(client: ControlClient(socketPath: missing))
@@ -224,6 +225,17 @@ final class ClientSDKNameTests: XCTestCase {
             guard case .cannotConnect(let path, let code) = error else { return XCTFail("\(error)") }
             XCTAssertEqual(path, missing)
             XCTAssertEqual(code, ENOENT)
+        }
+        // A wrong socket: a path that is there but is no daemon's (an ordinary file).
+        let wrong = daemon.root + "/not-a-socket"
+        try writeFile(wrong, bytes("x"))
+        do {
+            _ = try await EnrollmentManager(client: ControlClient(socketPath: wrong)).registeredAccounts()
+            XCTFail("an answer from a file")
+        } catch {
+            guard case .cannotConnect(let path, let code) = error else { return XCTFail("\(error)") }
+            XCTAssertEqual(path, wrong)
+            XCTAssertEqual(code, ECONNREFUSED)
         }
     }
 }
