@@ -59,6 +59,14 @@ extension PolicyManager {
     }
 }
 
+extension PolicyManager {
+    /// `isManagedAccountId:`: whether the account is enrolled here (its data is managed), as
+    /// `policy(forAccountId:)` being non-nil.
+    public func isManagedAccountId(_ account: String) async throws(CustodyClientError) -> Bool {
+        try await policy(forAccountId: account) != nil
+    }
+}
+
 extension FileProtectionManager {
     /// `protectFileProviderItem:forAccountId:`: makes `account` the owner of the item at `path`
     /// (a file, or a directory and everything in it). On Linux an item is a path in a protected
@@ -89,6 +97,12 @@ extension DataProtectionManager {
 }
 
 extension EnrollmentManager {
+    /// `enrolledAccountIds`: the IDs of the accounts enrolled here (registered ones not enrolled
+    /// are left out; `registeredAccounts()` lists every one).
+    public func enrolledAccountIds() async throws(CustodyClientError) -> [String] {
+        try await registeredAccounts().filter(\.enrolled).map(\.id)
+    }
+
     /// `registerAndEnrollAccountId:`: registers the account and enrolls it, with its policy.
     /// Linux has no directory service to look a UPN up by object ID, so the UPN is given too; the
     /// outcome is an enrolment event with the SDK's status (100 NewPoliciesReceived) or a typed
