@@ -74,6 +74,17 @@ final class ClientSDKNameTests: XCTestCase {
         XCTAssertEqual(info.owner, "alice@contoso.com")
         XCTAssertTrue(info.encrypted)
         XCTAssertEqual(try readFile(item), bytes("Q3: ship it"))
+        // protect(_:accountId:): Alice's policy keeps her data from other identities, none
+        // included, so the owner cannot be taken away; giving it to her again is no change.
+        do {
+            _ = try await files.protect(item, accountId: nil)
+            XCTFail("a managed file lost its owner")
+        } catch {
+            XCTAssertEqual(error.code, 312, "\(error)")
+        }
+        let owned = try await files.protect(item, accountId: "alice-oid")
+        XCTAssertEqual(owned.owner, "alice@contoso.com")
+        XCTAssertTrue(owned.encrypted)
 
         // The receiver's policy is asked: Bob may not receive it (Alice's policy shares with no
         // other identity), Alice may.

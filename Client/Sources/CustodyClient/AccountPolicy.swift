@@ -68,6 +68,13 @@ extension PolicyManager {
 }
 
 extension FileProtectionManager {
+    /// `protect:accountId:`: makes `account` the owner of the file at `path`, or of a directory
+    /// and everything in it (nil removes the owner), re-encrypting as the policies say.
+    @discardableResult
+    public func protect(_ path: String, accountId account: String?) async throws(CustodyClientError) -> FileProtectionInfo {
+        try await protect(path, identity: account)
+    }
+
     /// `protectFileProviderItem:forAccountId:`: makes `account` the owner of the item at `path`
     /// (a file, or a directory and everything in it). On Linux an item is a path in a protected
     /// directory rather than an `NSFileProviderItem`; the account's files there are encrypted when
