@@ -171,7 +171,7 @@ struct ControlAPI: Sendable {
 
     /// Query parameters the routes read, checked for shape (unknown ones are ignored).
     static func checkQuery(_ request: HTTPRequest) throws(Failure) {
-        for name in ["wait", "wipe", "follow"] {
+        for name in ["wait", "wipe", "follow", "thread"] {
             if let value = request.query[name], value != "true", value != "false" {
                 throw badRequest("query parameter \(name) must be true or false, not \(value)")
             }

@@ -226,7 +226,7 @@ extension ControlAPI {
         Route(.unbind, .processOwner) { (api, r) throws(Failure) in
             let pid = try Self.processID(r.parameters["pid"] ?? "")
             // ?thread=true: the number is a thread's, and its own binding goes.
-            let thread = r.http.query["thread"] == "true"
+            let thread = r.flag("thread", default: false)
             try api.authorizeProcess(r.caller, pid, thread ? "unbind thread \(pid)" : "unbind process \(pid)")
             return try api.run { () throws(EngineError) in
                 if thread { try api.engine.unbindThread(pid) } else { try api.engine.unbindProcess(pid) }
