@@ -52,6 +52,10 @@ extension MountFileSystem {
         return UnsafeMutableRawBufferPointer(start: base, count: size)
     }
 
+    /// A large plain read that took longer than this waited for the disk (1 MiB from the page
+    /// cache takes about 0.2 ms here).
+    static let diskWaitNanoseconds: Int64 = 1_000_000
+
     /// Buffers for reads of plain files (up to 1 MiB), kept for reuse; not zeroed, as the same
     /// bytes lie unencrypted in the backing file.
     static let passthroughBuffers = BufferPool(capacity: 1 << 20, keep: 2, zeroesOnReturn: false, smallLimit: 64 << 10)
@@ -63,8 +67,19 @@ extension MountFileSystem {
     func readPlain(_ req: fuse_req_t, _ fd: Int32, _ size: Int, _ offset: off_t) {
         func answer(from buffer: UnsafeMutableRawBufferPointer) {
             do throws(Errno) {
+                let large = size >= ProtectedFile.prefetchThreshold
+                let start = large ? monotonicNanoseconds() : 0
                 let count = try buffer.baseAddress.map { (base) throws(Errno) in try Syscall.preadAll(fd, base, size, Int64(offset)) } ?? 0
+                let waited = large && monotonicNanoseconds() - start > Self.diskWaitNanoseconds
                 fuse_reply_buf(req, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), count)
+                // A large read that waited for the disk is part of a stream the backing file's
+                // read-ahead is not keeping up with (the kernel's reads of the mount reach it
+                // from two request threads, out of order, and it loses track): have the disk
+                // fetch the next two stretches while the kernel takes this answer. A read the
+                // read-ahead served from memory asks for nothing more.
+                if waited, count == size {
+                    Syscall.willNeed(fd, offset: Int64(offset) + Int64(size), length: 2 * Int64(size))
+                }
             } catch {
                 replyError(req, error.rawValue)
             }

@@ -129,9 +129,9 @@ public final class ProtectedFile: @unchecked Sendable {
 
     // MARK: Reading
 
-    /// Stored (encrypted) bytes of one request: a 1 MiB request at any offset fits. Kept for reuse,
-    /// so large requests do not fault fresh memory in every time (see `BufferPool`).
-    static let prefetchThreshold = 256 * 1024
+    /// A read at least this large is taken for part of a stream: the next stretch of the same size
+    /// is asked of the disk while this one is served (the mount's plain reads follow the same rule).
+    public static let prefetchThreshold = 256 * 1024
     /// Small reads of files of at least this many bytes go through a mapping (see `readMapped`).
     static let mappingThreshold: UInt64 = 1 << 20
     struct MappingState {
@@ -140,6 +140,8 @@ public final class ProtectedFile: @unchecked Sendable {
         var unavailable = false
     }
     let mapping = Mutex(MappingState())
+    /// Stored (encrypted) bytes of one request: a 1 MiB request at any offset fits. Kept for reuse,
+    /// so large requests do not fault fresh memory in every time (see `BufferPool`).
     static let storedBuffers = BufferPool(capacity: (1 << 20) + (64 << 10), keep: 2, zeroesOnReturn: false, smallLimit: 64 << 10)
 
     /// Reads up to `buffer.count` plaintext bytes at `offset`; fewer only at the end of the file.
