@@ -66,7 +66,7 @@ struct Route: Sendable {
 
     /// A route whose body is a `Body`: decoded (400 when it is not one), checked by `check`, and
     /// handed to `serve`.
-    static func with<Body: Decodable>(_ endpoint: Endpoint, _ access: Access, _ action: String = "", body: Body.Type,
+    static func with<Body: Decodable & SendableMetatype>(_ endpoint: Endpoint, _ access: Access, _ action: String = "", body: Body.Type,
                                       check: @escaping @Sendable (Body) throws(ControlAPI.Failure) -> Void = { _ in },
                                       serve: @escaping @Sendable (ControlAPI, RouteRequest, Body) throws(ControlAPI.Failure) -> HTTPResponse) -> Route {
         Route(endpoint, access, action,
