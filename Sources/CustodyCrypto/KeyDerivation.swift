@@ -43,13 +43,7 @@ public enum HKDF {
             let block = prk + length
             salt.withUnsafeBytes { saltBytes in
                 info.withUnsafeBytes { infoBytes in
-                    // Extract: PRK = HMAC(salt, key); a missing salt is a block of zeros (RFC 5869 2.2).
-                    if saltBytes.isEmpty {
-                        block.initializeMemory(as: UInt8.self, repeating: 0, count: length)
-                        failed = !hmac(digest, key: UnsafeRawBufferPointer(start: block, count: length), [key], into: prk)
-                    } else {
-                        failed = !hmac(digest, key: saltBytes, [key], into: prk)
-                    }
+                    failed = !extract(digest, key: key, salt: saltBytes, into: prk)
                     // Expand: T(i) = HMAC(PRK, T(i-1) | info | i).
                     var offset = 0
                     var index: UInt8 = 1
@@ -70,6 +64,16 @@ public enum HKDF {
         if failed {
             output.initializeMemory(as: UInt8.self, repeating: 0)
             throw .library("libcrypto could not compute an HMAC")
+        }
+    }
+
+    /// Extract: PRK = HMAC(salt, key) into `prk` (the digest's length); a missing salt is a block
+    /// of zeros (RFC 5869 2.2). False when libcrypto failed.
+    static func extract(_ digest: Digest, key: UnsafeRawBufferPointer, salt: UnsafeRawBufferPointer, into prk: UnsafeMutableRawPointer) -> Bool {
+        guard salt.isEmpty else { return hmac(digest, key: salt, [key], into: prk) }
+        return withUnsafeTemporaryAllocation(byteCount: digest.length, alignment: 8) { zeros in
+            zeros.initializeMemory(as: UInt8.self, repeating: 0)
+            return hmac(digest, key: UnsafeRawBufferPointer(zeros), [key], into: prk)
         }
     }
 
@@ -139,11 +143,10 @@ extension HKDF {
 
         public init(key: SecretBytes, salt: [UInt8]) throws(CryptoError) {
             prk = try SecretBytes(count: Self.length)
-            let zeros = [UInt8](repeating: 0, count: Self.length)
             let extracted = try key.withUnsafeBytes { (ikm) throws(CryptoError) -> Bool in
                 try prk.withUnsafeMutableBytes { (out) throws(CryptoError) -> Bool in
                     guard let target = out.baseAddress else { throw .library("no memory for a key") }
-                    return (salt.isEmpty ? zeros : salt).withUnsafeBytes { saltBytes in hmac(.sha256, key: saltBytes, [ikm], into: target) }
+                    return salt.withUnsafeBytes { saltBytes in extract(.sha256, key: ikm, salt: saltBytes, into: target) }
                 }
             }
             guard extracted else { throw .library("libcrypto could not compute an HMAC") }
