@@ -18,38 +18,37 @@ public struct Job: Equatable, Sendable {
         case running, succeeded, failed
     }
 
-    public var id: Int
-    public var kind: Kind
-    /// What it works on: the account (a wipe) or the path (protect).
-    public var target: String
-    public var state: State
-    /// Counters that grow as it works (`done` for protect; `scanned`, `deleted`, `bytesFreed`,
-    /// `keysDestroyedMicroseconds` for a wipe).
-    public var progress: [String: UInt64]
-    /// Wall-clock seconds since 1970.
-    public var startedAt: Double
-    public var finishedAt: Double?
-    /// Why a failed job failed, as the call that waits for it would have thrown it (`status` 0:
-    /// a job's failure carries no HTTP status).
-    public var failure: CustodyClientError?
-    /// The document a waiting call would have answered.
+    /// The document the daemon answered; everything below is read from it.
     let document: CustodyJob
 
-    public init(_ document: CustodyJob) {
-        self.document = document
-        id = document.id
+    public init(_ document: CustodyJob) { self.document = document }
+
+    public var id: Int { document.id }
+
+    public var kind: Kind {
         switch document.kind {
-        case "wipe": kind = .wipe
-        case "protect": kind = .protect
-        default: kind = .other(document.kind)
+        case "wipe": return .wipe
+        case "protect": return .protect
+        default: return .other(document.kind)
         }
-        target = document.target
-        state = State(rawValue: document.state) ?? (document.finishedAt == nil ? .running : .failed)
-        progress = document.progress
-        startedAt = document.startedAt
-        finishedAt = document.finishedAt
-        failure = document.error.map { .server(status: 0, code: $0.code, name: $0.name, message: $0.message) }
     }
+
+    /// What it works on: the account (a wipe) or the path (protect).
+    public var target: String { document.target }
+
+    public var state: State { State(rawValue: document.state) ?? (document.finishedAt == nil ? .running : .failed) }
+
+    /// Counters that grow as it works (`done` for protect; `scanned`, `deleted`, `bytesFreed`,
+    /// `keysDestroyedMicroseconds` for a wipe).
+    public var progress: [String: UInt64] { document.progress }
+
+    /// Wall-clock seconds since 1970.
+    public var startedAt: Double { document.startedAt }
+    public var finishedAt: Double? { document.finishedAt }
+
+    /// Why a failed job failed, as the call that waits for it would have thrown it (`status` 0:
+    /// a job's failure carries no HTTP status).
+    public var failure: CustodyClientError? { document.error.map { .server(status: 0, code: $0.code, name: $0.name, message: $0.message) } }
 
     public var isFinished: Bool { state != .running }
 
