@@ -130,7 +130,8 @@ public final class ProtectedFile: @unchecked Sendable {
     // MARK: Reading
 
     /// A read at least this large is taken for part of a stream: the next stretch of the same size
-    /// is asked of the disk while this one is served (the mount's plain reads follow the same rule).
+    /// is asked of the disk while this one is served (the mount's plain reads take the same size
+    /// for a stream's, and ask for more only after one waited for the disk).
     public static let prefetchThreshold = 256 * 1024
     /// Small reads of files of at least this many bytes go through a mapping (see `readMapped`).
     static let mappingThreshold: UInt64 = 1 << 20
