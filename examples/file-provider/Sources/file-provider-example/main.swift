@@ -33,9 +33,10 @@ final class Delegate: EnrollmentDelegate, @unchecked Sendable {
     }
 
     func unenrollRequest(with status: EnrollmentStatus, wiped: Bool) {
-        statuses.withLock { $0.append("unenroll \(status.statusCode) wiped=\(wiped)") }
-        // A wiped account's data leaves the app too: the copies it handed out of the mount.
+        // A wiped account's data leaves the app too: the copies it handed out of the mount. The
+        // status is recorded after, so that whoever waits for it finds the copies gone.
         if wiped { for copy in cachedCopies.withLock({ $0 }) { unlink(copy) } }
+        statuses.withLock { $0.append("unenroll \(status.statusCode) wiped=\(wiped)") }
     }
 
     func waitFor(_ status: String) async {
