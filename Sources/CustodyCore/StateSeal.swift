@@ -167,10 +167,14 @@ final class StateSeal: @unchecked Sendable {
                 guard let base = sealed.baseAddress else { return }
                 try Self.fileContext(held.id, name).withBytes { (aad) throws(CryptoError) in
                     try plain.withMutableBytes { (out) throws(CryptoError) in
+                        // An empty plaintext has no address of its own: one scratch byte stands in.
                         var scratch: UInt8 = 0
-                        try held.aead.open(nonce: UnsafeRawBufferPointer(start: base, count: AESGCMKey.nonceSize), aad: aad,
-                                           ciphertext: UnsafeRawBufferPointer(start: base + AESGCMKey.nonceSize, count: length),
-                                           tag: base + AESGCMKey.nonceSize + length, plaintext: out.baseAddress ?? UnsafeMutableRawPointer(&scratch))
+                        try withUnsafeMutableBytes(of: &scratch) { (spare) throws(CryptoError) in
+                            guard let target = out.baseAddress ?? spare.baseAddress else { throw .authenticationFailed }
+                            try held.aead.open(nonce: UnsafeRawBufferPointer(start: base, count: AESGCMKey.nonceSize), aad: aad,
+                                               ciphertext: UnsafeRawBufferPointer(start: base + AESGCMKey.nonceSize, count: length),
+                                               tag: base + AESGCMKey.nonceSize + length, plaintext: target)
+                        }
                     }
                 }
             }
