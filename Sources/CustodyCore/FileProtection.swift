@@ -100,8 +100,9 @@ extension Engine {
         guard let policy = account.policy else { throw .identityNotManaged(account.upn) }
         let protectionClass = min(policy.protectionLevel, settings.maxFileProtectionLevel)
         let classKey = try self.classKey(for: account.id, protectionClass, purpose: .create)
-        let owner: Owner
-        do { owner = try Owner(registeredName(account.upn)) } catch { throw .invalidIdentity("\(error)") }
+        // The header names no owner (format 3), but the account's name must still be one an
+        // owner record can hold.
+        do { _ = try Owner(registeredName(account.upn)) } catch { throw .invalidIdentity("\(error)") }
 
         let source = try Self.openRegularFile(path)
         defer { Syscall.close(source.fd) }
