@@ -303,7 +303,10 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    private func enrollChecked(id: String, upn: String, policy requested: Policy?, passphrase: SecretBytes?, uid requestedUID: UInt32?) throws(EngineError) -> Account {
+    /// `imported`: the class keys of an identity enrolled on another host (`importIdentity`),
+    /// made this host's with a keybag of its own.
+    func enrollChecked(id: String, upn: String, policy requested: Policy?, passphrase: SecretBytes?, uid requestedUID: UInt32?,
+                       imported: TransferredClassKeys? = nil) throws(EngineError) -> Account {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
         try refuseWhileSealed("\(upn) cannot be enrolled")
         if let requested { try checkLocations(requested) }
@@ -324,7 +327,9 @@ public final class Engine: @unchecked Sendable {
         let name = files.keybagName(id)
         var keys: Keyring
         var policy = requested ?? Policy(), uid = requestedUID
-        if let kept = try files.read(StoredKeybag.self, from: name) {
+        let kept = try files.read(StoredKeybag.self, from: name)
+        if kept != nil, imported != nil { throw .keysKeptHere(upn) }
+        if let kept {
             let secret = try Self.machineSecret(kept, keys: machineKeys, file: files.path(name))
             keys = try Keyring.load(kept, machineSecret: secret, file: files.path(name))
             do {
@@ -345,7 +350,8 @@ public final class Engine: @unchecked Sendable {
             }
         } else {
             var (stored, unlocked, d, b, secret) = try Keybags.create(identity: IdentityKey(id).folded, passphrase: passphrase,
-                                                                       cost: settings.passphraseCost, machine: try machineKeys.current())
+                                                                       cost: settings.passphraseCost, machine: try machineKeys.current(),
+                                                                       given: imported)
             stored.passphraseGate = makeGate(passphrase, salt: stored.salt, identity: stored.identity)
             try files.write(stored, to: name)
             keys = Keyring(stored: stored, machineSecret: secret, classD: d, classBPublic: b)

@@ -49,6 +49,11 @@ public enum EngineError: ErrnoConvertible, Equatable, Sendable, CustomStringConv
     /// The identity's keybag is missing or cannot be read (`StateProblem.Kind.keybagUnusable`);
     /// the text says why.
     case keysUnavailable(String)
+    /// An identity export that does not open here (sealed to another host, changed) or does not
+    /// hold together.
+    case identityExportInvalid(String)
+    /// An import of an identity whose keys this host keeps from an earlier enrolment.
+    case keysKeptHere(String)
     // Data protection (the SDK's data protection domain, 100–105).
     case failedToProtectData(String)
     case failedToUnprotectData(String)
@@ -98,6 +103,8 @@ public enum EngineError: ErrnoConvertible, Equatable, Sendable, CustomStringConv
         case .machineKeyUnavailable: return (316, "MachineKeyUnavailable", .accessDenied)
         case .machineKeyInUse: return (317, "MachineKeyInUse", .ioError)
         case .keysUnavailable: return (318, "KeysUnavailable", .accessDenied)
+        case .identityExportInvalid: return (320, "IdentityExportInvalid", .invalidArgument)
+        case .keysKeptHere: return (321, "KeysKeptHere", .exists)
         case .failedToProtectData: return (102, "FailedToProtectData", .ioError)
         case .failedToUnprotectData: return (103, "FailedToUnprotectData", .ioError)
         }
@@ -143,6 +150,8 @@ public enum EngineError: ErrnoConvertible, Equatable, Sendable, CustomStringConv
         case .noRecoveryKey(let upn): return "\(upn) has no recovery key"
         case .machineKeyUnavailable(let reason): return "machine key unavailable: \(reason)"
         case .keysUnavailable(let reason): return reason
+        case .identityExportInvalid(let reason): return "the identity export cannot be imported: \(reason)"
+        case .keysKeptHere(let upn): return "keys of \(upn) are kept here from an earlier enrolment: enroll it again with them, or wipe them first"
         case .machineKeyInUse(let id): return "machine key \(id) is available: move it with `custodyctl machine-key migrate` instead of replacing it"
         case .failedToProtectData(let reason): return "cannot protect the data: \(reason)"
         case .failedToUnprotectData(let reason): return "cannot unprotect the data: \(reason)"

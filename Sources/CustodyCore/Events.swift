@@ -8,7 +8,7 @@ public struct EngineEvent: Codable, Equatable, Sendable {
         case passphraseChanged, lockRequested, locked, unlocked, unlockFailed, unlockAttemptsExceeded
         case identityBound, identityUnbound, transferBlocked, saveBlocked, openFromBlocked, machineKeyChanged, tamperDetected
         case wipeStarted, wipeProgress, wipeFinished, wipeFailed, reprotectRequired, reprotectProgress, reprotectFinished
-        case stateProblem, tornWrite, fileRepaired, allowedAccountsChanged, accountNotAllowed, policyRequired
+        case stateProblem, tornWrite, fileRepaired, allowedAccountsChanged, accountNotAllowed, policyRequired, identityExported
     }
 
     public var sequence: UInt64

@@ -191,9 +191,10 @@ enum Keybags {
         }
     }
 
-    /// A new keybag with fresh class keys and a fresh machine secret bound to `machine`, and
-    /// those keys unwrapped.
-    static func create(identity: String, passphrase: SecretBytes?, cost: String, machine: (id: String, key: SecretBytes)) throws(EngineError)
+    /// A new keybag with fresh class keys (or `given` ones: an identity imported from another
+    /// host) and a fresh machine secret bound to `machine`, and those keys unwrapped.
+    static func create(identity: String, passphrase: SecretBytes?, cost: String, machine: (id: String, key: SecretBytes),
+                       given: TransferredClassKeys? = nil) throws(EngineError)
         -> (StoredKeybag, ClassKeys, ClassKeyEntry, (id: [UInt8], publicKey: [UInt8]), SecretBytes) {
         do {
             var stored = StoredKeybag(identity: identity, salt: Data(try Random.bytes(16)),
@@ -205,8 +206,12 @@ enum Keybags {
             var keys = ClassKeys()
             var classD: ClassKeyEntry?
             for slot in [ProtectionClass.complete, .untilFirstAuthentication, .none] {
-                let id = Data(try Random.bytes(FileHeader.classKeyIDSize))
-                let key = try SecretBytes.random(count: 32)
+                let (id, key): (Data, SecretBytes)
+                if let given = given?.symmetric[slot] {
+                    (id, key) = (Data(given.id), given.key)
+                } else {
+                    (id, key) = (Data(try Random.bytes(FileHeader.classKeyIDSize)), try SecretBytes.random(count: 32))
+                }
                 stored[slot] = .init(id: id, wrapped: try wrap(key, identity: identity, slot, id: id, with: slot == .none ? machine : user))
                 let entry = ClassKeyEntry(id: Array(id), key: try AESGCMKey(key))
                 switch slot {
@@ -215,8 +220,12 @@ enum Keybags {
                 default: classD = entry
                 }
             }
-            let bID = Data(try Random.bytes(FileHeader.classKeyIDSize))
-            let bPrivate = try X25519.generatePrivateKey()
+            let bID: Data, bPrivate: SecretBytes
+            if let given {
+                (bID, bPrivate) = (Data(given.classB.id), given.classB.privateKey)
+            } else {
+                (bID, bPrivate) = (Data(try Random.bytes(FileHeader.classKeyIDSize)), try X25519.generatePrivateKey())
+            }
             let bPublic = try X25519.publicKey(for: bPrivate)
             stored[.completeUnlessOpen] = .init(id: bID, wrapped: try wrap(bPrivate, identity: identity, .completeUnlessOpen, id: bID, with: user), publicKey: Data(bPublic))
             keys.completeUnlessOpenPrivate = bPrivate

@@ -171,6 +171,9 @@ final class MachineKeys: @unchecked Sendable {
     /// while keybags still name a lost key).
     var count: Int { state.withLock { $0.entries.count } }
 
+    /// The IDs of every machine key the state directory holds.
+    func ids() -> [String] { state.withLock { $0.entries.keys.sorted() } }
+
     /// Where the current key is kept.
     var currentStore: MachineKeyStore? { state.withLock { state in state.current.flatMap { state.entries[$0]?.store } } }
 

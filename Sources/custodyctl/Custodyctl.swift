@@ -24,7 +24,7 @@ struct Custodyctl: ParsableCommand {
         version: "custodyctl \(CustodyVersion.string)",
         subcommands: [
             Status.self, Enroll.self, Accounts.self, Deregister.self, PolicyCommand.self,
-            Lock.self, Unlock.self, Passphrase.self, Protector.self, RecoveryKeyCommand.self, Recover.self, MachineKeyCommand.self, Run.self, Bind.self, Unbind.self, Identity.self,
+            Lock.self, Unlock.self, Passphrase.self, Protector.self, RecoveryKeyCommand.self, Recover.self, MachineKeyCommand.self, Run.self, Bind.self, Unbind.self, IdentityCommand.self,
             Protect.self, Info.self, EncryptFile.self, DecryptFile.self, IsEncrypted.self, CanReceive.self, Repair.self,
             Locations.self, Locate.self, SaveToAllowed.self, OpenFromAllowed.self,
             ProtectData.self, UnprotectData.self, DataInfo.self,

@@ -1,6 +1,7 @@
 import CLinux
 import ArgumentParser
 import CustodyClient
+import CustodySystem
 import FoundationEssentials
 import Glibc
 
@@ -91,15 +92,95 @@ struct Unbind: ParsableCommand {
     }
 }
 
-struct Identity: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the effective identity of a process (default: this shell's parent).")
-    @OptionGroup var global: Global
-    @Argument(help: "The process ID.") var pid: Int32?
+struct IdentityCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "identity",
+        abstract: "A process's identity; an identity's keys carried to another host (export, import) and this host's key for it.",
+        discussion: """
+            To move an identity from host A to host B: on B, custodyctl identity host-key --output b.pub; copy b.pub to A;             on A, custodyctl identity export alice@contoso.com --to b.pub --output alice.export; copy alice.export to B;             on B, custodyctl identity import alice.export. The export opens on B only, and the keys are never in clear             outside the two daemons. Files alice's identity encrypted on either host then open on both.
+            """,
+        subcommands: [Show.self, HostKey.self, Export.self, Import.self], defaultSubcommand: Show.self)
 
-    func run() throws {
-        let pid = self.pid ?? getppid()
-        let response = try request(global, Endpoint.processIdentity, String(pid))
-        let resolved = try decode(ProcessIdentity.self, response)
-        show(response, global) { "process \(resolved.pid): \(resolved.identity ?? "no identity") (\(resolved.source))" }
+    struct Show: ParsableCommand {
+        static let configuration = CommandConfiguration(commandName: "show", abstract: "Show the effective identity of a process (default: this shell's parent).")
+        @OptionGroup var global: Global
+        @Argument(help: "The process ID.") var pid: Int32?
+
+        func run() throws {
+            let pid = self.pid ?? getppid()
+            let response = try request(global, Endpoint.processIdentity, String(pid))
+            let resolved = try decode(ProcessIdentity.self, response)
+            show(response, global) { "process \(resolved.pid): \(resolved.identity ?? "no identity") (\(resolved.source))" }
+        }
+    }
+
+    struct HostKey: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "host-key",
+            abstract: "Print this host's key for receiving identities (public; derived from the machine key, so it changes when that is migrated or reset).")
+        @OptionGroup var global: Global
+        @Option(help: ArgumentHelp("Write the key to this file (what export --to reads) instead of printing it.", valueName: "file")) var output: String?
+
+        func run() throws {
+            let response = try request(global, Endpoint.hostKey)
+            let key = try decode(CustodyHostKey.self, response)
+            if let output {
+                try writeText(output, key.publicKey + "\n", mode: 0o644)
+                show(response, global) { "host key \(key.fingerprint) written to \(output)" }
+            } else {
+                show(response, global) { "\(key.publicKey)\nfingerprint \(key.fingerprint)" }
+            }
+        }
+    }
+
+    struct Export: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Seal an identity's keys to another host (admin; the identity must be unlocked here).")
+        @OptionGroup var global: Global
+        @Argument(help: "The account (object ID or UPN).") var account: String
+        @Option(help: ArgumentHelp("The receiving host's key file (its identity host-key --output).", valueName: "file")) var to: String
+        @Option(help: ArgumentHelp("Write the export here (mode 0600) instead of standard output.", valueName: "file")) var output: String?
+
+        func run() throws {
+            guard let text = readTextFile(to), let key = Data(base64Encoded: text.trimmingWhitespace()), key.count == 32 else {
+                printError("\(to) holds no host key (32 bytes in base64, as custodyctl identity host-key --output writes)")
+                throw ExitCode(Exit.failed)
+            }
+            let response = try request(global, Endpoint.exportIdentity, account, body: ExportIdentityRequest(hostKey: key.base64EncodedString()))
+            let export = try decode(CustodyIdentityExport.self, response)
+            guard let output else {
+                print(String(decoding: response.body, as: UTF8.self))
+                return
+            }
+            try writeText(output, String(decoding: response.body, as: UTF8.self) + "\n", mode: 0o600)
+            show(response, global) { "the keys of \(export.upn) sealed to host \(export.toFingerprint), written to \(output)" }
+        }
+    }
+
+    struct Import: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Enroll an identity here with the keys an export carries (admin; the export must be sealed to this host).",
+            discussion: "The identity gets this host's own protectors: --passphrase (or none), then a login protector and a recovery key as for any identity. Its policy is the one the export carries unless the account is enrolled here with another later.")
+        @OptionGroup var global: Global
+        @Argument(help: "The export file (identity export --output).") var file: String
+        @Option(help: ArgumentHelp("The local user (uid) whose processes act as this account.", valueName: "uid")) var uid: UInt32?
+        @Option(help: ArgumentHelp("The local user, by name, whose processes act as this account.", valueName: "name")) var user: String?
+        @Flag(help: "Protect the identity's keys here with a passphrase (asked for, or see --passphrase-file).") var passphrase = false
+        @OptionGroup var passphraseOptions: PassphraseOptions
+
+        func run() throws {
+            guard let text = readTextFile(file), let export = try? JSONDecoder().decode(CustodyIdentityExport.self, from: Data(text.utf8)) else {
+                printError("\(file) is not a Custody identity export")
+                throw ExitCode(Exit.failed)
+            }
+            var body = ImportIdentityRequest(export: export, uid: uid, user: user)
+            if passphrase || passphraseOptions.passphraseFile != nil || passphraseOptions.passphraseStdin,
+               let secret = try passphraseOptions.read(prompt: "Passphrase for \(export.upn) on this host: ", required: true) {
+                body.passphrase = secret
+            }
+            let response = try request(global, Endpoint.importIdentity, body: body)
+            let account = try decode(CustodyAccount.self, response)
+            show(response, global) { "imported" + describe(account).dropFirst(1) + "  (keys from host \(export.from))" }
+        }
     }
 }

@@ -92,6 +92,11 @@ final class AuthorizationTableTests: XCTestCase {
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
     }
 
+    /// This host's key for receiving identities.
+    func hostKey() throws -> String {
+        try XCTUnwrap(field(try daemon.apiJSON("GET", "/v1/host-key").json, "publicKey"))
+    }
+
     /// A body the route accepts, made with what the caller owns (its process, its file).
     func body(for row: Row, caller uid: UInt32?, serial: Int) throws -> String? {
         switch (row.method, row.path) {
@@ -122,6 +127,13 @@ final class AuthorizationTableTests: XCTestCase {
             return #"{"path": "\#(name)"}"#
         case ("POST", "/v1/machine-key/migrate"):
             return #"{"to": "file"}"#
+        case ("POST", "/v1/accounts/X/export"):
+            return #"{"hostKey": "\#(try hostKey())"}"#
+        case ("POST", "/v1/identities/import"):
+            // X's keys sealed to this very host, by the administrator.
+            let export = try daemon.api("POST", "/v1/accounts/\(Self.account)/export", #"{"hostKey": "\#(try hostKey())"}"#)
+            XCTAssertEqual(export.status, 200, export.body)
+            return #"{"export": \#(export.body)}"#
         case ("POST", "/v1/data/protect"):
             return #"{"identity": "\#(Self.account)", "string": "secret"}"#
         case ("POST", "/v1/locations/save-to-allowed"):

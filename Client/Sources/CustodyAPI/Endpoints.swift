@@ -59,6 +59,10 @@ extension Endpoint {
     public static let createRecoveryKey = Endpoint("POST", "/v1/accounts/{identity}/recovery-key")
     public static let removeRecoveryKey = Endpoint("DELETE", "/v1/accounts/{identity}/recovery-key")
     public static let recover = Endpoint("POST", "/v1/accounts/{identity}/recover")
+    // One identity on several hosts
+    public static let hostKey = Endpoint("GET", "/v1/host-key")
+    public static let exportIdentity = Endpoint("POST", "/v1/accounts/{identity}/export")
+    public static let importIdentity = Endpoint("POST", "/v1/identities/import")
     // Logins (the PAM module)
     public static let loginUnlock = Endpoint("POST", "/v1/login/unlock")
     public static let loginPassword = Endpoint("POST", "/v1/login/password")
@@ -103,7 +107,7 @@ extension Endpoint {
     /// All of them, in the order `docs/api.md` lists them.
     public static let all: [Endpoint] = [
         status, accounts, enroll, account, deregister, wipe, ownedFiles, allowedAccounts, policy, setPolicy, lock, unlock, passphrase,
-        addLoginProtector, removeLoginProtector, createRecoveryKey, removeRecoveryKey, recover,
+        addLoginProtector, removeLoginProtector, createRecoveryKey, removeRecoveryKey, recover, hostKey, exportIdentity, importIdentity,
         loginUnlock, loginPassword, loginOpen, loginLock, machineKey, migrateMachineKey, resetMachineKey,
         lockAll, unlockAll, bind, unbind, processIdentity,
         fileInfo, isEncrypted, protectFile, encryptFile, decryptFile, canReceive, repairFile,

@@ -659,3 +659,45 @@ public struct RecoveryKeyCreated: Codable, Equatable, Sendable {
         self.escrow = escrow
     }
 }
+
+/// `GET /v1/host-key`: the key other hosts seal an identity's keys to for this one (X25519,
+/// derived from the machine key: it changes when the machine key is migrated or reset).
+public struct CustodyHostKey: Codable, Equatable, Sendable {
+    /// Base64, 32 bytes.
+    public var publicKey: String
+    /// 8 bytes of SHA-256 of the key, in hex.
+    public var fingerprint: String
+    public init(publicKey: String, fingerprint: String) {
+        self.publicKey = publicKey
+        self.fingerprint = fingerprint
+    }
+}
+
+/// An identity's keys sealed to one host (`POST /v1/accounts/{identity}/export`): what
+/// `custodyctl identity export` writes and `import` reads. Only the host it names can open it;
+/// the sealed content repeats the account and the host, so the outer fields cannot be swapped.
+public struct CustodyIdentityExport: Codable, Equatable, Sendable {
+    /// `custody-identity-export/1`.
+    public var format: String
+    public var accountID: String
+    public var upn: String
+    /// The receiving host's key (base64) and its fingerprint.
+    public var to: String
+    public var toFingerprint: String
+    /// The sending host's fingerprint.
+    public var from: String
+    /// Seconds since 1970.
+    public var created: Double
+    /// A libsodium sealed box to `to` (base64).
+    public var sealed: String
+    public init(format: String, accountID: String, upn: String, to: String, toFingerprint: String, from: String, created: Double, sealed: String) {
+        self.format = format
+        self.accountID = accountID
+        self.upn = upn
+        self.to = to
+        self.toFingerprint = toFingerprint
+        self.from = from
+        self.created = created
+        self.sealed = sealed
+    }
+}

@@ -207,3 +207,29 @@ public struct RecoverRequest: Codable, Sendable {
         self.removePassphrase = removePassphrase
     }
 }
+
+/// `POST /v1/accounts/{identity}/export`.
+public struct ExportIdentityRequest: Codable, Sendable {
+    /// The receiving host's key (base64, 32 bytes): what its `GET /v1/host-key` answers.
+    public var hostKey: String
+    public init(hostKey: String) { self.hostKey = hostKey }
+}
+
+/// `POST /v1/identities/import`: an export made for this host, and what the identity gets here
+/// (as for an enrolment: its passphrase on this host, its policy, its local user).
+public struct ImportIdentityRequest: Codable, Sendable {
+    public var export: CustodyIdentityExport
+    public var passphrase: String?
+    /// Nil: the policy the export carries.
+    public var policy: CustodyPolicy?
+    public var uid: UInt32?
+    /// The local user by name, instead of `uid`.
+    public var user: String?
+    public init(export: CustodyIdentityExport, passphrase: String? = nil, policy: CustodyPolicy? = nil, uid: UInt32? = nil, user: String? = nil) {
+        self.export = export
+        self.passphrase = passphrase
+        self.policy = policy
+        self.uid = uid
+        self.user = user
+    }
+}

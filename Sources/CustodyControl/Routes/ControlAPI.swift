@@ -50,7 +50,8 @@ struct ControlAPI: Sendable {
         case .alreadyEnrolled, .notEnrolled, .singleManagedAccountMode, .passphraseRequired, .noLocalUser: status = 409
         case .accountNotAllowed, .wrongPassphrase, .sharingNotAllowed, .transferNotAllowed, .invalidRecoveryKey: status = 403
         case .invalidIdentity, .invalidPolicy: status = 400
-        case .noRecoveryKey, .machineKeyUnavailable, .machineKeyInUse, .keysUnavailable: status = 409
+        case .noRecoveryKey, .machineKeyUnavailable, .machineKeyInUse, .keysUnavailable, .keysKeptHere: status = 409
+        case .identityExportInvalid: status = 422
         case .rateLimited: status = 429
         case .locked: status = 423
         case .io(_, let errno): status = Self.status(for: errno)
@@ -274,13 +275,16 @@ struct ControlAPI: Sendable {
         return (store, body.pcrs)
     }
 
+    /// The local user a body names, by `uid` or by name (`user`); both must agree.
+    static func localUser(uid: UInt32?, user: String?) throws(Failure) -> UInt32? {
+        guard let user else { return uid }
+        guard let entry = getpwnam(user) else { throw unknownUser(user) }
+        if let uid, uid != entry.pointee.pw_uid { throw badRequest("user \(user) is uid \(entry.pointee.pw_uid), not \(uid)") }
+        return entry.pointee.pw_uid
+    }
+
     func enroll(_ body: EnrollRequest) throws(Failure) -> HTTPResponse {
-        var uid = body.uid
-        if let user = body.user {
-            guard let entry = getpwnam(user) else { throw Self.unknownUser(user) }
-            if let uid, uid != entry.pointee.pw_uid { throw Self.badRequest("user \(user) is uid \(entry.pointee.pw_uid), not \(uid)") }
-            uid = entry.pointee.pw_uid
-        }
+        let uid = try Self.localUser(uid: body.uid, user: body.user)
         // No policy: the one it had when deregistered with its keys kept, else the default.
         let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) }
         return try run { () throws(EngineError) in

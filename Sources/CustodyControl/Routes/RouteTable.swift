@@ -175,6 +175,16 @@ extension ControlAPI {
         .with(.recover, .accountOwner, "recover {identity}", body: RecoverRequest.self,
               check: { (body) throws(Failure) in if let new = body.newPassphrase { try checkPassphrase(new) } },
               serve: { (api, r, body) throws(Failure) in try api.recover(r.identity, body) }),
+        Route(.hostKey, .anyone) { (api, _) throws(Failure) in try api.hostKey() },
+        .with(.exportIdentity, .admin, "export the keys of {identity}", body: ExportIdentityRequest.self,
+              check: { (body) throws(Failure) in _ = try hostKey(body) },
+              serve: { (api, r, body) throws(Failure) in try api.exportIdentity(r.identity, body) }),
+        .with(.importIdentity, .admin, "import identities", body: ImportIdentityRequest.self,
+              check: { (body) throws(Failure) in
+                  if let passphrase = body.passphrase { try checkPassphrase(passphrase) }
+                  if let policy = body.policy { _ = try Self.policy(policy) }
+              },
+              serve: { (api, _, body) throws(Failure) in try api.importIdentity(body) }),
     ]
 
     static let loginRoutes: [Route] = [

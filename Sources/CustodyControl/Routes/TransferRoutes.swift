@@ -1,0 +1,42 @@
+import CustodyAPI
+import CustodyCore
+import FoundationEssentials
+
+// One identity on several hosts over the socket: this host's receiving key, an identity's keys
+// sealed to another host's, and an import of such an export. Administrators only (see
+// `Engine.exportIdentity`, `Engine.importIdentity`).
+extension ControlAPI {
+    static func hostKey(_ body: ExportIdentityRequest) throws(Failure) -> [UInt8] {
+        guard let key = Data(base64Encoded: body.hostKey), key.count == 32 else { throw badRequest("hostKey must be 32 bytes in base64") }
+        return Array(key)
+    }
+
+    func hostKey() throws(Failure) -> HTTPResponse {
+        try run { () throws(EngineError) in
+            let key = try engine.hostKey()
+            return json(CustodyHostKey(publicKey: Data(key.publicKey).base64EncodedString(), fingerprint: key.fingerprint))
+        }
+    }
+
+    func exportIdentity(_ identity: String, _ body: ExportIdentityRequest) throws(Failure) -> HTTPResponse {
+        let recipient = try Self.hostKey(body)
+        return try run { () throws(EngineError) in
+            let export = try engine.exportIdentity(identity, to: recipient)
+            return json(CustodyIdentityExport(format: export.format, accountID: export.accountID, upn: export.upn, to: export.to,
+                                              toFingerprint: export.toFingerprint, from: export.from, created: export.created, sealed: export.sealed))
+        }
+    }
+
+    func importIdentity(_ body: ImportIdentityRequest) throws(Failure) -> HTTPResponse {
+        let uid = try Self.localUser(uid: body.uid, user: body.user)
+        let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) }
+        let document = body.export
+        let export = IdentityExport(format: document.format, accountID: document.accountID, upn: document.upn, to: document.to,
+                                    toFingerprint: document.toFingerprint, from: document.from, created: document.created, sealed: document.sealed)
+        return try run { () throws(EngineError) in
+            let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
+            let account = try engine.importIdentity(export, passphrase: passphrase, policy: policy, uid: uid)
+            return json(CustodyAccount(account), status: 201)
+        }
+    }
+}
