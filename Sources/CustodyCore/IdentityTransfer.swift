@@ -219,12 +219,23 @@ extension Engine {
         return export
     }
 
+    /// What an import did, or (checking) would do.
+    public enum ImportOutcome: Equatable, Sendable {
+        /// Enrolled with the export's keys (checking: it would be).
+        case imported(Account?)
+        /// Enrolled here already with exactly the export's keys: nothing to do.
+        case alreadyHere(Account)
+    }
+
     /// Enrolls the identity of `export` here with the keys it carries, under this host's own
     /// protectors: `passphrase` (none: it unlocks on authorization alone, as an enrolment without
     /// one), then a login protector and a recovery key as for any identity. `policy` (nil: the
-    /// one the export carries) and `uid` as for `enroll`. The account must not be enrolled here,
-    /// and no keys of it may be kept here from an earlier enrolment.
-    public func importIdentity(_ export: IdentityExport, passphrase: SecretBytes?, policy: Policy?, uid: UInt32?) throws(EngineError) -> Account {
+    /// one the export carries) and `uid` as for `enroll`. An account enrolled here with exactly
+    /// those keys is left as it is (`alreadyHere`: an import is idempotent); one enrolled with
+    /// other keys is refused, and so are keys of it kept here from an earlier enrolment. With
+    /// `checking`, everything is checked and nothing is enrolled.
+    public func importIdentity(_ export: IdentityExport, passphrase: SecretBytes?, policy: Policy?, uid: UInt32?,
+                               checking: Bool = false) throws(EngineError) -> ImportOutcome {
         guard export.format == IdentityExport.currentFormat else {
             throw .identityExportInvalid("format \(export.format) is not \(IdentityExport.currentFormat)")
         }
@@ -246,13 +257,25 @@ extension Engine {
         guard description.identity == IdentityKey(description.accountID).folded else {
             throw .identityExportInvalid("its keys are bound to another identity than \(description.accountID)")
         }
+        if let existing = try? account(description.accountID), existing.isEnrolled {
+            let here = Set(state.withLock { $0.keys[existing.key]?.stored.classes.values.map { hexString($0.id) } } ?? [])
+            guard here == Set(description.keyIDs.values.map { $0.lowercased() }) else { throw .alreadyEnrolled(existing.upn) }
+            return .alreadyHere(existing)
+        }
+        if checking {
+            if try files.read(StoredKeybag.self, from: files.keybagName(description.accountID)) != nil { throw .keysKeptHere(description.upn) }
+            guard Self.isAllowed(id: description.accountID, upn: description.upn, settings.allowedAccounts) else {
+                throw .accountNotAllowed(description.upn)
+            }
+            return .imported(nil)
+        }
         do {
             let account = try enrollChecked(id: description.accountID, upn: description.upn, policy: policy ?? description.policy,
                                             passphrase: passphrase, uid: uid, imported: keys)
             events.emit(.enrolled, identity: account.upn, code: 100, "enrolled \(account.upn) with keys from host \(export.from); new policies received",
                         details: ["id": account.id, "protectionLevel": account.policy?.protectionLevel.description ?? "", "importedFrom": export.from])
             for volume in volumes { volume.policyChanged(account) }
-            return account
+            return .imported(account)
         } catch {
             events.emit(.enrollmentFailed, identity: description.upn, code: error.code, error.description)
             throw error

@@ -7,16 +7,18 @@ import XCTest
 /// An identity's keys sealed to another host's key and enrolled there: two engines with state
 /// directories (and machine keys) of their own.
 final class IdentityExportTests: EngineTestCase {
-    var otherDirectory = ""
+    var otherDirectories: [String] = []
 
     override func tearDown() {
-        if !otherDirectory.isEmpty { TemporaryDirectory.removeTree(otherDirectory) }
+        for directory in otherDirectories { TemporaryDirectory.removeTree(directory) }
         super.tearDown()
     }
 
+    /// The engine of another host: a state directory of its own.
     func otherEngine() throws -> Engine {
-        otherDirectory = try TemporaryDirectory("custody-core-other").path
-        return try Engine(stateDirectory: otherDirectory, settings: testSettings(), clock: ManualClock(), processes: FakeProcessTable())
+        let directory = try TemporaryDirectory("custody-core-other").path
+        otherDirectories.append(directory)
+        return try Engine(stateDirectory: directory, settings: testSettings(), clock: ManualClock(), processes: FakeProcessTable())
     }
 
     func testTheKeysTravelSealedAndOpenWhatTheOtherHostProtected() throws {
@@ -30,7 +32,12 @@ final class IdentityExportTests: EngineTestCase {
         let export = try first.exportIdentity("alice@contoso.com", to: try second.hostKey().publicKey)
         XCTAssertEqual(export.toFingerprint, try second.hostKey().fingerprint)
         XCTAssertEqual(export.from, try first.hostKey().fingerprint)
-        let account = try second.importIdentity(export, passphrase: try passphrase("the second host's"), policy: nil, uid: nil)
+        XCTAssertEqual(try second.importIdentity(export, passphrase: nil, policy: nil, uid: nil, checking: true), .imported(nil))
+        XCTAssertTrue(second.accounts().isEmpty, "checking enrolls nothing")
+        guard case .imported(let imported?) = try second.importIdentity(export, passphrase: try passphrase("the second host's"), policy: nil, uid: nil) else {
+            return XCTFail("not imported")
+        }
+        let account = imported
         XCTAssertEqual(account.policy?.protectionLevel, .untilFirstAuthentication, "the policy travels")
         XCTAssertEqual(account.keyIDs, try first.account("alice-id").keyIDs, "the same class keys, by ID")
         XCTAssertEqual(account.hasPassphrase, true)
@@ -43,8 +50,17 @@ final class IdentityExportTests: EngineTestCase {
         try second.lock("alice-id", immediately: true)
         XCTAssertThrowsError(try second.unlock("alice-id", passphrase: nil))
         try second.unlock("alice-id", passphrase: try passphrase("the second host's"))
-        XCTAssertThrowsError(try second.importIdentity(export, passphrase: nil, policy: nil, uid: nil)) {
-            XCTAssertEqual(($0 as? EngineError)?.code, 208, "\($0)")
+        // Again: nothing to do (idempotent), checking or not.
+        XCTAssertEqual(try second.importIdentity(export, passphrase: nil, policy: nil, uid: nil), .alreadyHere(try second.account("alice-id")))
+        XCTAssertEqual(try second.importIdentity(export, passphrase: nil, policy: nil, uid: nil, checking: true), .alreadyHere(try second.account("alice-id")))
+        // The same account with other keys (enrolled anew on a third host) is refused.
+        let third = try otherEngine()
+        try third.enroll(id: "alice-id", upn: "alice@contoso.com")
+        let other = try third.exportIdentity("alice-id", to: try second.hostKey().publicKey)
+        for checking in [true, false] {
+            XCTAssertThrowsError(try second.importIdentity(other, passphrase: nil, policy: nil, uid: nil, checking: checking)) {
+                XCTAssertEqual(($0 as? EngineError)?.code, 208, "\($0)")
+            }
         }
     }
 
@@ -70,8 +86,10 @@ final class IdentityExportTests: EngineTestCase {
         let fresh = try first.exportIdentity("alice-id", to: try second.hostKey().publicKey)
         try second.enroll(id: "alice-id", upn: "alice@contoso.com")
         try second.deregister("alice-id", wipe: false)
-        XCTAssertThrowsError(try second.importIdentity(fresh, passphrase: nil, policy: nil, uid: nil)) {
-            XCTAssertEqual(($0 as? EngineError)?.code, 321, "\($0)")
+        for checking in [true, false] {
+            XCTAssertThrowsError(try second.importIdentity(fresh, passphrase: nil, policy: nil, uid: nil, checking: checking)) {
+                XCTAssertEqual(($0 as? EngineError)?.code, 321, "\($0)")
+            }
         }
     }
 

@@ -190,12 +190,21 @@ final class IdentityTransferTests: XCTestCase {
         XCTAssertEqual(try second.api("POST", "/v1/identities/import", #"{"export": {"format": 1}}"#).status, 400)
 
         // Who may export and import: docs/api.md's route × caller table (AuthorizationTableTests).
-        // Once, with a passphrase of the second host's own; twice is refused.
+        // Checked first (nothing enrolled), then imported with a passphrase of the second host's
+        // own; again, nothing is left to do.
+        let check = try second.api("POST", "/v1/identities/import?check=true", #"{"export": \#(document)}"#)
+        XCTAssertEqual(check.status, 204, check.body)
+        XCTAssertEqual(try second.api("GET", "/v1/accounts/alice-oid").status, 404)
         let imported = try importing(document, into: second, extra: #", "passphrase": "second host's own""#)
         XCTAssertEqual(imported.status, 201, "\(imported.json)")
         XCTAssertEqual(imported.json["hasPassphrase"] as? Bool, true)
         let again = try importing(document, into: second)
-        XCTAssertEqual(field(again.json, "code"), "208", "\(again.json)")
+        XCTAssertEqual(again.status, 200, "\(again.json)")
+        XCTAssertEqual(try second.api("POST", "/v1/identities/import?check=true", #"{"export": \#(document)}"#).status, 200)
+        // The same account enrolled on the third host on its own has other keys: refused.
+        try enrollAlice(third)
+        let otherKeys = try third.api("POST", "/v1/accounts/\(Self.alice)/export", #"{"hostKey": "\#(secondKey)"}"#)
+        XCTAssertEqual(field(try importing(otherKeys.body, into: second).json, "code"), "208")
         // The passphrase is the second host's: locked, it unlocks with that one.
         XCTAssertEqual(try second.api("POST", "/v1/accounts/alice-oid/lock").status, 200)
         XCTAssertEqual(try second.api("POST", "/v1/accounts/alice-oid/unlock", #"{"passphrase": "second host's own"}"#).status, 200)

@@ -172,7 +172,7 @@ struct ControlAPI: Sendable {
 
     /// Query parameters the routes read, checked for shape (unknown ones are ignored).
     static func checkQuery(_ request: HTTPRequest) throws(Failure) {
-        for name in ["wait", "wipe", "follow", "thread"] {
+        for name in ["wait", "wipe", "follow", "thread", "check"] {
             if let value = request.query[name], value != "true", value != "false" {
                 throw badRequest("query parameter \(name) must be true or false, not \(value)")
             }

@@ -184,7 +184,7 @@ extension ControlAPI {
                   if let passphrase = body.passphrase { try checkPassphrase(passphrase) }
                   if let policy = body.policy { _ = try Self.policy(policy) }
               },
-              serve: { (api, _, body) throws(Failure) in try api.importIdentity(body) }),
+              serve: { (api, r, body) throws(Failure) in try api.importIdentity(body, checking: r.flag("check", default: false)) }),
     ]
 
     static let loginRoutes: [Route] = [

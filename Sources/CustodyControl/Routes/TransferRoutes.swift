@@ -27,7 +27,9 @@ extension ControlAPI {
         }
     }
 
-    func importIdentity(_ body: ImportIdentityRequest) throws(Failure) -> HTTPResponse {
+    /// 201 and the account when it was enrolled; 200 and the account when it is enrolled here
+    /// with those keys already; with `checking`, 204 when it would be enrolled.
+    func importIdentity(_ body: ImportIdentityRequest, checking: Bool) throws(Failure) -> HTTPResponse {
         let uid = try Self.localUser(uid: body.uid, user: body.user)
         let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) }
         let document = body.export
@@ -35,8 +37,11 @@ extension ControlAPI {
                                     toFingerprint: document.toFingerprint, from: document.from, created: document.created, sealed: document.sealed)
         return try run { () throws(EngineError) in
             let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
-            let account = try engine.importIdentity(export, passphrase: passphrase, policy: policy, uid: uid)
-            return json(CustodyAccount(account), status: 201)
+            switch try engine.importIdentity(export, passphrase: passphrase, policy: policy, uid: uid, checking: checking) {
+            case .imported(let account?): return json(CustodyAccount(account), status: 201)
+            case .imported(nil): return HTTPResponse(status: 204, body: [])
+            case .alreadyHere(let account): return json(CustodyAccount(account))
+            }
         }
     }
 }
