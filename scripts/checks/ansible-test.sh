@@ -3,7 +3,8 @@
 # a fleet of three custodyd instances on this machine (each with its own state, socket and mount,
 # reached with ansible_connection=local) driven by tests/playbook/fleet.yml: enroll on all, write
 # files as two identities, wipe one everywhere, check per host that exactly its files are gone;
-# then converge.yml twice (the second run changes nothing) and once more in check mode.
+# then identity.yml (one identity carried to the other two hosts, sealed), then converge.yml twice
+# (the second run changes nothing) and once more in check mode.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=$(cd "${1:-$ROOT/.build/debug}" && pwd)
@@ -72,7 +73,7 @@ done
 {
     echo "[custody]"
     for host in "${HOSTS[@]}"; do
-        echo "$host custody_socket=$WORK/$host/control.sock custody_mount=$WORK/$host/mnt"
+        echo "$host custody_socket=$WORK/$host/control.sock custody_mount=$WORK/$host/mnt custody_exchange=$WORK/exchange"
     done
     echo "[custody:vars]"
     echo "ansible_connection=local"
@@ -107,6 +108,16 @@ for host in "${HOSTS[@]}"; do
     grep -rq "alice on" "$WORK/$host/backing" && fail "$host: Alice's file is stored in clear"
     find "$WORK/$host/backing" -name 'file*' | grep -q . && fail "$host: Alice's names are stored in clear"
 done
+
+# One identity on three hosts: its keys carried sealed, a file encrypted on each read on the
+# others; the second run imports nothing.
+mkdir -p "$WORK/exchange"
+for run in 1 2; do
+    extra=(); [ $run = 2 ] && extra=(-e second_run=true)
+    playbook "$COLLECTION/tests/playbook/identity.yml" "${extra[@]}" > "$WORK/identity$run.out" 2>&1 \
+        || { cat "$WORK/identity$run.out"; fail "identity.yml (run $run) failed"; }
+done
+grep -rq "dana on" "$WORK/exchange"/host?.txt && fail "an exported file of Dana's is in clear"
 
 # Idempotence: the second run of the desired state changes nothing, nor does a check run.
 playbook "$COLLECTION/tests/playbook/converge.yml" > "$WORK/converge1.out" 2>&1 || { cat "$WORK/converge1.out"; fail "converge.yml failed"; }

@@ -25,6 +25,8 @@ class FakeDaemon:
         self.accounts = {}
         self.locks = {}
         self.passphrases = {}
+        self.keys = {}
+        self.host_key = "q1gEvJcT8RVRAbOYyUGIgYWfH+ZlRGDoprFBY7WdDGg="
         self.jobs = []
         self.requests = []
         self.wipe_fails = False
@@ -99,6 +101,27 @@ class FakeDaemon:
             if job["polls"] >= 2 and job["state"] == "running":
                 self.finish(job)
             return 200, dict((k, v) for k, v in job.items() if k not in ("polls", "identity"))
+        if (method, parts) == ("GET", ["v1", "host-key"]):
+            return 200, dict(publicKey=self.host_key, fingerprint="0011223344556677")
+        if (method, parts) == ("POST", ["v1", "identities", "import"]):
+            # An export "opens" here when it was sealed to this host's key; its keys are named by
+            # the sealed text itself.
+            export = body["export"]
+            if export.get("to") != self.host_key:
+                return self.error(422, 320, "IdentityExportInvalid", "sealed to another host")
+            key = self.find(export["accountID"])
+            if key is not None:
+                if self.keys.get(key) != export["sealed"]:
+                    return self.error(409, 208, "AlreadyEnrolled", "%s is already enrolled" % export["upn"])
+                return 200, self.accounts[key]
+            if query.get("check") == ["true"]:
+                return 204, None
+            account = dict(id=export["accountID"], upn=export["upn"], enrolled=True, uid=None,
+                           policy=dict(protectionLevel="untilFirstAuth"), hasPassphrase="passphrase" in body)
+            self.accounts[export["accountID"]] = account
+            self.locks[export["accountID"]] = "unlocked"
+            self.keys[export["accountID"]] = export["sealed"]
+            return 201, account
         if (method, parts) == ("POST", ["v1", "accounts"]):
             if self.find(body["id"]) is not None:
                 return self.error(409, 208, "AlreadyEnrolled", "%s is already enrolled" % body["id"])
@@ -128,6 +151,11 @@ class FakeDaemon:
                     return self.error(400, 301, "InvalidPolicy", "unknown protection level")
                 self.accounts[key]["policy"] = body
                 return 200, self.accounts[key]
+            if method == "POST" and rest == ["export"]:
+                if self.locks[key] != "unlocked":
+                    return self.error(423, 305, "Locked", "%s is locked" % self.accounts[key]["upn"])
+                return 200, dict(format="custody-identity-export/1", accountID=key, upn=self.accounts[key]["upn"], to=body["hostKey"],
+                                 toFingerprint="8899aabbccddeeff", **{"from": "0011223344556677"}, created=0, sealed="sealed-" + key)
             if method == "POST" and rest == ["lock"]:
                 self.locks[key] = "locking"
                 return 200, dict(identity=parts[2], lock="locking")

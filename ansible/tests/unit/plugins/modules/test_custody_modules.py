@@ -5,8 +5,10 @@
 from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
+import json
+
 from ansible_collections.custody.protection.plugins.modules import (
-    custody_account, custody_info, custody_lock, custody_policy, custody_wipe)
+    custody_account, custody_identity, custody_info, custody_lock, custody_policy, custody_wipe)
 
 ALICE = dict(identity="alice-id", upn="alice@contoso.com", passphrase="right")
 
@@ -125,3 +127,32 @@ def test_a_failed_wipe_job_fails_with_its_code(run, daemon):
     daemon.wipe_fails = True
     result, failed = run(custody_wipe, dict(identity="alice-id", poll_interval=0.01))
     assert failed and result["code"] == 215 and "disk gone" in result["msg"]
+
+
+def test_identity_goes_from_host_key_to_export_to_an_idempotent_import(run, daemon):
+    result, failed = run(custody_identity, dict(state="host_key"))
+    assert not failed and result["changed"] is False and result["host_key"] == daemon.host_key
+    enroll(run)
+    result, failed = run(custody_identity, dict(state="exported", identity="alice@contoso.com", to=result["host_key"]))
+    assert not failed and result["changed"] is False
+    export = result["export"]
+    assert export["upn"] == "alice@contoso.com" and export["sealed"] == "sealed-alice-id"
+    # Imported where it is not enrolled: checked first, then imported, then nothing to do.
+    del daemon.accounts["alice-id"]
+    result, failed = run(custody_identity, dict(export=export, passphrase="here"), check_mode=True, diff=True)
+    assert not failed and result["changed"] is True and result["diff"]["after"]["enrolled"] is True
+    assert "alice-id" not in daemon.accounts
+    result, failed = run(custody_identity, dict(identity="alice-id", export=export, passphrase="here"), diff=True)
+    assert not failed and result["changed"] is True and result["account"]["upn"] == "alice@contoso.com"
+    assert [body for method, path, body in daemon.requests if path == "/v1/identities/import"][-1]["passphrase"] == "here"
+    for check_mode in (False, True):
+        result, failed = run(custody_identity, dict(export=export), check_mode=check_mode)
+        assert not failed and result["changed"] is False
+    # As JSON text too; an export of another account, or for another host, fails.
+    result, failed = run(custody_identity, dict(export=json.dumps(export)))
+    assert not failed and result["changed"] is False
+    result, failed = run(custody_identity, dict(identity="bob-id", export=export))
+    assert failed and "not bob-id" in result["msg"]
+    other = dict(export, to="another host", accountID="carol-id", upn="carol@contoso.com")
+    result, failed = run(custody_identity, dict(export=other))
+    assert failed and (result["status"], result["code"]) == (422, 320)
