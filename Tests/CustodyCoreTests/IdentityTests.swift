@@ -179,7 +179,7 @@ final class ResolutionCacheTests: EngineTestCase {
         XCTAssertEqual(table.parentLookups.withLock { $0 }, walked, "asking again does not walk the tree again")
 
         // Another uid is another answer (a setuid program keeps its thread ID).
-        try engine.updateSettings({ var s = testSettings(multiIdentity: true); s.defaultIdentities = [1000: "me@gmail.com"]; return s }())
+        engine.updateSettings({ var s = testSettings(multiIdentity: true); s.defaultIdentities = [1000: "me@gmail.com"]; return s }())
         XCTAssertEqual(engine.resolve(thread: 1, uid: 1000).identity, "me@gmail.com", "settings changes are seen at once")
 
         // A process between the thread and the bound one exits: tar is an orphan now.

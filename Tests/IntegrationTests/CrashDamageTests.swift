@@ -156,7 +156,7 @@ final class CrashDamageTests: XCTestCase {
         // length, file ID, block size, wrap method, owner lengths, reserved, class key ID,
         // ephemeral key, owner, wrapped key, tail.
         let offsets = [0, 8, 10, 11, 12, 20, 32, 36, 37, 39, 40, 60, 90, 300, 450, 505]
-        for (index, offset) in offsets.enumerated() {
+        for index in offsets.indices {
             try writeFile(daemon.mnt("h\(index).bin"), [UInt8](repeating: UInt8(index), count: 100))
         }
         try dropCaches()

@@ -351,7 +351,7 @@ final class GuardTests: XCTestCase {
             (try? daemon.apiJSON("GET", "/v1/status").json).flatMap { field($0, "guard.holders") } == "1"
         }
         XCTAssertTrue(daemon.log.contains("still holds managed data from before the restart"), daemon.log)
-        FileManager.default.createFile(atPath: go, contents: nil)
+        XCTAssertTrue(FileManager.default.createFile(atPath: go, contents: nil))
         XCTAssertTrue(waitForExit(holder, seconds: 15))
         let printed = contents(output) ?? ""
         XCTAssertTrue(printed.contains("errno 1"), "still a holder after the restart: \(printed)")
@@ -394,7 +394,7 @@ final class GuardTests: XCTestCase {
         let holder = try spawn("setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", python], stdoutPath: output)
         Thread.sleep(forTimeInterval: 1)
         daemon.killHard()
-        FileManager.default.createFile(atPath: marker, contents: nil)
+        XCTAssertTrue(FileManager.default.createFile(atPath: marker, contents: nil))
         var status: Int32 = 0
         XCTAssertTrue(waitForExit(holder, seconds: 25, status: &status), "the holder hung after the daemon was killed")
         let printed = contents(output) ?? ""

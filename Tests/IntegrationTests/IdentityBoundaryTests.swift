@@ -190,7 +190,7 @@ final class IdentityBoundaryTests: XCTestCase {
         children.append(process)
         _ = try? eventually("the child to be ready") { access(ready, F_OK) == 0 }
         try meanwhile()
-        FileManager.default.createFile(atPath: gate, contents: nil)
+        XCTAssertTrue(FileManager.default.createFile(atPath: gate, contents: nil))
         XCTAssertTrue(waitForExit(process, seconds: 10))
         children.removeAll { $0 == process }
         return try String(contentsOfFile: out, encoding: .utf8)

@@ -143,7 +143,7 @@ final class PAMTests: XCTestCase {
         process.arguments = [try XCTUnwrap(service), Self.user, "open_session", "authenticate", "close_session"]
         let input = Pipe()
         process.standardInput = input
-        FileManager.default.createFile(atPath: output, contents: nil)
+        XCTAssertTrue(FileManager.default.createFile(atPath: output, contents: nil))
         process.standardOutput = FileHandle(forWritingAtPath: output)
         process.standardError = process.standardOutput
         try process.run()
