@@ -288,10 +288,19 @@ public final class Engine: @unchecked Sendable {
     /// `uid`.
     @discardableResult
     public func enroll(id: String, upn: String, policy: Policy? = nil, passphrase: SecretBytes? = nil, uid: UInt32? = nil) throws(EngineError) -> Account {
+        try enroll(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid, imported: nil)
+    }
+
+    /// An enrolment, with the class keys an identity has on another host when `imported` (its
+    /// export's `from` is said in the event).
+    func enroll(id: String, upn: String, policy: Policy?, passphrase: SecretBytes?, uid: UInt32?,
+                imported: (keys: TransferredClassKeys, from: String)?) throws(EngineError) -> Account {
         do {
-            let account = try enrollChecked(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid)
-            events.emit(.enrolled, identity: account.upn, code: 100, "enrolled \(account.upn); new policies received",
-                        details: ["id": account.id, "protectionLevel": account.policy?.protectionLevel.description ?? ""])
+            let account = try enrollChecked(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid, imported: imported?.keys)
+            var details = ["id": account.id, "protectionLevel": account.policy?.protectionLevel.description ?? ""]
+            if let from = imported?.from { details["importedFrom"] = from }
+            let how = imported.map { " with keys from host \($0.from)" } ?? ""
+            events.emit(.enrolled, identity: account.upn, code: 100, "enrolled \(account.upn)\(how); new policies received", details: details)
             // Files the identity already has (written while it was unmanaged, or kept from an
             // earlier enrolment) are brought to its policy, as after a policy change.
             for volume in volumes { volume.policyChanged(account) }
@@ -303,13 +312,14 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// `imported`: the class keys of an identity enrolled on another host (`importIdentity`),
-    /// made this host's with a keybag of its own.
-    func enrollChecked(id: String, upn: String, policy requested: Policy?, passphrase: SecretBytes?, uid requestedUID: UInt32?,
-                       imported: TransferredClassKeys? = nil) throws(EngineError) -> Account {
+    /// What an enrolment of `id` and `upn` with `policy` needs before anything is written:
+    /// checked names (returned), state not sealed, a policy whose locations exist, an allowed
+    /// account that is not enrolled and has no wipe under way, and room for it in the
+    /// single-account mode. `imported`: refused when keys of it are kept here.
+    func checkEnrollable(id: String, upn: String, policy: Policy?, imported: Bool = false) throws(EngineError) -> (id: String, upn: String) {
         let id = try Account.checkedName(id), upn = try Account.checkedName(upn)
         try refuseWhileSealed("\(upn) cannot be enrolled")
-        if let requested { try checkLocations(requested) }
+        if let policy { try checkLocations(policy) }
         guard Self.isAllowed(id: id, upn: upn, settings.allowedAccounts) else { throw .accountNotAllowed(upn) }
         try state.withLock { (state) throws(EngineError) in
             if let pending = state.pendingWipes.first(where: { $0.matches(id) || $0.matches(upn) }) {
@@ -322,14 +332,21 @@ public final class Engine: @unchecked Sendable {
                 throw .singleManagedAccountMode(enrolled: other.upn)
             }
         }
+        if imported, try files.read(StoredKeybag.self, from: files.keybagName(id)) != nil { throw .keysKeptHere(upn) }
+        return (id, upn)
+    }
+
+    /// `imported`: the class keys of an identity enrolled on another host (`importIdentity`),
+    /// made this host's with a keybag of its own.
+    private func enrollChecked(id: String, upn: String, policy requested: Policy?, passphrase: SecretBytes?, uid requestedUID: UInt32?,
+                               imported: TransferredClassKeys?) throws(EngineError) -> Account {
+        let (id, upn) = try checkEnrollable(id: id, upn: upn, policy: requested, imported: imported != nil)
         // A keybag kept from an earlier enrollment (deregistered without wipe) is reused, so that
         // enrolling the same account again restores access to its files.
         let name = files.keybagName(id)
         var keys: Keyring
         var policy = requested ?? Policy(), uid = requestedUID
-        let kept = try files.read(StoredKeybag.self, from: name)
-        if kept != nil, imported != nil { throw .keysKeptHere(upn) }
-        if let kept {
+        if let kept = try files.read(StoredKeybag.self, from: name) {
             let secret = try Self.machineSecret(kept, keys: machineKeys, file: files.path(name))
             keys = try Keyring.load(kept, machineSecret: secret, file: files.path(name))
             do {

@@ -258,28 +258,16 @@ extension Engine {
             throw .identityExportInvalid("its keys are bound to another identity than \(description.accountID)")
         }
         if let existing = try? account(description.accountID), existing.isEnrolled {
-            let here = Set(state.withLock { $0.keys[existing.key]?.stored.classes.values.map { hexString($0.id) } } ?? [])
-            guard here == Set(description.keyIDs.values.map { $0.lowercased() }) else { throw .alreadyEnrolled(existing.upn) }
+            guard Set(existing.keyIDs ?? []) == Set(description.keyIDs.values.map { $0.lowercased() }) else { throw .alreadyEnrolled(existing.upn) }
             return .alreadyHere(existing)
         }
+        let policy = policy ?? description.policy
         if checking {
-            if try files.read(StoredKeybag.self, from: files.keybagName(description.accountID)) != nil { throw .keysKeptHere(description.upn) }
-            guard Self.isAllowed(id: description.accountID, upn: description.upn, settings.allowedAccounts) else {
-                throw .accountNotAllowed(description.upn)
-            }
+            _ = try checkEnrollable(id: description.accountID, upn: description.upn, policy: policy, imported: true)
             return .imported(nil)
         }
-        do {
-            let account = try enrollChecked(id: description.accountID, upn: description.upn, policy: policy ?? description.policy,
-                                            passphrase: passphrase, uid: uid, imported: keys)
-            events.emit(.enrolled, identity: account.upn, code: 100, "enrolled \(account.upn) with keys from host \(export.from); new policies received",
-                        details: ["id": account.id, "protectionLevel": account.policy?.protectionLevel.description ?? "", "importedFrom": export.from])
-            for volume in volumes { volume.policyChanged(account) }
-            return .imported(account)
-        } catch {
-            events.emit(.enrollmentFailed, identity: description.upn, code: error.code, error.description)
-            throw error
-        }
+        return .imported(try enroll(id: description.accountID, upn: description.upn, policy: policy, passphrase: passphrase, uid: uid,
+                                    imported: (keys, export.from)))
     }
 
     /// The receiving key pairs of every machine key held here (the current one first): an
