@@ -115,3 +115,17 @@ extension RecoveryEscrow {
                   publicKey: escrow.publicKey, sealed: escrow.sealed)
     }
 }
+
+extension CustodyIdentityExport {
+    init(_ export: IdentityExport) {
+        self.init(format: export.format, accountID: export.accountID, upn: export.upn, to: export.to, toFingerprint: export.toFingerprint,
+                  from: export.from, created: export.created, sealed: export.sealed)
+    }
+}
+
+extension IdentityExport {
+    init(_ document: CustodyIdentityExport) {
+        self.init(format: document.format, accountID: document.accountID, upn: document.upn, to: document.to,
+                  toFingerprint: document.toFingerprint, from: document.from, created: document.created, sealed: document.sealed)
+    }
+}

@@ -10,8 +10,12 @@ import FoundationEssentials
 
 extension ControlAPI {
     static func escrowKey(_ body: RecoveryKeyRequest) throws(Failure) -> [UInt8]? {
-        guard let text = body.escrowPublicKey else { return nil }
-        guard let key = Data(base64Encoded: text), key.count == 32 else { throw badRequest("escrowPublicKey must be 32 bytes in base64") }
+        try body.escrowPublicKey.map { (text) throws(Failure) in try publicKey(text, field: "escrowPublicKey") }
+    }
+
+    /// An X25519 public key a body gives in `field`: 32 bytes in base64.
+    static func publicKey(_ text: String, field: String) throws(Failure) -> [UInt8] {
+        guard let key = Data(base64Encoded: text), key.count == 32 else { throw badRequest("\(field) must be 32 bytes in base64") }
         return Array(key)
     }
 

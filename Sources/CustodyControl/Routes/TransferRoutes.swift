@@ -7,8 +7,7 @@ import FoundationEssentials
 // `Engine.exportIdentity`, `Engine.importIdentity`).
 extension ControlAPI {
     static func hostKey(_ body: ExportIdentityRequest) throws(Failure) -> [UInt8] {
-        guard let key = Data(base64Encoded: body.hostKey), key.count == 32 else { throw badRequest("hostKey must be 32 bytes in base64") }
-        return Array(key)
+        try publicKey(body.hostKey, field: "hostKey")
     }
 
     func hostKey() throws(Failure) -> HTTPResponse {
@@ -22,8 +21,7 @@ extension ControlAPI {
         let recipient = try Self.hostKey(body)
         return try run { () throws(EngineError) in
             let export = try engine.exportIdentity(identity, to: recipient)
-            return json(CustodyIdentityExport(format: export.format, accountID: export.accountID, upn: export.upn, to: export.to,
-                                              toFingerprint: export.toFingerprint, from: export.from, created: export.created, sealed: export.sealed))
+            return json(CustodyIdentityExport(export))
         }
     }
 
@@ -32,9 +30,7 @@ extension ControlAPI {
     func importIdentity(_ body: ImportIdentityRequest, checking: Bool) throws(Failure) -> HTTPResponse {
         let uid = try Self.localUser(uid: body.uid, user: body.user)
         let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) }
-        let document = body.export
-        let export = IdentityExport(format: document.format, accountID: document.accountID, upn: document.upn, to: document.to,
-                                    toFingerprint: document.toFingerprint, from: document.from, created: document.created, sealed: document.sealed)
+        let export = IdentityExport(body.export)
         return try run { () throws(EngineError) in
             let passphrase = try body.passphrase.map { (text) throws(EngineError) in try Self.secret(text) }
             switch try engine.importIdentity(export, passphrase: passphrase, policy: policy, uid: uid, checking: checking) {
