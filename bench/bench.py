@@ -63,6 +63,17 @@ PASSTHROUGH_LL_SOURCE = "/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c"
 # Workloads whose request counts are reported per file (the tree's entries).
 PER_FILE_WORKLOADS = ["untar", "ls_lR_cold", "read_all_cold", "rm_rf"]
 SQLITE_COMMITS = 300
+
+
+def units_of(workload, files):
+    """What a workload's requests are counted per: a commit for SQLite, else an entry of the tree."""
+    return SQLITE_COMMITS if workload == "sqlite_300_commits" else files
+
+
+def request_summary(ops):
+    """A workload's requests per unit: their total, then each operation's, most first."""
+    detail = ", ".join(f"{op} {n:.2f}" for op, n in sorted(ops.items(), key=lambda item: -item[1]) if n >= 0.01)
+    return f"{sum(ops.values()):.2f} ({detail})"
 SYSTEMS = [s for s in os.environ.get("SYSTEMS", ",".join(ALL_SYSTEMS)).split(",") if s]
 IOPS_WORKLOADS = {"fio_randread_4k", "fio_randwrite_4k"}
 # Requests the caller does not wait for: the kernel sends them and goes on.
@@ -316,9 +327,7 @@ def round_trip_floors(medians, per_file, files):
             if not raw_time or measured is None:
                 continue
             waited = sum(n for op, n in ops.items() if op not in UNWAITED_REQUESTS)
-            # Per entry of the tree, or per commit for SQLite (its requests are counted per commit).
-            count = SQLITE_COMMITS if w == "sqlite_300_commits" else files
-            floor = raw_time + waited * count * (round_trip - raw_call) / 1e6
+            floor = raw_time + waited * units_of(w, files) * (round_trip - raw_call) / 1e6
             floors.setdefault(s, {})[w] = {"waited_per_entry": waited, "floor_seconds": floor,
                                            "floor_ratio": floor / raw_time, "measured_ratio": measured / raw_time}
     return floors
@@ -413,20 +422,15 @@ def main():
         for w, deltas in by_workload.items():
             totals = [sum(d.values()) for d in deltas]
             middle = deltas[totals.index(statistics.median_low(totals))]
-            per = SQLITE_COMMITS if w == "sqlite_300_commits" else files
-            per_file.setdefault(s, {})[w] = {op: n / per for op, n in middle.items()}
+            per_file.setdefault(s, {})[w] = {op: n / units_of(w, files) for op, n in middle.items()}
     for s, by_workload in per_file.items():
         print(f"\n{s}: FUSE requests per entry of the tree (median round)")
         for w in PER_FILE_WORKLOADS:
             if w not in by_workload:
                 continue
-            ops = sorted(by_workload[w].items(), key=lambda item: -item[1])
-            detail = ", ".join(f"{op} {n:.2f}" for op, n in ops if n >= 0.01)
-            print(f"  {w}: {sum(by_workload[w].values()):.2f} ({detail})")
+            print(f"  {w}: {request_summary(by_workload[w])}")
         if "sqlite_300_commits" in by_workload:
-            ops = sorted(by_workload["sqlite_300_commits"].items(), key=lambda item: -item[1])
-            detail = ", ".join(f"{op} {n:.2f}" for op, n in ops if n >= 0.01)
-            print(f"  per SQLite commit: {sum(by_workload['sqlite_300_commits'].values()):.2f} ({detail})")
+            print(f"  per SQLite commit: {request_summary(by_workload['sqlite_300_commits'])}")
 
     floors = round_trip_floors(medians, per_file, files)
     if floors:
