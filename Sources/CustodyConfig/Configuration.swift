@@ -42,6 +42,8 @@ public struct MountConfiguration: Equatable, Sendable {
     public var encryptNames = true
     /// Create nothing until the declared accounts are enrolled (`policy_required`).
     public var policyRequired = false
+    /// Other daemons serve the same backing directory (`shared_store`): close-to-open caching.
+    public var sharedStore = false
 
     public init(backing: String, mountPoint: String) {
         self.backing = backing
@@ -267,7 +269,7 @@ struct Reader {
                                "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout",
                                "MaxUnlockAttempts", "UnlockAttemptsAction", "AllowedAccountsAction"]
     static let accountKeys = ["id", "upn", "user", "uid", "enroll", "policy"]
-    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names", "policy_required"]
+    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names", "policy_required", "shared_store"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
@@ -450,6 +452,7 @@ struct Reader {
         if let value = bool(table, ["mount", "request_rings"], index: index) { mount.requestRings = value }
         if let value = bool(table, ["mount", "encrypt_names"], index: index) { mount.encryptNames = value }
         if let value = bool(table, ["mount", "policy_required"], index: index) { mount.policyRequired = value }
+        if let value = bool(table, ["mount", "shared_store"], index: index) { mount.sharedStore = value }
         if let value = number(table, ["mount", "cache_timeout"], index: index) {
             if value >= 0, value.isFinite { mount.cacheTimeout = value } else { fail(["mount", "cache_timeout"], index: index, "must be 0 or more seconds") }
         }

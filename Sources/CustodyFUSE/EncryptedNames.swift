@@ -134,11 +134,12 @@ extension MountFileSystem {
 
     /// The directory's tweak; nil when it has none (no encrypted name is in it). `readable` is a
     /// descriptor of the directory open for reading, when the caller has one (read by it rather
-    /// than by path).
+    /// than by path). A tweak, once read, is the directory's for good; that it has none is known
+    /// until this mount makes one, and on a shared store not at all (another daemon may make it).
     func tweak(of directory: Inode, readable: Int32 = -1) throws(Errno) -> [UInt8]? {
         let made = tweaksMade.load(ordering: .acquiring)
         switch directory.tweak.withLock({ $0 }) {
-        case .none(let then) where then == made: return nil
+        case .none(let then) where then == made && !options.sharedStore: return nil
         case .known(let tweak): return tweak
         case .none, .unknown: break
         }
@@ -171,9 +172,10 @@ extension MountFileSystem {
 
     // MARK: Names of directories the mount made
 
-    /// What a directory the mount is making starts knowing of its names.
-    func madeDirectoryNames() -> MadeDirectoryNames {
-        MadeDirectoryNames(generation: formChanges.load(ordering: .acquiring))
+    /// What a directory the mount is making starts knowing of its names; nothing on a shared
+    /// store, where another daemon may store encrypted names in it.
+    func madeDirectoryNames() -> MadeDirectoryNames? {
+        options.sharedStore ? nil : MadeDirectoryNames(generation: formChanges.load(ordering: .acquiring))
     }
 
     /// Whether `shown` may be stored encrypted in `directory`: false only when the directory was

@@ -88,7 +88,7 @@ public final class FUSEMount: @unchecked Sendable {
         self.mountPoint = mountPath
         var filesystem = statvfs()
         self.readOnly = statvfs(backingPath, &filesystem) == 0 && filesystem.f_flag & UInt(ST_RDONLY) != 0
-        self.options = options
+        self.options = options.served
         self.engine = engine
         self.metrics = metrics
     }

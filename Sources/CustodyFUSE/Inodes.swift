@@ -186,6 +186,22 @@ final class InodeTable: @unchecked Sendable {
         return id
     }
 
+    /// On a shared store another daemon removes objects this one knows, and the store may give
+    /// a removed object's number to a new one (an NFS server does; a local file system keeps the
+    /// number while this daemon's descriptor holds the old inode). The node known by the number
+    /// of `attributes` is detached when its descriptor no longer reaches a linked object, so that
+    /// `remember` makes a node of its own for the object found now.
+    func detachIfGone(_ attributes: stat) {
+        let key = Key(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))
+        let known = state.withLock { state -> (UInt64, Inode)? in
+            guard let id = state.byKey[key], id != Self.rootID else { return nil }
+            return state.withEntry(id) { (id, $0.inode) }
+        }
+        guard let (id, inode) = known else { return }
+        if let now = try? Syscall.stat(of: inode.fd), now.st_nlink > 0 { return }
+        detach(id)
+    }
+
     /// The object behind `id` lost its last name: its inode number may now be another file's, which
     /// must not be served as this node (the kernel may still hold it). The node stays until the
     /// kernel forgets it.

@@ -20,7 +20,7 @@ extension MountFileSystem {
                 throw error
             }
             fi.pointee.fh = HandleBox.store(OpenDirectory(dir: dir))
-            fi.pointee.cache_readdir = 1
+            fi.pointee.cache_readdir = options.sharedStore ? 0 : 1
             if fuse_reply_open(req, fi) != 0 {
                 HandleBox.release(fi.pointee.fh, as: OpenDirectory.self)
             }

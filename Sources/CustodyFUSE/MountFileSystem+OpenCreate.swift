@@ -29,8 +29,9 @@ extension MountFileSystem {
         // O_DIRECT goes straight to the daemon, encrypted or not (otherwise the kernel takes its
         // page-cache path for each request: an asynchronous-I/O wait per read).
         if fi.pointee.flags & Linux.O_DIRECT != 0 { fi.pointee.direct_io = 1 }
-        // This daemon is the only writer of the backing tree: cached pages stay valid.
-        fi.pointee.keep_cache = 1
+        // Where this daemon is the only writer of the backing tree, cached pages stay valid; on a
+        // shared store each open starts from what the store holds.
+        fi.pointee.keep_cache = options.sharedStore ? 0 : 1
     }
 
     /// Whether the request being served asks for the set-ID bits to go (see `clearSetIDBits`).
@@ -63,6 +64,7 @@ extension MountFileSystem {
     func open(_ req: fuse_req_t, _ id: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>) {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
+            readProtectionAgainOnSharedStore(inode)
             var current = inode.isRegularFile ? protection(of: inode) : .untracked
             var fresh: ProtectedContent?
             // Truncating re-owns the file to the caller below: none of the old owner's data is

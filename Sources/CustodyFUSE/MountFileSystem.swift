@@ -77,7 +77,7 @@ final class MountFileSystem: @unchecked Sendable {
         rootReserve = RootReserve(fd: root.fd, device: root.device)
         rootDirectory = (try? Syscall.openat(root.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) ?? -1
         directoryReadAhead = DirectoryReadAhead { ids in Self.fetchFirstBytes(of: ids, in: inodes) }
-        self.options = options
+        self.options = options.served
         self.engine = engine
         self.metrics = metrics
         wakeBoost = options.lowLatency ? WakeLatencyBoost.shared : nil
@@ -229,12 +229,14 @@ final class MountFileSystem: @unchecked Sendable {
             Syscall.close(fd)
             throw error
         }
+        if options.sharedStore { inodes.detachIfGone(attributes) }
         let id = inodes.remember(fd: fd, attributes: attributes, name: name, made: made)
         _ = underInodePressure
         guard let inode = try? inodes.inode(id) else { return entryParam(id: id, attributes: attributes) }
         if let known {
             inode.protectionState.withLock { $0.protection = known }
         } else if let parent, let name {
+            readProtectionAgainOnSharedStore(inode)
             _ = protection(of: inode, lookedUpAs: BackingEntry(directory: parent, name: name.storedName))
         }
         var entry = entryParam(id: id, attributes: presented(attributes, of: inode))

@@ -39,6 +39,15 @@ public struct MountOptions: Sendable, Equatable {
     /// (`EncryptedNames.swift`). Off, new names are stored as given; encrypted ones are still
     /// read either way.
     public var encryptNames: Bool = true
+    /// Other daemons (on other hosts, or this one) serve the same backing directory: a shared
+    /// store, such as an NFS export. The mount then keeps nothing that a change made through
+    /// another daemon could leave stale past the next open: no writeback cache (each write
+    /// reaches the store before `close` returns), no cached names or missing names (every path
+    /// walk asks the daemon), no cached listings or file pages across opens, and no knowledge of
+    /// a directory's names or of its lacking a tweak. What another host wrote and closed is seen
+    /// by the next open of its path (close-to-open, as NFS promises); attributes may be up to
+    /// `attributeTimeout` old until then.
+    public var sharedStore: Bool = false
     /// Create nothing (EACCES, a `policyRequired` event) until the accounts the configuration
     /// declares are enrolled (`Engine.mayCreate`), instead of serving plain files before any
     /// policy exists.
@@ -61,4 +70,14 @@ public struct MountOptions: Sendable, Equatable {
     public var handleSignals: Bool = true
 
     public init() {}
+
+    /// The options as the mount serves them: on a shared store, without the caches it rules out.
+    var served: MountOptions {
+        guard sharedStore else { return self }
+        var served = self
+        served.writebackCache = false
+        served.entryTimeout = 0
+        served.negativeTimeout = 0
+        return served
+    }
 }

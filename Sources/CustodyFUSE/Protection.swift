@@ -94,6 +94,16 @@ struct InodeProtection {
 extension MountFileSystem {
     // MARK: Probing
 
+    /// On a shared store another daemon may have changed a file's owner record since it was read
+    /// (a file opened with truncation there takes its caller's identity in place): a lookup or
+    /// an open that finds none of its handles open reads it again.
+    func readProtectionAgainOnSharedStore(_ inode: Inode) {
+        guard options.sharedStore, inode.isRegularFile else { return }
+        inode.protectionState.withLock { state in
+            if state.openHandles == 0, state.content == nil { state.protection = nil }
+        }
+    }
+
     /// The protection of `inode`, read from its owner record the first time.
     ///
     /// `entry`: the directory and name the inode was just looked up by, which reach its record

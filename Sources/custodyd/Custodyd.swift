@@ -73,6 +73,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Store the names of managed identities' entries as they are, not encrypted (encrypt_names = false): anyone with the backing store reads them.")
     var plainNames = false
 
+    @Flag(help: "Other daemons, on this host or others, serve the same backing directory (shared_store = true; an NFS export, say): no writeback cache, names looked up at every path walk, file pages and listings read again at each open (close-to-open).")
+    var sharedStore = false
+
     @Option(help: ArgumentHelp("Most FUSE request threads: those reading /dev/fuse, or with request rings the workers serving requests that may wait (fsync, large reads and writes).", valueName: "n"))
     var threads: Int = 8
 
@@ -282,6 +285,7 @@ struct Custodyd: ParsableCommand {
             mount.encryptNames = !plainNames
             mount.threads = threads
             mount.policyRequired = policyRequired
+            mount.sharedStore = sharedStore
             configuration.mounts.insert(mount, at: 0)
         }
     }

@@ -225,6 +225,7 @@ final class Daemon: @unchecked Sendable {
         options.maxThreads = mount.threads
         options.encryptNames = mount.encryptNames
         options.policyRequired = mount.policyRequired
+        options.sharedStore = mount.sharedStore
         options.handleSignals = false
         return options
     }

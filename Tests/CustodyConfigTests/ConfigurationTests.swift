@@ -116,6 +116,7 @@ final class ConfigurationTests: XCTestCase {
             writeback_cache = false
             low_latency = false
             encrypt_names = false
+            shared_store = true
             """)
         XCTAssertEqual(configuration.stateDirectory, "/var/lib/custody")
         XCTAssertEqual(configuration.logLevel, "debug")
@@ -133,6 +134,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertFalse(configuration.mounts[1].lowLatency)
         XCTAssertTrue(configuration.mounts[0].encryptNames)
         XCTAssertFalse(configuration.mounts[1].encryptNames)
+        XCTAssertFalse(configuration.mounts[0].sharedStore)
+        XCTAssertTrue(configuration.mounts[1].sharedStore)
     }
 
     func testErrorsNameTheLineAndTheKey() {

@@ -50,6 +50,33 @@ final class InodeTableTests: XCTestCase {
         XCTAssertEqual(table.count, 1)
     }
 
+    func testANodeWhoseObjectAnotherDaemonRemovedIsNotTheObjectFoundByItsNumber() throws {
+        let table = try makeTable()
+        close(try Syscall.open(directory + "/kept", O_CREAT | O_WRONLY, 0o644))
+        close(try Syscall.open(directory + "/removed", O_CREAT | O_WRONLY, 0o644))
+        let (keptFD, kept) = try pathFD(directory + "/kept")
+        let (removedFD, removed) = try pathFD(directory + "/removed")
+        let keptID = table.remember(fd: keptFD, attributes: kept)
+        let removedID = table.remember(fd: removedFD, attributes: removed)
+
+        // Still linked: the same node.
+        table.detachIfGone(kept)
+        let (again, _) = try pathFD(directory + "/kept")
+        XCTAssertEqual(table.remember(fd: again, attributes: kept), keptID)
+
+        // Removed behind the daemon, and its number found again (as a store that reuses numbers
+        // gives it to a new file): a node of its own, the old one left to the kernel's forget.
+        XCTAssertEqual(unlink(directory + "/removed"), 0)
+        table.detachIfGone(removed)
+        close(try Syscall.open(directory + "/new", O_CREAT | O_WRONLY, 0o644))
+        let (newFD, _) = try pathFD(directory + "/new")
+        let newID = table.remember(fd: newFD, attributes: removed)
+        XCTAssertNotEqual(newID, removedID)
+        XCTAssertTrue(isOpen(newFD), "the new object's descriptor is kept, not closed as a duplicate")
+        XCTAssertNoThrow(try table.inode(removedID), "the old node stays until the kernel forgets it")
+        XCTAssertEqual(try table.inode(newID).fd, newFD)
+    }
+
     func testEncryptedNamesAreFoundByTheNameTheKernelKnowsUntilTheyGo() throws {
         let table = try makeTable()
         let shown = FileName("report.txt"), stored = FileName("~c3AbCdEf.sealed-form")
