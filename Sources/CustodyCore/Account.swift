@@ -163,6 +163,11 @@ public struct Account: Codable, Equatable, Sendable {
     public var reprotectPending: Bool = false
     /// The tag of the identity's name key (`NameCipher`), once known: which stored names are its.
     public var nameTag: String?
+    /// The tags of the name keys of its earlier generations of keys (`Engine.rotateKeys`): names
+    /// stored before a rotation and not yet sealed again carry them.
+    public var earlierNameTags: [String]?
+    /// Every tag its stored names may carry: its name key's, then its earlier ones'.
+    public var nameTags: [String] { (nameTag.map { [$0] } ?? []) + (earlierNameTags ?? []) }
     /// The IDs (hex) of its class keys, which its files' headers and owner records carry instead
     /// of its name (`HiddenOwners.swift`): kept here so that its files are known as its also while
     /// its keybag cannot be used, and by a wipe resumed after the keybag is gone.

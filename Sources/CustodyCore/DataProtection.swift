@@ -37,7 +37,7 @@ extension Engine {
         do {
             return try ProtectedData.unprotect(bytes) { (header) throws(FormatError) -> ClassKey in
                 do throws(EngineError) {
-                    return try self.classKey(for: try self.account(of: header).id, header.protectionClass, purpose: .open)
+                    return try self.classKey(for: try self.account(of: header).id, header.protectionClass, purpose: .open, id: header.classKeyID)
                 } catch {
                     refusal = error
                     throw FormatError.unsupported("no key")

@@ -294,7 +294,7 @@ public final class Engine: @unchecked Sendable {
     /// An enrolment, with the class keys an identity has on another host when `imported` (its
     /// export's `from` is said in the event).
     func enroll(id: String, upn: String, policy: Policy?, passphrase: SecretBytes?, uid: UInt32?,
-                imported: (keys: TransferredClassKeys, from: String)?) throws(EngineError) -> Account {
+                imported: (keys: TransferredKeys, from: String)?) throws(EngineError) -> Account {
         do {
             let account = try enrollChecked(id: id, upn: upn, policy: policy, passphrase: passphrase, uid: uid, imported: imported?.keys)
             var details = ["id": account.id, "protectionLevel": account.policy?.protectionLevel.description ?? ""]
@@ -339,7 +339,7 @@ public final class Engine: @unchecked Sendable {
     /// `imported`: the class keys of an identity enrolled on another host (`importIdentity`),
     /// made this host's with a keybag of its own.
     private func enrollChecked(id: String, upn: String, policy requested: Policy?, passphrase: SecretBytes?, uid requestedUID: UInt32?,
-                               imported: TransferredClassKeys?) throws(EngineError) -> Account {
+                               imported: TransferredKeys?) throws(EngineError) -> Account {
         let (id, upn) = try checkEnrollable(id: id, upn: upn, policy: requested, imported: imported != nil)
         // A keybag kept from an earlier enrollment (deregistered without wipe) is reused, so that
         // enrolling the same account again restores access to its files.
@@ -366,12 +366,16 @@ public final class Engine: @unchecked Sendable {
                 try keybagWrites.withLock { (_) throws(EngineError) in try files.write(keys.stored, to: name) }
             }
         } else {
-            var (stored, unlocked, d, b, secret) = try Keybags.create(identity: IdentityKey(id).folded, passphrase: passphrase,
+            var (stored, unlocked, d, _, secret) = try Keybags.create(identity: IdentityKey(id).folded, passphrase: passphrase,
                                                                        cost: settings.passphraseCost, machine: try machineKeys.current(),
-                                                                       given: imported)
+                                                                       given: imported?.generations.first)
             stored.passphraseGate = makeGate(passphrase, salt: stored.salt, identity: stored.identity)
+            if let imported, imported.generations.count > 1 {
+                // An identity whose keys were rotated: its other generations, under these.
+                stored = try Keybags.withGenerations(stored, unlocked: unlocked, classD: d, imported)
+            }
             try files.write(stored, to: name)
-            keys = Keyring(stored: stored, machineSecret: secret, classD: d, classBPublic: b)
+            keys = try Keyring.load(stored, machineSecret: secret, file: files.path(name))
             keys.install(unlocked)
         }
         let (account, snapshot) = state.withLock { state in
@@ -424,6 +428,8 @@ public final class Engine: @unchecked Sendable {
             return accountsSnapshot(state)
         }
         try files.save(snapshot)
+        // Names of earlier generations of keys are no longer looked for (`nameKeys`).
+        nameKeyGenerationCounter.add(1, ordering: .releasing)
     }
 
     /// The accounts as they are now, to write with `files.save` once the lock is released
@@ -452,38 +458,42 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// The class key for `identity`'s files of `protectionClass`, or `locked` when the lock state
-    /// withholds it. Class B can create while locked (public key only).
-    public func classKey(for identity: String, _ protectionClass: ProtectionClass, purpose: KeyPurpose) throws(EngineError) -> ClassKey {
+    /// withholds it. Class B can create while locked (public key only). `id`: to open what a key
+    /// of an earlier generation protected (`rotateKeys`), the ID its header names.
+    public func classKey(for identity: String, _ protectionClass: ProtectionClass, purpose: KeyPurpose, id: [UInt8]? = nil) throws(EngineError) -> ClassKey {
         processDeadlines()
         let account = try self.account(identity)
-        return try classKey(of: account.key, protectionClass, purpose: purpose)
+        return try classKey(of: account.key, protectionClass, purpose: purpose, id: id)
     }
 
-    /// The class key of the account filed as `key`.
-    func classKey(of key: IdentityKey, _ protectionClass: ProtectionClass, purpose: KeyPurpose) throws(EngineError) -> ClassKey {
+    /// The class key of the account filed as `key`: the one new files get, or (`id`, to open a
+    /// file) the generation's whose key has that ID.
+    func classKey(of key: IdentityKey, _ protectionClass: ProtectionClass, purpose: KeyPurpose, id: [UInt8]? = nil) throws(EngineError) -> ClassKey {
         try state.withLock { (state) throws(EngineError) -> ClassKey in
-            let found = state.withKeyring(key) { (keys: inout Keyring) -> ClassKey? in Self.classKey(protectionClass, purpose: purpose, in: &keys) }
+            let found = state.withKeyring(key) { (keys: inout Keyring) -> ClassKey? in Self.classKey(protectionClass, purpose: purpose, id: id, in: &keys) }
             guard let found else { throw missingKeys(key, upn: state.upn(of: key), state) }
             guard let found else { throw .locked(state.upn(of: key), protectionClass) }
             return found
         }
     }
 
-    /// The key of `protectionClass` in `keys`; nil while the class is withheld (class B can
-    /// create while locked: public key only). Reads the keyring in place, field by field.
-    private static func classKey(_ protectionClass: ProtectionClass, purpose: KeyPurpose, in keys: inout Keyring) -> ClassKey? {
+    /// The key of `protectionClass` in `keys` (of the generation whose key has `id`, when one
+    /// does; else of the current one); nil while the class is withheld (class B can create while
+    /// locked: public key only). Reads the keyring in place, field by field.
+    private static func classKey(_ protectionClass: ProtectionClass, purpose: KeyPurpose, id: [UInt8]?, in keys: inout Keyring) -> ClassKey? {
+        let generation = id.flatMap { keys.key(protectionClass, id: $0) } ?? keys.generations[keys.current]
         switch protectionClass {
         case .none:
-            return .symmetric(id: keys.classD.id, key: keys.classD.key)
+            return .symmetric(id: generation.d.id, key: generation.d.key)
         case .untilFirstAuthentication:
-            guard let c = keys.classC else { return nil }
+            guard let c = generation.c else { return nil }
             return .symmetric(id: c.id, key: c.key)
         case .completeUnlessOpen:
-            let privateKey = purpose == .open ? keys.classBPrivate : nil
+            let privateKey = purpose == .open ? generation.bPrivate : nil
             if purpose == .open, privateKey == nil { return nil }
-            return .agreement(id: keys.classBPublic.id, publicKey: keys.classBPublic.publicKey, privateKey: privateKey)
+            return .agreement(id: generation.bPublic.id, publicKey: generation.bPublic.publicKey, privateKey: privateKey)
         case .complete:
-            guard let a = keys.classA else { return nil }
+            guard let a = generation.a else { return nil }
             return .symmetric(id: a.id, key: a.key)
         }
     }
@@ -494,7 +504,7 @@ public final class Engine: @unchecked Sendable {
         let key = try identityKey(of: header)
         if let lease = state.withLock({ $0.openKeys.reuse(header.fileID) }) { return lease }
         processDeadlines()
-        let classKey = try self.classKey(of: key, header.protectionClass, purpose: .open)
+        let classKey = try self.classKey(of: key, header.protectionClass, purpose: .open, id: header.classKeyID)
         let fileKey: SecretBytes
         do { fileKey = try header.unwrapFileKey(with: classKey) } catch { throw .format(error) }
         let lease = FileKeyLease(identity: key, protectionClass: header.protectionClass, fileID: header.fileID, fileKey: fileKey)

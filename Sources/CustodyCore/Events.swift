@@ -9,6 +9,7 @@ public struct EngineEvent: Codable, Equatable, Sendable {
         case identityBound, identityUnbound, transferBlocked, saveBlocked, openFromBlocked, machineKeyChanged, tamperDetected
         case wipeStarted, wipeProgress, wipeFinished, wipeFailed, reprotectRequired, reprotectProgress, reprotectFinished
         case stateProblem, tornWrite, fileRepaired, allowedAccountsChanged, accountNotAllowed, policyRequired, identityExported
+        case keysRotated
     }
 
     public var sequence: UInt64

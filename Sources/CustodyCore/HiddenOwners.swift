@@ -55,7 +55,7 @@ extension Engine {
                     if let id = UInt64(hex, radix: 16) { accounts[id] = entry }
                 }
                 if let stored = state.keys[account.key]?.stored {
-                    for wrapped in stored.classes.values { if let id = Self.keyIDNumber(wrapped.id) { accounts[id] = entry } }
+                    for wrapped in stored.allWrappedKeys { if let id = Self.keyIDNumber(wrapped.id) { accounts[id] = entry } }
                 }
             }
         }
@@ -116,7 +116,7 @@ extension Engine {
         let wanted = Data(keyID)
         var found = "an identity not known here (key \(hex))"
         for name in files.list("keybags") where name.hasSuffix(".json") && !name.contains(".tmp-") {
-            if let stored = try? files.read(StoredKeybag.self, from: "keybags/" + name), stored.classes.values.contains(where: { $0.id == wanted }) {
+            if let stored = try? files.read(StoredKeybag.self, from: "keybags/" + name), stored.allWrappedKeys.contains(where: { $0.id == wanted }) {
                 found = stored.identity
                 break
             }
@@ -128,9 +128,9 @@ extension Engine {
         return found
     }
 
-    /// The IDs (hex) of every class key of a keybag.
+    /// The IDs (hex) of every class key of a keybag, of every generation.
     static func keyIDs(of stored: StoredKeybag) -> [String] {
-        stored.classes.keys.sorted().compactMap { stored.classes[$0].map { hexString(Array($0.id)) } }
+        stored.allWrappedKeys.map { hexString(Array($0.id)) }
     }
 }
 

@@ -60,11 +60,24 @@ public struct IdentityExport: Codable, Equatable, Sendable {
 struct TransferredClassKeys {
     var symmetric: [ProtectionClass: (id: [UInt8], key: SecretBytes)]
     var classB: (id: [UInt8], privateKey: SecretBytes)
+
+    /// The IDs (hex) of its four keys.
+    var keyIDs: [String] {
+        IdentityTransfer.keyOrder.map { hexString($0 == .completeUnlessOpen ? classB.id : symmetric[$0]?.id ?? []) }
+    }
+}
+
+/// Every generation of an identity's class keys (`Engine.rotateKeys`) as they travel: the
+/// keybag's `classes` first, then its later generations, and the one new files get.
+struct TransferredKeys {
+    var generations: [TransferredClassKeys]
+    var current: Int
 }
 
 /// The sealed content: a 4-byte big-endian length, that many bytes of JSON (`Description`: who
-/// the keys are and what each is called, nothing secret), then the four keys of 32 bytes, in the
-/// order of `keyOrder`. It is made and read in secure memory.
+/// the keys are and what each is called, nothing secret), then the four keys of 32 bytes of each
+/// generation, in the order of `keyOrder`, generation after generation (the keybag's first, then
+/// those `Description.generations` names). It is made and read in secure memory.
 enum IdentityTransfer {
     struct Description: Codable {
         var format: String
@@ -74,9 +87,17 @@ enum IdentityTransfer {
         var identity: String
         /// The receiving host's public key (base64), as in the outer fields.
         var to: String
-        /// Class letter → key ID (hex), in `keyOrder`'s classes.
+        /// Class letter → key ID (hex), in `keyOrder`'s classes: the keybag's first generation.
         var keyIDs: [String: String]
         var policy: Policy?
+        /// The identity's later generations of keys (`Engine.rotateKeys`), each as `keyIDs`;
+        /// absent before its first rotation.
+        var generations: [[String: String]]?
+        /// The generation new files get (0: `keyIDs`'); absent is 0.
+        var current: Int?
+
+        /// Every generation's key IDs by class letter, the first one first.
+        var allKeyIDs: [[String: String]] { [keyIDs] + (generations ?? []) }
     }
 
     static let keyOrder: [ProtectionClass] = [.complete, .completeUnlessOpen, .untilFirstAuthentication, .none]
@@ -93,18 +114,20 @@ enum IdentityTransfer {
         }
     }
 
-    static func seal(_ description: Description, keys: TransferredClassKeys, to recipient: [UInt8]) throws(EngineError) -> [UInt8] {
+    static func seal(_ description: Description, keys: [TransferredClassKeys], to recipient: [UInt8]) throws(EngineError) -> [UInt8] {
         let metadata: [UInt8]
         do { metadata = Array(try JSONEncoder().encode(description)) } catch { throw .crypto(.library("cannot encode the export's description")) }
         var secrets: [SecretBytes] = []
-        for slot in keyOrder {
-            guard let key = slot == .completeUnlessOpen ? keys.classB.privateKey : keys.symmetric[slot]?.key, key.count == keySize else {
-                throw .crypto(.library("class \(slot.letter) key is missing"))
+        for generation in keys {
+            for slot in keyOrder {
+                guard let key = slot == .completeUnlessOpen ? generation.classB.privateKey : generation.symmetric[slot]?.key, key.count == keySize else {
+                    throw .crypto(.library("class \(slot.letter) key is missing"))
+                }
+                secrets.append(key)
             }
-            secrets.append(key)
         }
         do {
-            let content = try SecretBytes(count: 4 + metadata.count + keySize * keyOrder.count)
+            let content = try SecretBytes(count: 4 + metadata.count + keySize * secrets.count)
             content.withUnsafeMutableBytes { out in
                 var length = UInt32(metadata.count).bigEndian
                 var offset = 0
@@ -124,12 +147,12 @@ enum IdentityTransfer {
 
     /// Opens a sealed content with this host's receiving key; nil when it was not sealed to it
     /// (or was changed). Throws for content that opens but is not an export's.
-    static func open(_ sealed: [UInt8], host: (secret: SecretBytes, key: HostKey)) throws(EngineError) -> (Description, TransferredClassKeys)? {
+    static func open(_ sealed: [UInt8], host: (secret: SecretBytes, key: HostKey)) throws(EngineError) -> (Description, TransferredKeys)? {
         guard let content = try? SealedBox.open(sealed, publicKey: host.key.publicKey, secretKey: host.secret) else { return nil }
-        return try content.withUnsafeBytes { (bytes) throws(EngineError) -> (Description, TransferredClassKeys) in
+        return try content.withUnsafeBytes { (bytes) throws(EngineError) -> (Description, TransferredKeys) in
             guard bytes.count > 4 else { throw malformed("it is too short") }
             let length = Int(bytes[0]) << 24 | Int(bytes[1]) << 16 | Int(bytes[2]) << 8 | Int(bytes[3])
-            guard length > 0, bytes.count == 4 + length + keySize * keyOrder.count else { throw malformed("its parts do not add up") }
+            guard length > 0, bytes.count > 4 + length else { throw malformed("its parts do not add up") }
             let description: Description
             do {
                 description = try JSONDecoder().decode(Description.self, from: Data(UnsafeRawBufferPointer(rebasing: bytes[4..<(4 + length)])))
@@ -137,23 +160,31 @@ enum IdentityTransfer {
                 throw malformed("its description does not read")
             }
             guard description.format == IdentityExport.currentFormat else { throw malformed("format \(description.format) is not \(IdentityExport.currentFormat)") }
-            var symmetric: [ProtectionClass: (id: [UInt8], key: SecretBytes)] = [:]
-            var classB: (id: [UInt8], privateKey: SecretBytes)?
-            for (index, slot) in keyOrder.enumerated() {
-                guard let hex = description.keyIDs[String(slot.letter)], let id = bytesOfHex(hex), id.count == FileHeader.classKeyIDSize else {
-                    throw malformed("class \(slot.letter) has no key ID")
+            let named = description.allKeyIDs
+            guard bytes.count == 4 + length + keySize * keyOrder.count * named.count else { throw malformed("its parts do not add up") }
+            var generations: [TransferredClassKeys] = []
+            for (number, keyIDs) in named.enumerated() {
+                var symmetric: [ProtectionClass: (id: [UInt8], key: SecretBytes)] = [:]
+                var classB: (id: [UInt8], privateKey: SecretBytes)?
+                for (index, slot) in keyOrder.enumerated() {
+                    guard let hex = keyIDs[String(slot.letter)], let id = bytesOfHex(hex), id.count == FileHeader.classKeyIDSize else {
+                        throw malformed("class \(slot.letter) of generation \(number) has no key ID")
+                    }
+                    let start = 4 + length + (number * keyOrder.count + index) * keySize
+                    let key: SecretBytes
+                    do throws(CryptoError) {
+                        key = try SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[start..<(start + keySize)]))
+                    } catch {
+                        throw .crypto(error)
+                    }
+                    if slot == .completeUnlessOpen { classB = (id, key) } else { symmetric[slot] = (id, key) }
                 }
-                let start = 4 + length + index * keySize
-                let key: SecretBytes
-                do throws(CryptoError) {
-                    key = try SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[start..<(start + keySize)]))
-                } catch {
-                    throw .crypto(error)
-                }
-                if slot == .completeUnlessOpen { classB = (id, key) } else { symmetric[slot] = (id, key) }
+                guard let classB else { throw malformed("class B is missing") }
+                generations.append(TransferredClassKeys(symmetric: symmetric, classB: classB))
             }
-            guard let classB else { throw malformed("class B is missing") }
-            return (description, TransferredClassKeys(symmetric: symmetric, classB: classB))
+            let current = description.current ?? 0
+            guard generations.indices.contains(current) else { throw malformed("its current generation \(current) is not one of its \(generations.count)") }
+            return (description, TransferredKeys(generations: generations, current: current))
         }
     }
 
@@ -194,22 +225,22 @@ extension Engine {
         guard recipient.count == X25519.keySize else { throw .identityExportInvalid("a host key is \(X25519.keySize) bytes, not \(recipient.count)") }
         let account = try self.account(identity)
         guard account.isEnrolled else { throw .notEnrolled(account.upn) }
-        let (stored, keys) = try unlockedKeybag(of: account)
-        guard let classD = state.withLock({ $0.keys[account.key]?.classD }), let a = keys.complete, let c = keys.untilFirstAuthentication,
-              let bPrivate = keys.completeUnlessOpenPrivate, let bStored = stored[.completeUnlessOpen] else {
+        let (stored, _) = try unlockedKeybag(of: account)
+        guard let (generations, current) = state.withLock({ state in state.keys[account.key].flatMap { keys in keys.transferable.map { ($0, keys.current) } } }),
+              let first = generations.first else {
             throw .locked(account.upn, .complete)
         }
-        let transferred = TransferredClassKeys(symmetric: [.complete: (a.id, a.key.secret), .untilFirstAuthentication: (c.id, c.key.secret),
-                                                           .none: (classD.id, classD.key.secret)],
-                                               classB: (Array(bStored.id), bPrivate))
         let to = Data(recipient).base64EncodedString()
-        var keyIDs: [String: String] = [:]
-        for slot in IdentityTransfer.keyOrder {
-            keyIDs[String(slot.letter)] = hexString(slot == .completeUnlessOpen ? transferred.classB.id : transferred.symmetric[slot]?.id ?? [])
+        func keyIDs(_ keys: TransferredClassKeys) -> [String: String] {
+            Dictionary(uniqueKeysWithValues: zip(IdentityTransfer.keyOrder.map { String($0.letter) }, keys.keyIDs))
         }
-        let description = IdentityTransfer.Description(format: IdentityExport.currentFormat, accountID: account.id, upn: account.upn,
-                                                       identity: stored.identity, to: to, keyIDs: keyIDs, policy: account.policy)
-        let sealed = try IdentityTransfer.seal(description, keys: transferred, to: recipient)
+        var description = IdentityTransfer.Description(format: IdentityExport.currentFormat, accountID: account.id, upn: account.upn,
+                                                       identity: stored.identity, to: to, keyIDs: keyIDs(first), policy: account.policy)
+        if generations.count > 1 {
+            description.generations = generations.dropFirst().map(keyIDs)
+            description.current = current
+        }
+        let sealed = try IdentityTransfer.seal(description, keys: generations, to: recipient)
         let receiver = HostKey(publicKey: recipient)
         let export = IdentityExport(format: IdentityExport.currentFormat, accountID: account.id, upn: account.upn, to: to,
                                     toFingerprint: receiver.fingerprint, from: try hostKey().fingerprint, created: wallClockSeconds(),
@@ -223,8 +254,12 @@ extension Engine {
     public enum ImportOutcome: Equatable, Sendable {
         /// Enrolled with the export's keys (checking: it would be).
         case imported(Account?)
-        /// Enrolled here already with exactly the export's keys: nothing to do.
+        /// Enrolled here already with exactly the export's keys, or with every one of them and
+        /// later ones: nothing to do.
         case alreadyHere(Account)
+        /// Enrolled here with earlier generations of the export's keys (rotated on another host):
+        /// the new generations were added (checking: they would be).
+        case rotated(Account?)
     }
 
     /// Enrolls the identity of `export` here with the keys it carries, under this host's own
@@ -240,7 +275,7 @@ extension Engine {
             throw .identityExportInvalid("format \(export.format) is not \(IdentityExport.currentFormat)")
         }
         guard let sealed = Data(base64Encoded: export.sealed) else { throw .identityExportInvalid("its sealed content is not base64") }
-        var opened: (IdentityTransfer.Description, TransferredClassKeys)?
+        var opened: (IdentityTransfer.Description, TransferredKeys)?
         for host in receivingKeys() {
             if let found = try IdentityTransfer.open(Array(sealed), host: host) {
                 opened = found
@@ -258,8 +293,13 @@ extension Engine {
             throw .identityExportInvalid("its keys are bound to another identity than \(description.accountID)")
         }
         if let existing = try? account(description.accountID), existing.isEnrolled {
-            guard Set(existing.keyIDs ?? []) == Set(description.keyIDs.values.map { $0.lowercased() }) else { throw .alreadyEnrolled(existing.upn) }
-            return .alreadyHere(existing)
+            let theirs = description.allKeyIDs.map { ids in IdentityTransfer.keyOrder.map { ids[String($0.letter)] ?? "" } }
+            guard try Self.addsGenerations(theirs, to: existing) else { return .alreadyHere(existing) }
+            if checking {
+                _ = try unlockedKeybag(of: existing)
+                return .rotated(nil)
+            }
+            return .rotated(try addGenerations(keys, to: existing, from: export.from))
         }
         let policy = policy ?? description.policy
         if checking {

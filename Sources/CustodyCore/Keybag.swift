@@ -1,5 +1,6 @@
 import CustodyCrypto
 import CustodyFormat
+import CustodySystem
 import FoundationEssentials
 
 /// An identity's class keys as stored: each wrapped, never in clear.
@@ -35,6 +36,30 @@ struct StoredKeybag: Codable, Equatable {
     /// What the account was when it was deregistered with its keys kept: enrolling it again
     /// without naming a policy (or a user) restores these. Nil while it is enrolled.
     var kept: KeptAccount?
+    /// Later generations of class keys (`Engine.rotateKeys`), oldest first; nil before the
+    /// first rotation. `classes` stays the generation every protector wraps.
+    var generations: [KeyGeneration]?
+    /// The generation new files get: 0 is `classes`, n is `generations[n - 1]`; nil is 0.
+    var currentGeneration: Int?
+}
+
+extension StoredKeybag {
+    /// The wrapped keys of every generation: `classes` by letter, then each later generation's.
+    var allWrappedKeys: [WrappedKey] {
+        func sorted(_ classes: [String: WrappedKey]) -> [WrappedKey] { classes.keys.sorted().compactMap { classes[$0] } }
+        return sorted(classes) + (generations ?? []).flatMap { sorted($0.classes) }
+    }
+}
+
+/// A later generation of an identity's class keys: A, B (its private key; its public key in
+/// clear, as in `classes`), C and D, each wrapped under a key derived from the key of its class
+/// in the keybag's `classes`, so that each is there exactly when that one is: D from the start,
+/// C from the first unlock, A and B while unlocked. The protectors (passphrase, login password,
+/// recovery key, TPM gates) need no change when a generation is added.
+struct KeyGeneration: Codable, Equatable {
+    var classes: [String: StoredKeybag.WrappedKey]
+    /// Wall-clock seconds since 1970.
+    var made: Double
 }
 
 /// An account's policy and local user, kept with its sealed keys across a deregistration.
@@ -233,6 +258,91 @@ enum Keybags {
             return (stored, keys, classD, (id: Array(bID), publicKey: bPublic), secret)
         } catch {
             throw EngineError(mixing: error)
+        }
+    }
+
+    // MARK: Generations
+
+    static let generationInfo = Array("custody/v1/keybag-generation".utf8)
+
+    /// The key a later generation's key of `slot` is wrapped under: derived from the secret of
+    /// the key of that class in `classes` (class B: its private key).
+    static func generationKEK(_ stored: StoredKeybag, root: SecretBytes) throws(EngineError) -> AESGCMKey {
+        do {
+            return try AESGCMKey(try HKDF.derive(.sha256, key: root, salt: Array(stored.salt), info: generationInfo, count: 32))
+        } catch {
+            throw .crypto(error)
+        }
+    }
+
+    /// Binds a generation's wrap to its identity, class and key ID (as `context` does for `classes`).
+    static func generationContext(_ identity: String, _ slot: ProtectionClass, _ id: Data) -> [UInt8] {
+        Array("custody/v1/keybag-generation|\(identity)|\(slot.letter)|".utf8) + Array(id)
+    }
+
+    /// A generation of the four keys `keys` (A, C and D by class; B's private key), wrapped under
+    /// `root`, the secrets of the keybag's `classes` generation by class (B: its private key).
+    static func generation(of keys: TransferredClassKeys, in stored: StoredKeybag, root: [ProtectionClass: SecretBytes],
+                           made: Double) throws(EngineError) -> KeyGeneration {
+        var classes: [String: StoredKeybag.WrappedKey] = [:]
+        for slot in IdentityTransfer.keyOrder {
+            guard let rootSecret = root[slot] else { throw .corruptState(file: stored.identity, reason: "class \(slot.letter) key is not unlocked") }
+            let kek = try generationKEK(stored, root: rootSecret)
+            let (id, secret) = slot == .completeUnlessOpen ? (keys.classB.id, keys.classB.privateKey) : (keys.symmetric[slot]?.id ?? [], keys.symmetric[slot]?.key)
+            guard let secret, id.count == FileHeader.classKeyIDSize else { throw .crypto(.library("class \(slot.letter) key is missing")) }
+            do {
+                let wrapped = try generationContext(stored.identity, slot, Data(id)).withBytes { (aad) throws(CryptoError) in
+                    try KeyWrap.wrap(secret, with: kek, context: aad)
+                }
+                let publicKey = slot == .completeUnlessOpen ? Data(try X25519.publicKey(for: secret)) : nil
+                classes[String(slot.letter)] = .init(id: Data(id), wrapped: Data(wrapped), publicKey: publicKey)
+            } catch {
+                throw .crypto(error)
+            }
+        }
+        return KeyGeneration(classes: classes, made: made)
+    }
+
+    /// The secrets of the `classes` generation by class (class B: its private key), as later
+    /// generations are wrapped under them; nil unless all four are held.
+    static func rootSecrets(_ unlocked: ClassKeys, classD: ClassKeyEntry) -> [ProtectionClass: SecretBytes]? {
+        guard let a = unlocked.complete, let b = unlocked.completeUnlessOpenPrivate, let c = unlocked.untilFirstAuthentication else { return nil }
+        return [.complete: a.key.secret, .completeUnlessOpen: b, .untilFirstAuthentication: c.key.secret, .none: classD.key.secret]
+    }
+
+    /// A new keybag (`classes` = `imported`'s first generation, unwrapped as `unlocked` and
+    /// `classD`) with `imported`'s later generations and its current one.
+    static func withGenerations(_ stored: StoredKeybag, unlocked: ClassKeys, classD: ClassKeyEntry,
+                                _ imported: TransferredKeys) throws(EngineError) -> StoredKeybag {
+        guard let root = rootSecrets(unlocked, classD: classD) else { throw .corruptState(file: stored.identity, reason: "class keys are not unlocked") }
+        guard imported.generations.indices.contains(imported.current) else {
+            throw .identityExportInvalid("its current generation \(imported.current) is not one of its \(imported.generations.count)")
+        }
+        var updated = stored
+        updated.generations = []
+        for generation in imported.generations.dropFirst() {
+            updated.generations?.append(try Keybags.generation(of: generation, in: stored, root: root, made: wallClockSeconds()))
+        }
+        updated.currentGeneration = imported.current
+        return updated
+    }
+
+    /// One key of a later generation, unwrapped with the secret of its class's key in `classes`.
+    static func unwrapGeneration(_ generation: KeyGeneration, _ slot: ProtectionClass, root: SecretBytes, in stored: StoredKeybag,
+                                 file: String) throws(EngineError) -> (id: [UInt8], secret: SecretBytes) {
+        guard let wrapped = generation.classes[String(slot.letter)], wrapped.id.count == FileHeader.classKeyIDSize else {
+            throw .corruptState(file: file, reason: "a generation's class \(slot.letter) key is missing")
+        }
+        let kek = try generationKEK(stored, root: root)
+        do {
+            let secret = try Array(wrapped.wrapped).withBytes { (w) throws(CryptoError) in
+                try generationContext(stored.identity, slot, wrapped.id).withBytes { (aad) throws(CryptoError) in try KeyWrap.unwrap(w, with: kek, context: aad) }
+            }
+            return (Array(wrapped.id), secret)
+        } catch .authenticationFailed {
+            throw .corruptState(file: file, reason: "a generation's class \(slot.letter) key does not unwrap")
+        } catch {
+            throw .crypto(error)
         }
     }
 

@@ -200,8 +200,7 @@ extension Engine {
                     next = min(next, until)
                     continue
                 }
-                keys.classA = nil
-                keys.classBPrivate = nil
+                keys.dropCompleteClasses()
                 keys.lock = .locked
                 state.keys[key] = keys
                 let revoked = state.openKeys.revoke { $0.identity == key && $0.protectionClass == .complete }

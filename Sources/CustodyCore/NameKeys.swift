@@ -4,10 +4,20 @@ import CustodyFormat
 /// name-key generation moves on.
 public struct NameKeySet: Sendable {
     public let generation: UInt64
-    /// By key tag: what a stored name carries.
+    /// By key tag: what a stored name carries (every key held, earlier generations' too).
     public let byTag: [String: NameKey]
-    /// Every key, for finding a name that is not stored in plain.
+    /// The keys a name that is not stored in plain is looked for in: each identity's current
+    /// one, and its earlier generations' while its names are being brought to the current one.
     public let all: [NameKey]
+    /// Every key held, for matching a stored name's tag.
+    private let every: [NameKey]
+
+    public init(generation: UInt64, byTag: [String: NameKey], all: [NameKey]) {
+        self.generation = generation
+        self.byTag = byTag
+        self.all = all
+        every = Array(byTag.values)
+    }
 
     /// No key, of no generation the engine has (so that a mount's first look asks the engine).
     public static let empty = NameKeySet(generation: .max, byTag: [:], all: [])
@@ -15,7 +25,7 @@ public struct NameKeySet: Sendable {
     /// The key whose tag is `tag`, the six tag bytes of a stored name (a listing's, a removal's):
     /// compared byte for byte while few keys are held, as no string is made of it.
     public func key(tagged tag: UnsafeRawBufferPointer) -> NameKey? {
-        if all.count <= 8 { return all.first { $0.hasTag(tag) } }
+        if every.count <= 8 { return every.first { $0.hasTag(tag) } }
         return byTag[String(decoding: tag, as: UTF8.self)]
     }
 }
@@ -51,11 +61,15 @@ extension Engine {
     public func nameKeys() -> NameKeySet {
         state.withLock { state in
             let generation = nameKeyGenerationCounter.load(ordering: .acquiring)
-            var byTag: [String: NameKey] = [:]
-            for keys in state.keys.values {
-                if let key = keys.nameKey { byTag[key.tag] = key }
+            var byTag: [String: NameKey] = [:], all: [NameKey] = []
+            for (key, keys) in state.keys {
+                let held = keys.nameKeys
+                for nameKey in held { byTag[nameKey.tag] = nameKey }
+                // Earlier generations' names are looked for only while they are being sealed again.
+                let converting = held.count > 1 && state.accounts.first(where: { $0.key == key })?.reprotectPending == true
+                all += converting ? held : Array(held.prefix(1))
             }
-            return NameKeySet(generation: generation, byTag: byTag, all: Array(byTag.values))
+            return NameKeySet(generation: generation, byTag: byTag, all: all)
         }
     }
 
@@ -64,9 +78,11 @@ extension Engine {
     func nameKeyInstalled(_ key: IdentityKey, appeared: Bool = true) {
         let snapshot = state.withLock { state -> OrderedStateFile<AccountsFile>.Snapshot? in
             nameKeyGenerationCounter.add(1, ordering: .releasing)
-            guard let tag = state.keys[key]?.nameKey?.tag,
-                  let index = state.accounts.firstIndex(where: { $0.key == key }),
-                  state.accounts[index].nameTag != tag else { return nil }
+            guard let keys = state.keys[key], let tag = keys.nameKey?.tag,
+                  let index = state.accounts.firstIndex(where: { $0.key == key }) else { return nil }
+            let earlier = keys.nameKeys.dropFirst().map(\.tag)
+            guard state.accounts[index].nameTag != tag || (state.accounts[index].earlierNameTags ?? []) != earlier else { return nil }
+            state.accounts[index].earlierNameTags = earlier.isEmpty ? nil : earlier
             state.accounts[index].nameTag = tag
             return accountsSnapshot(state)
         }

@@ -20,7 +20,7 @@ extension Engine {
         var updated = stored
         // Independent of the machine key (and holding class D), so that it still opens the
         // identity when the machine key is lost; the key's ~133 bits make guessing it hopeless.
-        let classD = state.withLock { $0.keys[account.key]?.classD }
+        let classD = state.withLock { $0.keys[account.key]?.rootClassD }
         updated.recoveryProtector = try Keybags.protector(stored, keys: keys, password: recovery.digits, uid: 0, cost: settings.passphraseCost,
                                                           machineSecret: nil, independentWith: classD, file: files.path(files.keybagName(account.id)))
         try saveKeybag(updated, of: account)

@@ -59,6 +59,11 @@ extension Engine {
                         loaded.accounts[index].nameTag = tag
                         changes.accountsUpdated = true
                     }
+                    let earlier = keys.nameKeys.dropFirst().map(\.tag)
+                    if !earlier.isEmpty, loaded.accounts[index].earlierNameTags != earlier {
+                        loaded.accounts[index].earlierNameTags = earlier
+                        changes.accountsUpdated = true
+                    }
                     if loaded.accounts[index].keyIDs == nil {
                         loaded.accounts[index].keyIDs = Self.keyIDs(of: stored)
                         changes.accountsUpdated = true

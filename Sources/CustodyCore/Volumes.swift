@@ -31,6 +31,10 @@ public protocol ProtectedVolume: AnyObject, WipeHandler, OwnedObjectLister {
     /// cached pages of its files go (mappings granted across identities fault again and ask), and
     /// its existing files are re-protected in the background.
     func policyChanged(_ account: Account)
+    /// `account` has a new generation of keys (`Engine.rotateKeys`, or one imported): what it
+    /// stored under its earlier ones (file keys, owner records, names, symlink targets) is brought
+    /// to the new one in the background.
+    func keysRotated(_ account: Account)
     /// A wipe of `account` starts: the cached pages of its files go.
     func wipeStarting(_ account: Account)
     /// `account`'s name key went (a wipe, or deregistering): names the kernel holds decrypted go.
@@ -48,6 +52,7 @@ public protocol ProtectedVolume: AnyObject, WipeHandler, OwnedObjectLister {
 }
 
 extension ProtectedVolume {
+    public func keysRotated(_ account: Account) {}
     public func namesHidden(_ account: Account) {}
     public func namesRevealed(_ account: Account) {}
 

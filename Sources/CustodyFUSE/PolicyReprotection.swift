@@ -10,6 +10,13 @@ import Glibc
 /// (the file key is rewrapped in the header, in place; the content is not re-encrypted). Files that
 /// are open are left for later and retried once closed, so a write racing with re-protection is
 /// never lost; every rewrite is crash-safe (see `reprotect`).
+///
+/// After the identity's keys were rotated (`Engine.rotateKeys`) the same pass brings what it
+/// stored under its earlier generations to the current one: each such file is written anew (a
+/// new file key under the current class key, its owner record by the current class D's ID),
+/// each such directory's owner record is written again, and every entry named with an earlier
+/// name key (a symlink's target with it) is renamed into the current key's form, deepest first.
+/// An owner record by an earlier key ID is what marks a file or directory as not brought over yet.
 final class PolicyReprotection: @unchecked Sendable {
     private let filesystem: MountFileSystem
     private weak var engine: Engine?
@@ -34,8 +41,9 @@ final class PolicyReprotection: @unchecked Sendable {
 
     private func run(_ identity: String) {
         guard let engine, let account = try? engine.account(identity) else { return }
-        var pending = files(of: account)
-        var total = pending.count
+        let found = walk(account)
+        var pending = found.files
+        var total = pending.count + found.directories.count + found.names.count
         var done = 0
         var reported = monotonicSeconds()
         // A file renamed since the walk is not found by its old names: the tree is walked again
@@ -45,7 +53,7 @@ final class PolicyReprotection: @unchecked Sendable {
             var busy: [[FileName]] = []
             var moved = false
             for path in pending {
-                switch reprotect(path, account: account) {
+                switch reprotect(path, account: account, rewriting: found.rewrite.contains(path)) {
                 case .done: done += 1
                 case .busy: busy.append(path)
                 case .moved: moved = true
@@ -63,12 +71,16 @@ final class PolicyReprotection: @unchecked Sendable {
             pending = busy
             if moved, walks < 3 {
                 walks += 1
-                let again = files(of: account).filter { path in !busy.contains(path) }
+                let again = walk(account).files.filter { path in !busy.contains(path) }
                 total += again.count
                 pending += again
             }
             if !busy.isEmpty { usleep(Self.retryInterval) }
         }
+        // After the files (whose paths name their directories as stored now): directories' own
+        // records, then names, the deepest first, so that no path walked later has changed.
+        for path in found.directories { if rerecord(path) { done += 1 } }
+        for path in found.names.sorted(by: { $0.count > $1.count }) { if rename(path, for: account) { done += 1 } }
         if pending.isEmpty { try? engine.reprotectFinished(account.id) }
         engine.events.emit(.reprotectFinished, identity: account.upn,
                            pending.isEmpty ? "re-protected \(account.upn)'s files" : "re-protection of \(account.upn) left \(pending.count) open files",
@@ -77,23 +89,46 @@ final class PolicyReprotection: @unchecked Sendable {
 
     enum Outcome { case done, busy, moved, failed }
 
-    /// The regular files `account` owns, each as the names leading to it from the root (bytes:
-    /// a name need not be UTF-8).
-    private func files(of account: Account) -> [[FileName]] {
-        guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return [] }
-        var found: [[FileName]] = []
+    /// What a pass has to do for an account, each object as the names leading to it from the
+    /// root (bytes: a name need not be UTF-8).
+    struct Found {
+        /// The regular files it owns.
+        var files: [[FileName]] = []
+        /// Those of them whose owner record names an earlier generation's key: written anew.
+        var rewrite: Set<[FileName]> = []
+        /// Its directories whose owner record names an earlier generation's key.
+        var directories: [[FileName]] = []
+        /// Entries named with one of its earlier name keys.
+        var names: [[FileName]] = []
+    }
+
+    private func walk(_ account: Account) -> Found {
+        guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return Found() }
+        let current = engine?.ownerKeyID(for: account.upn)
+        let earlierNames = (account.earlierNameTags ?? []).map { NameCipher.prefix + $0 }
+        var found = Found()
+        func earlier(_ record: OwnerRecord) -> Bool {
+            if case .keyID(let id) = record.holder, let current { return id != current }
+            return false
+        }
         func walk(_ fd: Int32, _ prefix: [FileName]) {
             for name in (try? Syscall.directoryNames(in: fd)) ?? [] {
                 if name.hasPrefix(MountFileSystem.stagingPrefix) { continue }
                 guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
+                let path = prefix + [name]
+                if earlierNames.contains(where: { name.hasPrefix($0) }) { found.names.append(path) }
                 if attributes.st_mode & S_IFMT == S_IFDIR,
                    let child = try? Syscall.openat(fd, name.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) {
-                    walk(child, prefix + [name])
+                    if let record = try? OwnerRecord.load(on: child), filesystem.record(record, isOf: account), earlier(record) {
+                        found.directories.append(path)
+                    }
+                    walk(child, path)
                     Syscall.close(child)
                 } else if attributes.st_mode & S_IFMT == S_IFREG,
                           let record = try? OwnerRecord.load(in: fd, name: name.cString),
                           filesystem.record(record, isOf: account) {
-                    found.append(prefix + [name])
+                    found.files.append(path)
+                    if earlier(record) { found.rewrite.insert(path) }
                 }
             }
         }
@@ -101,8 +136,50 @@ final class PolicyReprotection: @unchecked Sendable {
         return found
     }
 
-    /// Brings one file to its owner's current policy.
-    private func reprotect(_ path: [FileName], account: Account) -> Outcome {
+    /// The node of the object at `path`, and the node ID the kernel knows it by (nil when it
+    /// does not: a node of the moment); nil when the path leads nowhere now.
+    private func node(at path: [FileName]) -> (id: UInt64?, inode: Inode)? {
+        guard let root = try? filesystem.inodes.inode(InodeTable.rootID),
+              let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC) else { return nil }
+        guard let attributes = try? Syscall.stat(of: pathFD) else {
+            Syscall.close(pathFD)
+            return nil
+        }
+        if let known = filesystem.inodes.known(attributes) {
+            Syscall.close(pathFD)
+            return (known.id, known.inode)
+        }
+        return (nil, Inode(fd: pathFD, attributes: attributes))
+    }
+
+    /// Writes a directory's owner record again (by its owner's current key ID).
+    private func rerecord(_ path: [FileName]) -> Bool {
+        guard let (_, inode) = node(at: path), inode.isDirectory else { return false }
+        do throws(Errno) {
+            try filesystem.storeRecord(of: inode)
+            return true
+        } catch {
+            filesystem.log("the owner record of \(path.map(\.description).joined(separator: "/")) stays as it was: \(error)")
+            return false
+        }
+    }
+
+    /// Seals the name at `path` (and a symlink's target) again with its owner's current name key.
+    private func rename(_ path: [FileName], for account: Account) -> Bool {
+        guard let name = path.last else { return false }
+        let directory: Inode
+        if path.count == 1 {
+            guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return false }
+            directory = root
+        } else {
+            guard let (_, found) = node(at: Array(path.dropLast())), found.isDirectory else { return false }
+            directory = found
+        }
+        return filesystem.renameForOwner(name, in: directory, owner: account.upn) != name
+    }
+
+    /// Brings one file to its owner's current policy (and with `rewriting`, to its current keys).
+    private func reprotect(_ path: [FileName], account: Account, rewriting: Bool) -> Outcome {
         // Name by name, following no link: the tree may have changed since the walk.
         guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return .failed }
         guard let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC) else { return .moved }
@@ -121,7 +198,9 @@ final class PolicyReprotection: @unchecked Sendable {
         do throws(Errno) {
             let (wanted, classKey) = try filesystem.plan(for: account.upn)
             let current = filesystem.protection(of: inode)
-            if case .encrypted(_, let from) = current, case .encrypted(_, let to) = wanted, from != to, let classKey {
+            if rewriting {
+                try filesystem.reprotect(id: known?.id, inode, to: wanted, classKey: classKey, rewriting: true)
+            } else if case .encrypted(_, let from) = current, case .encrypted(_, let to) = wanted, from != to, let classKey {
                 try filesystem.rewrap(inode, to: to, classKey: classKey)
             } else {
                 try filesystem.reprotect(id: known?.id, inode, to: wanted, classKey: classKey)
@@ -137,6 +216,14 @@ final class PolicyReprotection: @unchecked Sendable {
 }
 
 extension MountFileSystem {
+    /// Writes a directory's owner record again as its protection says now (a managed owner's by
+    /// its current key ID).
+    func storeRecord(of directory: Inode) throws(Errno) {
+        let protection = protection(of: directory)
+        guard let record = ownerRecord(for: protection) else { return }
+        try asErrno { () throws(FormatError) in try record.store(at: attributePath(of: directory)) }
+    }
+
     /// A new protection level for an encrypted file: the same file key, wrapped for the new class,
     /// written over the 512-byte header in place (one sector: it cannot tear). The content stays.
     func rewrap(_ inode: Inode, to protectionClass: ProtectionClass, classKey: ClassKey) throws(Errno) {

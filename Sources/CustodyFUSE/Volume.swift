@@ -34,7 +34,7 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     func lockRequested(_ account: Account) { enforcement?.classAFiles(of: account) }
     func locked(_ account: Account) { enforcement?.classAFiles(of: account) }
     func wipeStarting(_ account: Account) { enforcement?.allFiles(of: account) }
-    func namesHidden(_ account: Account) { if let tag = account.nameTag { wipe.hideNames(tagged: tag) } }
+    func namesHidden(_ account: Account) { for tag in account.nameTags { wipe.hideNames(tagged: tag) } }
     func namesRevealed(_ account: Account) {
         wipe.revealNames()
         upgrade?.start(for: account)
@@ -42,6 +42,10 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
 
     func policyChanged(_ account: Account) {
         enforcement?.allFiles(of: account)
+        reprotection?.start(for: account)
+    }
+
+    func keysRotated(_ account: Account) {
         reprotection?.start(for: account)
     }
 

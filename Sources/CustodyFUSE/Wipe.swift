@@ -34,7 +34,8 @@ final class MountWipe: WipeHandler, OwnedObjectLister, @unchecked Sendable {
     /// What one walk does with what the identity owns: deletes it (a wipe) or shows it.
     private struct Walk {
         let account: Account
-        let tagged: String?
+        /// `NameCipher.prefix` and each of the identity's name key tags (of every generation).
+        let tagged: [String]
         let deleting: Bool
         var counts = Counts()
         /// Files with more than one name already shown (device, inode).
@@ -44,14 +45,14 @@ final class MountWipe: WipeHandler, OwnedObjectLister, @unchecked Sendable {
     }
 
     func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
-        var walk = Walk(account: account, tagged: account.nameTag.map { NameCipher.prefix + $0 }, deleting: true)
+        var walk = Walk(account: account, tagged: account.nameTags.map { NameCipher.prefix + $0 }, deleting: true)
         let root = try filesystem.inodes.inode(InodeTable.rootID)
         try self.walk(directory: root.fd, directoryID: InodeTable.rootID, shown: nil, tweak: nil, &walk, progress: progress, visit: { _ in true })
         progress(walk.counts.scanned, walk.counts.deleted, walk.counts.bytesFreed)
     }
 
     func listOwnedObjects(of account: Account, visit: (OwnedObject) -> Bool) throws(Errno) {
-        var walk = Walk(account: account, tagged: account.nameTag.map { NameCipher.prefix + $0 }, deleting: false)
+        var walk = Walk(account: account, tagged: account.nameTags.map { NameCipher.prefix + $0 }, deleting: false)
         let root = try filesystem.inodes.inode(InodeTable.rootID)
         // The root's descriptor is an O_PATH one, whose attributes are read by path.
         let tweak = try? filesystem.tweak(of: root)
@@ -68,7 +69,7 @@ final class MountWipe: WipeHandler, OwnedObjectLister, @unchecked Sendable {
         let names = try Syscall.directoryNames(in: fd)
         var remaining = names.count
         for name in names where walk.going {
-            let named = walk.tagged.map { name.hasPrefix($0) } ?? false
+            let named = walk.tagged.contains { name.hasPrefix($0) }
             guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
             let kind = attributes.st_mode & S_IFMT
             let childID = filesystem.inodes.id(device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino))

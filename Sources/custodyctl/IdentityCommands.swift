@@ -95,11 +95,11 @@ struct Unbind: ParsableCommand {
 struct IdentityCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "identity",
-        abstract: "A process's identity; an identity's keys carried to another host (export, import) and this host's key for it.",
+        abstract: "A process's identity; an identity's keys carried to another host (export, import), this host's key for it, and new keys (rotate).",
         discussion: """
-            To move an identity from host A to host B: on B, custodyctl identity host-key --output b.pub; copy b.pub to A;             on A, custodyctl identity export alice@contoso.com --to b.pub --output alice.export; copy alice.export to B;             on B, custodyctl identity import alice.export. The export opens on B only, and the keys are never in clear             outside the two daemons. Files alice's identity encrypted on either host then open on both.
+            To move an identity from host A to host B: on B, custodyctl identity host-key --output b.pub; copy b.pub to A;             on A, custodyctl identity export alice@contoso.com --to b.pub --output alice.export; copy alice.export to B;             on B, custodyctl identity import alice.export. The export opens on B only, and the keys are never in clear             outside the two daemons. Files alice's identity encrypted on either host then open on both.             After a host is lost: custodyctl identity rotate alice@contoso.com on a host that has her, then export and import             to each of her other hosts as above (an import adds the new keys to the ones a host has).
             """,
-        subcommands: [Show.self, HostKey.self, Export.self, Import.self], defaultSubcommand: Show.self)
+        subcommands: [Show.self, HostKey.self, Export.self, Import.self, Rotate.self], defaultSubcommand: Show.self)
 
     struct Show: ParsableCommand {
         static let configuration = CommandConfiguration(commandName: "show", abstract: "Show the effective identity of a process (default: this shell's parent).")
@@ -180,7 +180,23 @@ struct IdentityCommand: ParsableCommand {
             }
             let response = try request(global, Endpoint.importIdentity, body: body)
             let account = try decode(CustodyAccount.self, response)
-            show(response, global) { "imported" + describe(account).dropFirst(1) + "  (keys from host \(export.from))" }
+            let generations = account.keyGenerations.map { ", \($0) generation\($0 == 1 ? "" : "s") of keys" } ?? ""
+            let what = response.status == 201 ? "imported" : "enrolled here already\(generations)"
+            show(response, global) { what + describe(account).dropFirst(1) + "  (keys from host \(export.from))" }
+        }
+    }
+
+    struct Rotate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Give an identity new keys for everything it writes from now on (admin; the identity must be unlocked here).",
+            discussion: "Its files, names and owner records are brought to the new keys in the background (reprotectPending until then); the earlier keys stay in its keybag to open what is not brought over yet and copies made before. Export and import it to its other hosts afterwards: a host that lacks the new keys (a lost one) opens nothing written with them.")
+        @OptionGroup var global: Global
+        @Argument(help: "The account (object ID or UPN).") var account: String
+
+        func run() throws {
+            let response = try request(global, Endpoint.rotateKeys, account)
+            let rotated = try decode(CustodyAccount.self, response)
+            show(response, global) { "new keys for \(rotated.upn) (generation \(rotated.keyGenerations ?? 1)); its files are being brought to them" }
         }
     }
 }

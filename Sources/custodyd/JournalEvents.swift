@@ -101,7 +101,7 @@ final class JournalEvents: Sendable {
         case .wipeFailed, .enrollmentFailed: return 3
         case .tamperDetected: return 3
         case .unlockFailed, .unlockAttemptsExceeded, .transferBlocked, .saveBlocked, .openFromBlocked, .accountNotAllowed: return 4
-        case .wipeStarted, .wipeFinished, .deregistered, .machineKeyChanged, .locked, .identityExported: return 5
+        case .wipeStarted, .wipeFinished, .deregistered, .machineKeyChanged, .locked, .identityExported, .keysRotated: return 5
         case .wipeProgress, .reprotectProgress: return 7
         default: return 6
         }

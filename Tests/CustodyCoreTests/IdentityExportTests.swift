@@ -102,8 +102,11 @@ final class IdentityExportTests: EngineTestCase {
         let description = IdentityTransfer.Description(format: IdentityExport.currentFormat, accountID: "a", upn: "a@b.c", identity: "a", to: "k",
                                                        keyIDs: ["A": "0101010101010101", "B": "0202020202020202", "C": "0303030303030303", "D": "0404040404040404"],
                                                        policy: nil)
-        let sealed = try IdentityTransfer.seal(description, keys: keys, to: host.key.publicKey)
-        let (read, opened) = try XCTUnwrap(try IdentityTransfer.open(sealed, host: host))
+        let sealed = try IdentityTransfer.seal(description, keys: [keys], to: host.key.publicKey)
+        let (read, all) = try XCTUnwrap(try IdentityTransfer.open(sealed, host: host))
+        XCTAssertEqual(all.generations.count, 1)
+        XCTAssertEqual(all.current, 0)
+        let opened = try XCTUnwrap(all.generations.first)
         XCTAssertEqual(read.upn, "a@b.c")
         XCTAssertEqual(opened.classB.id, [2, 2, 2, 2, 2, 2, 2, 2])
         XCTAssertTrue(try XCTUnwrap(opened.symmetric[.none]).key.constantTimeEquals(try XCTUnwrap(keys.symmetric[.none]).key))
@@ -114,7 +117,29 @@ final class IdentityExportTests: EngineTestCase {
         // A key ID missing from the description: refused, typed.
         var missing = description
         missing.keyIDs["C"] = nil
-        XCTAssertThrowsError(try IdentityTransfer.open(try IdentityTransfer.seal(missing, keys: keys, to: host.key.publicKey), host: host)) {
+        XCTAssertThrowsError(try IdentityTransfer.open(try IdentityTransfer.seal(missing, keys: [keys], to: host.key.publicKey), host: host)) {
+            XCTAssertEqual(($0 as? EngineError)?.code, 320, "\($0)")
+        }
+        // Two generations: the second's keys follow the first's, and the current one is named.
+        var rotated = description
+        rotated.generations = [["A": "0505050505050505", "B": "0606060606060606", "C": "0707070707070707", "D": "0808080808080808"]]
+        rotated.current = 1
+        var later = keys
+        later.symmetric[.none] = ([8, 8, 8, 8, 8, 8, 8, 8], try SecretBytes.random(count: 32))
+        let (_, both) = try XCTUnwrap(try IdentityTransfer.open(try IdentityTransfer.seal(rotated, keys: [keys, later], to: host.key.publicKey), host: host))
+        XCTAssertEqual(both.current, 1)
+        XCTAssertEqual(both.generations.map { $0.symmetric[.none]?.id ?? [] }, [[4, 4, 4, 4, 4, 4, 4, 4], [8, 8, 8, 8, 8, 8, 8, 8]])
+        XCTAssertTrue(try XCTUnwrap(both.generations.last?.symmetric[.none]).key.constantTimeEquals(try XCTUnwrap(later.symmetric[.none]).key))
+        // Keys for two generations where the description names one, or the other way round, or a
+        // current generation that is not there: refused, typed.
+        for (named, sent) in [(description, [keys, later]), (rotated, [keys])] {
+            XCTAssertThrowsError(try IdentityTransfer.open(try IdentityTransfer.seal(named, keys: sent, to: host.key.publicKey), host: host)) {
+                XCTAssertEqual(($0 as? EngineError)?.code, 320, "\($0)")
+            }
+        }
+        var beyond = rotated
+        beyond.current = 2
+        XCTAssertThrowsError(try IdentityTransfer.open(try IdentityTransfer.seal(beyond, keys: [keys, later], to: host.key.publicKey), host: host)) {
             XCTAssertEqual(($0 as? EngineError)?.code, 320, "\($0)")
         }
     }

@@ -62,6 +62,7 @@ extension Endpoint {
     // One identity on several hosts
     public static let hostKey = Endpoint("GET", "/v1/host-key")
     public static let exportIdentity = Endpoint("POST", "/v1/accounts/{identity}/export")
+    public static let rotateKeys = Endpoint("POST", "/v1/accounts/{identity}/rotate")
     public static let importIdentity = Endpoint("POST", "/v1/identities/import")
     // Logins (the PAM module)
     public static let loginUnlock = Endpoint("POST", "/v1/login/unlock")
@@ -107,7 +108,7 @@ extension Endpoint {
     /// All of them, in the order `docs/api.md` lists them.
     public static let all: [Endpoint] = [
         status, accounts, enroll, account, deregister, wipe, ownedFiles, allowedAccounts, policy, setPolicy, lock, unlock, passphrase,
-        addLoginProtector, removeLoginProtector, createRecoveryKey, removeRecoveryKey, recover, hostKey, exportIdentity, importIdentity,
+        addLoginProtector, removeLoginProtector, createRecoveryKey, removeRecoveryKey, recover, hostKey, exportIdentity, rotateKeys, importIdentity,
         loginUnlock, loginPassword, loginOpen, loginLock, machineKey, migrateMachineKey, resetMachineKey,
         lockAll, unlockAll, bind, unbind, processIdentity,
         fileInfo, isEncrypted, protectFile, encryptFile, decryptFile, canReceive, repairFile,

@@ -65,6 +65,9 @@ public struct CustodyAccount: Codable, Equatable, Sendable {
     public var unavailable: String?
     /// False for an enrolled account that `AllowedAccounts` does not name (absent otherwise).
     public var allowed: Bool?
+    /// Generations of class keys its keybag holds: 1, and one more per rotation (absent for an
+    /// account that is not enrolled).
+    public var keyGenerations: Int?
 }
 
 /// `GET /v1/allowed-accounts`: the accounts that may enroll (empty: any), what happens to enrolled

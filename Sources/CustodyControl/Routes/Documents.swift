@@ -37,6 +37,7 @@ extension CustodyAccount {
         hasLoginProtector = account.hasLoginProtector ?? false
         hasRecoveryKey = account.hasRecoveryKey ?? false
         reprotectPending = account.reprotectPending
+        if account.isEnrolled, let ids = account.keyIDs, !ids.isEmpty { keyGenerations = max(1, ids.count / 4) }
     }
 }
 

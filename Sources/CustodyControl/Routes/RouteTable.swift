@@ -179,6 +179,7 @@ extension ControlAPI {
         .with(.exportIdentity, .admin, "export the keys of {identity}", body: ExportIdentityRequest.self,
               check: { (body) throws(Failure) in _ = try hostKey(body) },
               serve: { (api, r, body) throws(Failure) in try api.exportIdentity(r.identity, body) }),
+        Route(.rotateKeys, .admin, "rotate the keys of {identity}") { (api, r) throws(Failure) in try api.rotateKeys(r.identity) },
         .with(.importIdentity, .admin, "import identities", body: ImportIdentityRequest.self,
               check: { (body) throws(Failure) in
                   if let passphrase = body.passphrase { try checkPassphrase(passphrase) }

@@ -25,8 +25,15 @@ extension ControlAPI {
         }
     }
 
+    /// The account with its new generation of keys (`keyGenerations`); its files are brought to
+    /// them in the background (`reprotectPending` until then).
+    func rotateKeys(_ identity: String) throws(Failure) -> HTTPResponse {
+        try run { () throws(EngineError) in json(CustodyAccount(try engine.rotateKeys(identity))) }
+    }
+
     /// 201 and the account when it was enrolled; 200 and the account when it is enrolled here
-    /// with those keys already; with `checking`, 204 when it would be enrolled.
+    /// with those keys already, or was with earlier generations of them and has the new ones now
+    /// (`keyGenerations` says how many it has); with `checking`, 204 when it would change.
     func importIdentity(_ body: ImportIdentityRequest, checking: Bool) throws(Failure) -> HTTPResponse {
         let uid = try Self.localUser(uid: body.uid, user: body.user)
         let policy = try body.policy.map { (document) throws(Failure) in try Self.policy(document) }
@@ -36,7 +43,8 @@ extension ControlAPI {
             switch try engine.importIdentity(export, passphrase: passphrase, policy: policy, uid: uid, checking: checking) {
             case .imported(let account?): return json(CustodyAccount(account), status: 201)
             case .imported(nil): return HTTPResponse(status: 204, body: [])
-            case .alreadyHere(let account): return json(CustodyAccount(account))
+            case .alreadyHere(let account), .rotated(let account?): return json(CustodyAccount(account))
+            case .rotated(nil): return HTTPResponse(status: 204, body: [])
             }
         }
     }

@@ -18,7 +18,9 @@ description:
     the host key I(to) and answers the export (changes nothing on the host).
   - I(state=present), on the receiving host, enrolls the identity with the keys I(export) carries,
     under this host's own protectors. An identity enrolled there with exactly those keys is left
-    as it is, so the task is idempotent.
+    as it is, so the task is idempotent. One enrolled there with earlier generations of them (its
+    keys were rotated since, with C(custodyctl identity rotate)) gets the new generations, which
+    the task reports as a change; its C(account.keyGenerations) says how many it has.
 version_added: "0.3.0"
 author: The Custody developers (@custody)
 extends_documentation_fragment:
@@ -145,7 +147,7 @@ def main():
         before = dict(enrolled=False)
         existing = client.account(document.get("accountID", ""))
         if existing is not None:
-            before = dict(enrolled=bool(existing.get("enrolled")))
+            before = dict(enrolled=bool(existing.get("enrolled")), keyGenerations=existing.get("keyGenerations"))
         after = dict(enrolled=True, keysFrom=document.get("from"))
         path = "/v1/identities/import"
         if module.check_mode:
@@ -157,7 +159,9 @@ def main():
             client.call("POST", path + "?check=true", body, ok=(200, 204))
         status, answer = client.request("POST", path, body)
         if status in (200, 201):
-            changed = status == 201
+            # 200 is also an import that added the keys of a rotation made on another host.
+            changed = status == 201 or answer.get("keyGenerations") != before.get("keyGenerations")
+            after["keyGenerations"] = answer.get("keyGenerations")
             result = dict(changed=changed, account=answer)
             if changed:
                 result["diff"] = dict(before=before, after=after)

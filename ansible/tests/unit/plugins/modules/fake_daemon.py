@@ -105,19 +105,27 @@ class FakeDaemon:
             return 200, dict(publicKey=self.host_key, fingerprint="0011223344556677")
         if (method, parts) == ("POST", ["v1", "identities", "import"]):
             # An export "opens" here when it was sealed to this host's key; its keys are named by
-            # the sealed text itself.
+            # the sealed text itself, a generation per "+"-separated part.
             export = body["export"]
             if export.get("to") != self.host_key:
                 return self.error(422, 320, "IdentityExportInvalid", "sealed to another host")
             key = self.find(export["accountID"])
             if key is not None:
-                if self.keys.get(key) != export["sealed"]:
+                ours, theirs = set(self.keys.get(key, "").split("+")), set(export["sealed"].split("+"))
+                if theirs <= ours:
+                    return 200, self.accounts[key]
+                if not ours <= theirs:
                     return self.error(409, 208, "AlreadyEnrolled", "%s is already enrolled" % export["upn"])
+                if query.get("check") == ["true"]:
+                    return 204, None
+                self.keys[key] = export["sealed"]
+                self.accounts[key]["keyGenerations"] = len(theirs)
                 return 200, self.accounts[key]
             if query.get("check") == ["true"]:
                 return 204, None
             account = dict(id=export["accountID"], upn=export["upn"], enrolled=True, uid=None,
-                           policy=dict(protectionLevel="untilFirstAuth"), hasPassphrase="passphrase" in body)
+                           policy=dict(protectionLevel="untilFirstAuth"), hasPassphrase="passphrase" in body,
+                           keyGenerations=len(export["sealed"].split("+")))
             self.accounts[export["accountID"]] = account
             self.locks[export["accountID"]] = "unlocked"
             self.keys[export["accountID"]] = export["sealed"]
@@ -155,7 +163,8 @@ class FakeDaemon:
                 if self.locks[key] != "unlocked":
                     return self.error(423, 305, "Locked", "%s is locked" % self.accounts[key]["upn"])
                 return 200, dict(format="custody-identity-export/1", accountID=key, upn=self.accounts[key]["upn"], to=body["hostKey"],
-                                 toFingerprint="8899aabbccddeeff", **{"from": "0011223344556677"}, created=0, sealed="sealed-" + key)
+                                 toFingerprint="8899aabbccddeeff", **{"from": "0011223344556677"}, created=0,
+                                 sealed=self.keys.get(key, "sealed-" + key))
             if method == "POST" and rest == ["lock"]:
                 self.locks[key] = "locking"
                 return 200, dict(identity=parts[2], lock="locking")

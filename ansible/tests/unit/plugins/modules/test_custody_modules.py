@@ -156,3 +156,27 @@ def test_identity_goes_from_host_key_to_export_to_an_idempotent_import(run, daem
     other = dict(export, to="another host", accountID="carol-id", upn="carol@contoso.com")
     result, failed = run(custody_identity, dict(export=other))
     assert failed and (result["status"], result["code"]) == (422, 320)
+
+
+def test_identity_import_adds_the_keys_of_a_rotation_once(run, daemon):
+    enroll(run)
+    host_key = run(custody_identity, dict(state="host_key"))[0]["host_key"]
+    export = run(custody_identity, dict(state="exported", identity="alice-id", to=host_key))[0]["export"]
+    del daemon.accounts["alice-id"]
+    result, failed = run(custody_identity, dict(export=export))
+    assert not failed and result["changed"] is True and result["account"]["keyGenerations"] == 1
+    # Rotated on the host that exports: the same account, one generation more.
+    rotated = dict(export, sealed=export["sealed"] + "+2")
+    result, failed = run(custody_identity, dict(export=rotated), check_mode=True, diff=True)
+    assert not failed and result["changed"] is True and daemon.accounts["alice-id"]["keyGenerations"] == 1
+    result, failed = run(custody_identity, dict(export=rotated), diff=True)
+    assert not failed and result["changed"] is True and result["account"]["keyGenerations"] == 2
+    assert result["diff"]["before"]["keyGenerations"] == 1 and result["diff"]["after"]["keyGenerations"] == 2
+    for check_mode in (False, True):
+        result, failed = run(custody_identity, dict(export=rotated), check_mode=check_mode)
+        assert not failed and result["changed"] is False
+    # An export from before the rotation changes nothing either; another enrolment's keys fail.
+    result, failed = run(custody_identity, dict(export=export))
+    assert not failed and result["changed"] is False
+    result, failed = run(custody_identity, dict(export=dict(export, sealed="sealed-elsewhere")))
+    assert failed and (result["status"], result["code"]) == (409, 208)
