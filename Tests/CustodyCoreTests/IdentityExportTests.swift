@@ -6,21 +6,7 @@ import XCTest
 
 /// An identity's keys sealed to another host's key and enrolled there: two engines with state
 /// directories (and machine keys) of their own.
-final class IdentityExportTests: EngineTestCase {
-    var otherDirectories: [String] = []
-
-    override func tearDown() {
-        for directory in otherDirectories { TemporaryDirectory.removeTree(directory) }
-        super.tearDown()
-    }
-
-    /// The engine of another host: a state directory of its own.
-    func otherEngine() throws -> Engine {
-        let directory = try TemporaryDirectory("custody-core-other").path
-        otherDirectories.append(directory)
-        return try Engine(stateDirectory: directory, settings: testSettings(), clock: ManualClock(), processes: FakeProcessTable())
-    }
-
+final class IdentityExportTests: HostsEngineTestCase {
     func testTheKeysTravelSealedAndOpenWhatTheOtherHostProtected() throws {
         let first = try makeEngine(), second = try otherEngine()
         XCTAssertNotEqual(try first.hostKey(), try second.hostKey(), "each host has its own key")

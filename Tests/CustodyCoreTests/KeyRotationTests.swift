@@ -8,20 +8,7 @@ import XCTest
 /// New keys for an identity (`Engine.rotateKeys`): what it protects from then on uses the new
 /// generation, what it protected before still opens, every protector still unlocks it, and the
 /// new generation travels to its other hosts, where an import adds it to the keys they have.
-final class KeyRotationTests: EngineTestCase {
-    var otherDirectories: [String] = []
-
-    override func tearDown() {
-        for directory in otherDirectories { TemporaryDirectory.removeTree(directory) }
-        super.tearDown()
-    }
-
-    func otherEngine() throws -> Engine {
-        let directory = try TemporaryDirectory("custody-core-other").path
-        otherDirectories.append(directory)
-        return try Engine(stateDirectory: directory, settings: testSettings(), clock: ManualClock(), processes: FakeProcessTable())
-    }
-
+final class KeyRotationTests: HostsEngineTestCase {
     private func keyID(of blob: [UInt8]) throws -> [UInt8] {
         try ProtectedFile.readHeader(from: MemoryStorage(blob)).classKeyID
     }

@@ -41,6 +41,25 @@ class EngineTestCase: XCTestCase {
     }
 }
 
+/// Tests with engines of other hosts besides `makeEngine`'s: each with a state directory (and so
+/// machine and host keys) of its own, removed in `tearDown`.
+class HostsEngineTestCase: EngineTestCase {
+    private var otherDirectories: [String] = []
+
+    override func tearDown() {
+        for directory in otherDirectories { TemporaryDirectory.removeTree(directory) }
+        otherDirectories = []
+        super.tearDown()
+    }
+
+    /// The engine of another host.
+    func otherEngine() throws -> Engine {
+        let directory = try TemporaryDirectory("custody-core-other").path
+        otherDirectories.append(directory)
+        return try Engine(stateDirectory: directory, settings: testSettings(), clock: ManualClock(), processes: FakeProcessTable())
+    }
+}
+
 /// Events a subscriber saw, in order.
 final class EventRecorder: @unchecked Sendable {
     private let events = Mutex<[EngineEvent]>([])

@@ -8,29 +8,7 @@ import XCTest
 /// the second's host key; then what alice's identity encrypted on either host opens on the other:
 /// an exported copy, and a mount's tree carried over (as a backup restored, or an rsync of the
 /// backing store).
-final class IdentityTransferTests: XCTestCase {
-    static let alice = "alice@contoso.com"
-    var daemons: [MountedDaemon] = []
-    var scratch: [String] = []
-
-    override func setUpWithError() throws {
-        try MountedDaemon.requireFUSE()
-    }
-
-    override func tearDown() {
-        for daemon in daemons { daemon.destroy() }
-        daemons = []
-        for path in scratch { _ = try? runCommand(["rm", "-rf", path]) }
-    }
-
-    private func host() throws -> MountedDaemon {
-        let daemon = try MountedDaemon(extraArguments: Self.arguments)
-        daemons.append(daemon)
-        return daemon
-    }
-
-    static let arguments = ["--multi-identity", "--default-identity", "0=\(alice)", "--lock-grace-period", "0"]
-
+final class IdentityTransferTests: HostsTestCase {
     private func enrollAlice(_ daemon: MountedDaemon) throws {
         let answer = try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "\#(Self.alice)", "policy": {"protectionLevel": "untilFirstAuth"}}"#)
         XCTAssertEqual(answer.status, 201, answer.body)
@@ -63,14 +41,13 @@ final class IdentityTransferTests: XCTestCase {
         target.stop()
         _ = try mustRun(["rm", "-rf", target.backing])
         _ = try mustRun(["cp", "-a", source.backing, target.backing])
-        try target.start(extraArguments: Self.arguments)
+        try target.start(extraArguments: hostArguments)
     }
 
     func testAnIdentityMovesToAnotherHostAndItsFilesOpenOnBoth() throws {
         let first = try host(), second = try host()
         try enrollAlice(first)
-        let outside = try makeTemporaryDirectory("transfer-exports")
-        scratch.append(outside)
+        let outside = try scratchDirectory("transfer-exports")
 
         // On the first host: a file in the mount (in a directory of alice's: names encrypted) and
         // an encrypted copy handed out of it.
@@ -132,8 +109,7 @@ final class IdentityTransferTests: XCTestCase {
     func testCustodyctlCarriesAnIdentityToAnotherHost() throws {
         let first = try host(), second = try host()
         try enrollAlice(first)
-        let work = try makeTemporaryDirectory("transfer-cli")
-        scratch.append(work)
+        let work = try scratchDirectory("transfer-cli")
         func ctl(_ daemon: MountedDaemon, _ arguments: [String]) throws -> String {
             let result = try daemon.ctl(arguments)
             XCTAssertEqual(result.status, 0, "custodyctl \(arguments.joined(separator: " ")): \(result.output) \(result.error)")

@@ -7,28 +7,7 @@ import XCTest
 /// directory, a symlink, a personal file among hers) is brought to her new keys in the
 /// background, a copy taken before still opens, and a host that had her keys before the
 /// rotation opens what she writes after it only once it imported the new ones.
-final class KeyRotationMountTests: XCTestCase {
-    static let alice = "alice@contoso.com"
-    static let arguments = ["--multi-identity", "--default-identity", "0=\(alice)", "--lock-grace-period", "0"]
-    var daemons: [MountedDaemon] = []
-    var scratch: [String] = []
-
-    override func setUpWithError() throws {
-        try MountedDaemon.requireFUSE()
-    }
-
-    override func tearDown() {
-        for daemon in daemons { daemon.destroy() }
-        daemons = []
-        for path in scratch { _ = try? runCommand(["rm", "-rf", path]) }
-    }
-
-    private func host() throws -> MountedDaemon {
-        let daemon = try MountedDaemon(extraArguments: Self.arguments)
-        daemons.append(daemon)
-        return daemon
-    }
-
+final class KeyRotationMountTests: HostsTestCase {
     /// alice's export from `first`, sealed to `second`.
     private func export(from first: MountedDaemon, to second: MountedDaemon) throws -> String {
         let key = try XCTUnwrap(try second.apiJSON("GET", "/v1/host-key").json["publicKey"] as? String)
@@ -71,8 +50,7 @@ final class KeyRotationMountTests: XCTestCase {
         let enrolled = try first.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "\#(Self.alice)", "policy": {"protectionLevel": "untilFirstAuth"}}"#)
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
         XCTAssertEqual(try carryAlice(from: first, to: second).status, 201)
-        let outside = try makeTemporaryDirectory("rotation")
-        scratch.append(outside)
+        let outside = try scratchDirectory("rotation")
 
         XCTAssertEqual(mkdir(first.mnt("Falcon"), 0o755), 0)
         XCTAssertEqual(mkdir(first.mnt("Falcon/deep"), 0o755), 0)

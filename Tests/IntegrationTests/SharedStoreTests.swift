@@ -9,31 +9,18 @@ import XCTest
 /// reads it through the other right away, after the other has looked at the same thing: nothing
 /// the reading mount cached (names, missing names, listings, file pages and sizes, a
 /// directory's lack of a tweak, an owner) may answer for what the store holds now.
-final class SharedStoreTests: XCTestCase {
-    static let alice = "alice@contoso.com"
-    static let arguments = ["--multi-identity", "--default-identity", "0=\(alice)", "--lock-grace-period", "0", "--shared-store"]
-    var daemons: [MountedDaemon] = []
-
-    override func setUpWithError() throws {
-        try MountedDaemon.requireFUSE()
-    }
-
-    override func tearDown() {
-        for daemon in daemons { daemon.destroy() }
-        daemons = []
-    }
+final class SharedStoreTests: HostsTestCase {
+    override var hostArguments: [String] { Self.baseArguments + ["--shared-store"] }
 
     /// Two daemons on one backing directory; alice enrolled on the first (her policy lets her
     /// files become personal ones) and carried to the second.
     private func twoHosts() throws -> (MountedDaemon, MountedDaemon) {
-        let first = try MountedDaemon(extraArguments: Self.arguments)
-        daemons.append(first)
-        let second = try MountedDaemon(extraArguments: Self.arguments) { state in
+        let first = try host()
+        let second = try host { state in
             // The second host's backing directory is the first's (as an NFS mount of one export).
             let backing = URL(fileURLWithPath: state).deletingLastPathComponent().appendingPathComponent("backing").path
             guard rmdir(backing) == 0, symlink(first.backing, backing) == 0 else { throw Errno.current }
         }
-        daemons.append(second)
         let enrolled = try first.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "\#(Self.alice)", "policy": {"protectionLevel": "untilFirstAuth", "sendToOtherIdentities": "all"}}"#)
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
         let key = try XCTUnwrap(try second.apiJSON("GET", "/v1/host-key").json["publicKey"] as? String)
