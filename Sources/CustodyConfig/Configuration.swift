@@ -44,6 +44,9 @@ public struct MountConfiguration: Equatable, Sendable {
     public var policyRequired = false
     /// Other daemons serve the same backing directory (`shared_store`): close-to-open caching.
     public var sharedStore = false
+    /// `store_attributes`: "trusted" or "user", the namespace of the store's records; nil decides
+    /// by the store.
+    public var storeAttributes: StoreAttributes.Namespace?
 
     public init(backing: String, mountPoint: String) {
         self.backing = backing
@@ -269,7 +272,7 @@ struct Reader {
                                "TransferExemptExecutables", "TransferExemptUids", "LockOnSessionLock", "LockOnSuspend", "LockOnLogout",
                                "MaxUnlockAttempts", "UnlockAttemptsAction", "AllowedAccountsAction"]
     static let accountKeys = ["id", "upn", "user", "uid", "enroll", "policy"]
-    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names", "policy_required", "shared_store"]
+    static let mountKeys = ["backing", "mount_point", "allow_other", "allow_nonempty", "cache_timeout", "writeback_cache", "low_latency", "request_rings", "threads", "encrypt_names", "policy_required", "shared_store", "store_attributes"]
 
     mutating func read(_ root: TOMLTable) -> DaemonConfiguration {
         var configuration = DaemonConfiguration()
@@ -453,6 +456,13 @@ struct Reader {
         if let value = bool(table, ["mount", "encrypt_names"], index: index) { mount.encryptNames = value }
         if let value = bool(table, ["mount", "policy_required"], index: index) { mount.policyRequired = value }
         if let value = bool(table, ["mount", "shared_store"], index: index) { mount.sharedStore = value }
+        if let value = string(table, ["mount", "store_attributes"], index: index) {
+            if let namespace = StoreAttributes.Namespace(rawValue: value) {
+                mount.storeAttributes = namespace
+            } else {
+                fail(["mount", "store_attributes"], index: index, "must be \"trusted\" or \"user\"")
+            }
+        }
         if let value = number(table, ["mount", "cache_timeout"], index: index) {
             if value >= 0, value.isFinite { mount.cacheTimeout = value } else { fail(["mount", "cache_timeout"], index: index, "must be 0 or more seconds") }
         }

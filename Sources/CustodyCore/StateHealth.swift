@@ -143,7 +143,7 @@ extension Engine {
     /// at start rather than as EACCES file by file. Returns the unknown owners' object IDs and how
     /// many of the files looked at each owns.
     @discardableResult
-    public func checkOwners(in backingDirectory: String, limit: Int = 5000) -> [String: Int] {
+    public func checkOwners(in backingDirectory: String, records: StoreAttributes = .trusted, limit: Int = 5000) -> [String: Int] {
         var unknown: [String: Int] = [:]
         // Paths as bytes: a name need not be UTF-8.
         var pending = [FileName(backingDirectory)]
@@ -158,7 +158,7 @@ extension Engine {
                 guard let attributes = try? Syscall.fstatat(fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
                 let kind = attributes.st_mode & S_IFMT
                 if kind == S_IFDIR { pending.append(name.appended(to: directory)) }
-                guard kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: fd, name: name.cString),
+                guard kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: fd, name: name.cString, names: records),
                       record.encryptedClass != nil else { continue }
                 let owner: String
                 let known: Bool

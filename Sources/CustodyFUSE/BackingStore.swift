@@ -1,4 +1,6 @@
+import CustodyFormat
 import CustodySystem
+import Glibc
 
 /// What the file system under a mount's backing directory implies for the mount.
 enum BackingStore {
@@ -13,5 +15,60 @@ enum BackingStore {
     static func reportsErrorsAtClose(_ fd: Int32) -> Bool {
         guard let type = try? Syscall.fileSystemType(fd) else { return true }
         return !localTypes.contains(type)
+    }
+
+    /// The namespace of the extended attributes the store's records are in (`StoreAttributes`):
+    /// the one the marker on its root names; for a store with no marker, `wanted`, else
+    /// `trusted` where the store keeps it and `user` where it keeps only that (NFS), and the
+    /// marker is set. Refused: a store that keeps neither, one whose marker names another
+    /// namespace than `wanted`, and (asked for `user`) one whose root holds `trusted` records.
+    static func attributes(of path: String, wanted: StoreAttributes.Namespace?) throws(MountError) -> StoreAttributes {
+        let fd: Int32
+        do { fd = try Syscall.open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) } catch { throw .backingUnreadable(path, error) }
+        defer { Syscall.close(fd) }
+        let marked = StoreAttributes.Namespace.allCases.filter { hasAttribute(fd, StoreAttributes($0).namespaceMarker) }
+        if marked.count > 1 { throw .storeAttributes(path, "its root is marked for both trusted.* and user.* records; remove the wrong marker") }
+        if let found = marked.first {
+            if let wanted, wanted != found {
+                throw .storeAttributes(path, "its records are in \(found).* attributes, not \(wanted).* (store_attributes = \"\(found)\", or leave it out)")
+            }
+            return StoreAttributes(found)
+        }
+        if wanted == .user, hasAttribute(withPrefix: StoreAttributes.trusted.prefix, fd) {
+            throw .storeAttributes(path, "it holds trusted.* records of an earlier mount; they would be lost with user.* ones")
+        }
+        var refusals: [String] = []
+        for namespace in wanted.map({ [$0] }) ?? StoreAttributes.Namespace.allCases {
+            let candidate = StoreAttributes(namespace)
+            do {
+                try Array("1".utf8).withBytes { (bytes) throws(Errno) in
+                    try Syscall.fsetxattr(fd, candidate.namespaceMarker, bytes.baseAddress, bytes.count, Linux.XATTR_CREATE)
+                }
+                return candidate
+            } catch where error == .exists {
+                return candidate
+            } catch where error == .readOnlyFileSystem {
+                // Nothing will be written: read what is there.
+                return hasAttribute(withPrefix: StoreAttributes.user.prefix, fd) ? .user : StoreAttributes(wanted ?? .trusted)
+            } catch {
+                refusals.append("\(namespace).*: \(error)")
+            }
+        }
+        throw .storeAttributes(path, "it keeps no extended attributes this daemon may set for its records (\(refusals.joined(separator: "; ")))")
+    }
+
+    private static func hasAttribute(_ fd: Int32, _ name: String) -> Bool {
+        (try? Syscall.fgetxattr(fd, name, nil, 0)) != nil
+    }
+
+    /// Whether the directory `fd` has an attribute whose name starts with `prefix`.
+    private static func hasAttribute(withPrefix prefix: String, _ fd: Int32) -> Bool {
+        let path = Syscall.procPath(fd)
+        guard let size = try? Syscall.listxattr(path, nil, 0), size > 0 else { return false }
+        var names = [CChar](repeating: 0, count: size)
+        guard let count = try? names.withMutableBytes({ (buffer) throws(Errno) in
+            try Syscall.listxattr(path, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), size)
+        }) else { return false }
+        return names[0..<min(count, size)].split(separator: 0).contains { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self).hasPrefix(prefix) }
     }
 }

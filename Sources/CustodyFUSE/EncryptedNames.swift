@@ -93,7 +93,6 @@ struct ResolvedName {
 /// not. Such a no-key name can be looked up, listed, removed and opened (its content stays as
 /// protected as its class says); it cannot be renamed, and no new name may start with `~c3`.
 extension MountFileSystem {
-    static let longFormAttribute = "trusted.custody.name"
 
     // MARK: Keys and tweaks
 
@@ -144,7 +143,7 @@ extension MountFileSystem {
         case .none, .unknown: break
         }
         let read = try asErrno { () throws(FormatError) in
-            readable >= 0 ? try DirectoryTweak.read(fd: readable) : try DirectoryTweak.read(attributePath(of: directory))
+            readable >= 0 ? try DirectoryTweak.read(fd: readable, names: storeAttributes) : try DirectoryTweak.read(attributePath(of: directory), names: storeAttributes)
         }
         directory.tweak.withLock { state in
             if case .known = state { return }
@@ -157,7 +156,7 @@ extension MountFileSystem {
     func ensureTweak(of directory: Inode) throws(Errno) -> [UInt8] {
         if let known = try tweak(of: directory) { return known }
         let path = attributePath(of: directory)
-        let made = try asErrno { () throws(FormatError) in try DirectoryTweak.ensure(path) }
+        let made = try asErrno { () throws(FormatError) in try DirectoryTweak.ensure(path, names: storeAttributes) }
         directory.tweak.withLock { $0 = .known(made) }
         tweaksMade.add(1, ordering: .releasing)
         return made
@@ -167,7 +166,7 @@ extension MountFileSystem {
     /// caller may not be able to read it). No node knows the directory yet, so none holds that
     /// it has no tweak (`tweaksMade` stays).
     func makeTweak(ofNew stored: FileName, in directory: Inode) throws(Errno) -> [UInt8] {
-        try asErrno { () throws(FormatError) in try DirectoryTweak.make(in: directory.fd, named: stored.cString) }
+        try asErrno { () throws(FormatError) in try DirectoryTweak.make(in: directory.fd, named: stored.cString, names: storeAttributes) }
     }
 
     // MARK: Names of directories the mount made
@@ -397,7 +396,7 @@ extension MountFileSystem {
         guard let longForm = resolved.longForm else { return }
         let path = resolved.stored.appended(to: FileName(Syscall.procPath(directory.fd)))
         try Array(longForm.utf8).withBytes { (bytes) throws(Errno) in
-            try Syscall.lsetxattr(path.cString, Self.longFormAttribute, bytes.baseAddress, bytes.count, 0)
+            try Syscall.lsetxattr(path.cString, storeAttributes.longName, bytes.baseAddress, bytes.count, 0)
         }
     }
 
@@ -511,10 +510,10 @@ extension MountFileSystem {
     }
 
     private func readLongForm(_ stored: String, in directory: Inode) -> String? {
-        Self.longForm { (bytes) throws(Errno) in try Syscall.getxattr(in: directory.fd, stored, Self.longFormAttribute, bytes.baseAddress, bytes.count) }
+        Self.longForm { (bytes) throws(Errno) in try Syscall.getxattr(in: directory.fd, stored, storeAttributes.longName, bytes.baseAddress, bytes.count) }
     }
 
-    /// The long form `read` finds (it reads `longFormAttribute` into a buffer); nil when none.
+    /// The long form `read` finds (it reads `StoreAttributes.longName` into a buffer); nil when none.
     static func longForm(_ read: (UnsafeMutableRawBufferPointer) throws(Errno) -> Int) -> String? {
         var buffer = [UInt8](repeating: 0, count: 512)
         let count = buffer.withUnsafeMutableBytes { bytes in (try? read(bytes)) ?? -1 }
@@ -528,7 +527,7 @@ extension MountFileSystem {
         guard engine != nil, let tweak, let text = stored.text, text.hasBytePrefix(NameCipher.prefix),
               let tag = NameCipher.keyTag(of: text), let key = heldNameKeys().byTag[tag] else { return stored }
         let longForm = NameCipher.isLong(text)
-            ? Self.longForm { (bytes) throws(Errno) in try Syscall.getxattr(in: fd, text, Self.longFormAttribute, bytes.baseAddress, bytes.count) }
+            ? Self.longForm { (bytes) throws(Errno) in try Syscall.getxattr(in: fd, text, storeAttributes.longName, bytes.baseAddress, bytes.count) }
             : nil
         guard let plain = try? NameCipher.decrypt(text, full: longForm, tweak: tweak, key: key) else { return stored }
         return FileName(bytes: plain)
@@ -543,13 +542,13 @@ extension MountFileSystem {
         for name in relative.split(separator: "/", omittingEmptySubsequences: true).map(String.init) {
             defer { storedSoFar += "/" + name }
             guard name.hasBytePrefix(NameCipher.prefix), let tag = NameCipher.keyTag(of: name), let key = heldNameKeys().byTag[tag],
-                  let tweak = try? DirectoryTweak.read(storedSoFar) else {
+                  let tweak = try? DirectoryTweak.read(storedSoFar, names: storeAttributes) else {
                 shown.append(name)
                 continue
             }
             let path = storedSoFar + "/" + name
             let longForm = NameCipher.isLong(name)
-                ? Self.longForm { (bytes) throws(Errno) in try Syscall.lgetxattr(path, Self.longFormAttribute, bytes.baseAddress, bytes.count) }
+                ? Self.longForm { (bytes) throws(Errno) in try Syscall.lgetxattr(path, storeAttributes.longName, bytes.baseAddress, bytes.count) }
                 : nil
             if let plain = try? NameCipher.decrypt(name, full: longForm, tweak: tweak, key: key) {
                 shown.append(FileName(bytes: plain).description)

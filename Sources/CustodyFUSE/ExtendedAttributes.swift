@@ -9,10 +9,10 @@ import Glibc
 ///
 /// The mount adds virtual attributes: `user.custody.owner` (the owner's identity),
 /// `user.custody.class` (the protection class of an encrypted file) and `user.custody.encrypted`
-/// (1 or 0). The backing store's own `trusted.custody.*` records are neither shown nor settable.
+/// (1 or 0). The backing store's own records (`trusted.custody.*`, or `user.custody.store.*`:
+/// `StoreAttributes`) are neither shown nor settable.
 extension MountFileSystem {
     static let virtualPrefix = "user.custody."
-    static let hiddenPrefix = "trusted.custody."
 
     /// The value of a virtual attribute, or nil when the object has none.
     func virtualAttribute(_ name: String, of inode: Inode) -> String? {
@@ -81,7 +81,7 @@ extension MountFileSystem {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
             let attribute = String(cString: name)
-            if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.noData }
+            if attribute.hasPrefix(storeAttributes.prefix) { throw Errno.noData }
             if attribute.hasPrefix(Self.virtualPrefix) {
                 guard let value = virtualAttribute(attribute, of: inode) else { throw Errno.noData }
                 let bytes = Array(value.utf8)
@@ -125,7 +125,7 @@ extension MountFileSystem {
                 }
                 for entry in raw[0..<count].split(separator: 0) {
                     let name = String(decoding: entry.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-                    if !name.hasPrefix(Self.hiddenPrefix) { names += Array(name.utf8) + [0] }
+                    if !name.hasPrefix(storeAttributes.prefix) { names += Array(name.utf8) + [0] }
                 }
             }
             for name in virtualAttributeNames(of: inode) { names += Array(name.utf8) + [0] }
@@ -145,7 +145,7 @@ extension MountFileSystem {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
             let attribute = String(cString: name)
-            if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.notPermitted }
+            if attribute.hasPrefix(storeAttributes.prefix) { throw Errno.notPermitted }
             if attribute.hasPrefix(Self.virtualPrefix) {
                 let given = value.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: size), as: UTF8.self) } ?? ""
                 if attribute == "user.custody.owner" {
@@ -204,7 +204,7 @@ extension MountFileSystem {
         do throws(Errno) {
             let inode = try inodes.inode(UInt64(id))
             let attribute = String(cString: name)
-            if attribute.hasPrefix(Self.hiddenPrefix) { throw Errno.notPermitted }
+            if attribute.hasPrefix(storeAttributes.prefix) { throw Errno.notPermitted }
             if attribute == "user.custody.owner", engine != nil {
                 // Unprotect: plain and untracked again (recursively for a directory).
                 try asCaller(req) { () throws(Errno) in try changeOwner(id: UInt64(id), inode, to: nil) }

@@ -1,5 +1,6 @@
 import CFuse3
 import CustodyCore
+import CustodyFormat
 import CustodyMetrics
 import CustodySystem
 import Dispatch
@@ -15,6 +16,8 @@ public final class FUSEMount: @unchecked Sendable {
     /// read-only too, and its encrypted files are read with read-only descriptors.
     public let readOnly: Bool
     public let options: MountOptions
+    /// Where the store keeps Custody's records (`StoreAttributes`), decided when it is mounted.
+    public let storeAttributes: StoreAttributes
     /// Decides owners and holds keys; nil mounts a plain passthrough.
     public let engine: Engine?
     /// What the daemon counts (nil: nothing).
@@ -89,6 +92,7 @@ public final class FUSEMount: @unchecked Sendable {
         var filesystem = statvfs()
         self.readOnly = statvfs(backingPath, &filesystem) == 0 && filesystem.f_flag & UInt(ST_RDONLY) != 0
         self.options = options.served
+        storeAttributes = try BackingStore.attributes(of: backingPath, wanted: options.storeAttributes)
         self.engine = engine
         self.metrics = metrics
     }
@@ -107,7 +111,7 @@ public final class FUSEMount: @unchecked Sendable {
             throw .backingUnreadable(backing, error)
         }
         let root = Inode(fd: rootFD, device: UInt64(rootAttributes.st_dev), number: UInt64(rootAttributes.st_ino), fileType: S_IFDIR)
-        let filesystem = MountFileSystem(root: root, options: options, engine: engine, metrics: metrics)
+        let filesystem = MountFileSystem(root: root, options: options, storeAttributes: storeAttributes, engine: engine, metrics: metrics)
         filesystem.mountPointPath = mountPoint
 
         var arguments = ["custodyd", "-o", mountOptionString()]

@@ -15,7 +15,7 @@ import Glibc
 /// It runs for an identity when its name key appears (its first unlock since the daemon started,
 /// an enrolment, a recovery), and leaves for a later run what it cannot do now: a file open at
 /// the moment, a header whose class key is locked away. A pass that left nothing notes the
-/// identity's key tag on the backing directory (`completedAttribute`), and no pass runs for it
+/// identity's key tag on the backing directory (`StoreAttributes.upgraded`), and no pass runs for it
 /// there again: nothing written since is in an earlier format. A version 1 file (every zero block
 /// a hole, which a newer header would not mean) is written anew in the current format, as
 /// re-protection writes a file (`MountFileSystem.reprotect`); one with several hard links keeps
@@ -49,7 +49,6 @@ final class FormatUpgrade: @unchecked Sendable {
     }
 
     /// On the backing directory: `v3:` and the key tags of the identities whose pass completed.
-    static let completedAttribute = "trusted.custody.upgraded"
     static let completedVersion = "v3:"
 
     @discardableResult
@@ -75,7 +74,7 @@ final class FormatUpgrade: @unchecked Sendable {
         var buffer = [UInt8](repeating: 0, count: 65536)
         let path = filesystem.attributePath(of: root)
         let count = buffer.withUnsafeMutableBytes { bytes in
-            (try? Syscall.getxattr(path, Self.completedAttribute, bytes.baseAddress, bytes.count)) ?? 0
+            (try? Syscall.getxattr(path, filesystem.storeAttributes.upgraded, bytes.baseAddress, bytes.count)) ?? 0
         }
         let text = String(decoding: buffer.prefix(max(0, count)), as: UTF8.self)
         guard text.hasPrefix(Self.completedVersion) else { return [] }
@@ -86,7 +85,7 @@ final class FormatUpgrade: @unchecked Sendable {
         let value = Array((Self.completedVersion + tags.sorted().joined(separator: ",")).utf8)
         let path = filesystem.attributePath(of: root)
         do throws(Errno) {
-            try value.withBytes { (bytes) throws(Errno) in try Syscall.setxattr(path, Self.completedAttribute, bytes.baseAddress, bytes.count, 0) }
+            try value.withBytes { (bytes) throws(Errno) in try Syscall.setxattr(path, filesystem.storeAttributes.upgraded, bytes.baseAddress, bytes.count, 0) }
         } catch {
             filesystem.log("cannot note the format upgrade as complete on the backing directory (\(error)): it runs again at the next start")
         }
@@ -99,7 +98,7 @@ final class FormatUpgrade: @unchecked Sendable {
             guard let attributes = try? Syscall.fstatat(directory.fd, name.cString, AT_SYMLINK_NOFOLLOW) else { continue }
             let kind = attributes.st_mode & S_IFMT
             var stored = name
-            if kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: directory.fd, name: name.cString),
+            if kind == S_IFREG || kind == S_IFDIR, let record = try? OwnerRecord.load(in: directory.fd, name: name.cString, names: filesystem.storeAttributes),
                filesystem.record(record, isOf: account) {
                 // A record by key ID was written by this version (or upgraded, last): only one
                 // that names the owner has a header or a record to upgrade. The header goes
@@ -128,7 +127,7 @@ final class FormatUpgrade: @unchecked Sendable {
         let protection = filesystem.protection(of: inode)
         guard let record = filesystem.ownerRecord(for: protection), record.owner == nil else { return }
         do throws(FormatError) {
-            try record.store(at: inode.procPath)
+            try record.store(at: inode.procPath, names: filesystem.storeAttributes)
             counts.records += 1
         } catch {
             counts.left += 1
@@ -147,7 +146,7 @@ final class FormatUpgrade: @unchecked Sendable {
             guard state.openHandles == 0, state.content == nil else { return false }
             guard let fd = try? Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC) else { return false }
             defer { Syscall.close(fd) }
-            let storage = DescriptorStorage(fd: fd)
+            let storage = DescriptorStorage(fd: fd, attributes: filesystem.storeAttributes)
             guard let header = try? ProtectedFile.readHeader(from: storage) else { return false }
             guard header.owner != nil else { return nil }
             if header.version == 1 {

@@ -14,6 +14,8 @@ public enum MountError: Error, Equatable, CustomStringConvertible {
     case fuseUnavailable(Errno)
     case sessionFailed(String)
     case mountFailed(String)
+    /// The store's extended attributes cannot hold Custody's records as asked (`StoreAttributes`).
+    case storeAttributes(String, String)
 
     public var description: String {
         switch self {
@@ -41,6 +43,8 @@ public enum MountError: Error, Equatable, CustomStringConvertible {
             return "could not create the FUSE session: \(detail)"
         case .mountFailed(let path):
             return "mounting at \(path) failed (see the message above)"
+        case .storeAttributes(let path, let reason):
+            return "backing directory \(path): \(reason)"
         }
     }
 }

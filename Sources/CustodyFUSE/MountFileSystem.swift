@@ -60,6 +60,9 @@ final class MountFileSystem: @unchecked Sendable {
     let rootReserve: RootReserve
     /// The name keys last taken from the engine (`heldNameKeys`).
     let nameKeyCache = Mutex<NameKeySet>(.empty)
+    /// The names of the store's records (`StoreAttributes`: `trusted.custody.*`, or
+    /// `user.custody.store.*` on a store that keeps only `user.*` attributes).
+    let storeAttributes: StoreAttributes
     /// Directory tweaks made so far (`DirectoryTweakState.none`).
     let tweaksMade = Atomic<UInt64>(0)
     /// The owners of key IDs in owner records (`protection(from:)`), for the engine's owner
@@ -70,7 +73,9 @@ final class MountFileSystem: @unchecked Sendable {
     /// (`MadeDirectoryNames`).
     let formChanges = Atomic<UInt64>(0)
 
-    init(root: Inode, options: MountOptions, engine: Engine?, metrics: MountMetrics? = nil, descriptorLimit: Int = InodePruner.descriptorLimit()) {
+    init(root: Inode, options: MountOptions, storeAttributes: StoreAttributes = .trusted, engine: Engine?, metrics: MountMetrics? = nil,
+         descriptorLimit: Int = InodePruner.descriptorLimit()) {
+        self.storeAttributes = storeAttributes
         let inodes = InodeTable(root: root)
         self.inodes = inodes
         self.root = root

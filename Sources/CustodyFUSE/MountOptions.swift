@@ -1,3 +1,5 @@
+import CustodyFormat
+
 /// How a mount talks to the kernel: caching, threads, who may use it.
 public struct MountOptions: Sendable, Equatable {
     /// Seconds the kernel may cache a name → node mapping.
@@ -48,6 +50,10 @@ public struct MountOptions: Sendable, Equatable {
     /// by the next open of its path (close-to-open, as NFS promises); attributes may be up to
     /// `attributeTimeout` old until then.
     public var sharedStore: Bool = false
+    /// The namespace of the extended attributes the store's records are in (`StoreAttributes`):
+    /// nil decides by the store (the marker on its root; else `trusted` where the store keeps
+    /// it, `user` where it keeps only that, as NFS does).
+    public var storeAttributes: StoreAttributes.Namespace? = nil
     /// Create nothing (EACCES, a `policyRequired` event) until the accounts the configuration
     /// declares are enrolled (`Engine.mayCreate`), instead of serving plain files before any
     /// policy exists.

@@ -119,13 +119,13 @@ final class PolicyReprotection: @unchecked Sendable {
                 if earlierNames.contains(where: { name.hasPrefix($0) }) { found.names.append(path) }
                 if attributes.st_mode & S_IFMT == S_IFDIR,
                    let child = try? Syscall.openat(fd, name.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) {
-                    if let record = try? OwnerRecord.load(on: child), filesystem.record(record, isOf: account), earlier(record) {
+                    if let record = try? OwnerRecord.load(on: child, names: filesystem.storeAttributes), filesystem.record(record, isOf: account), earlier(record) {
                         found.directories.append(path)
                     }
                     walk(child, path)
                     Syscall.close(child)
                 } else if attributes.st_mode & S_IFMT == S_IFREG,
-                          let record = try? OwnerRecord.load(in: fd, name: name.cString),
+                          let record = try? OwnerRecord.load(in: fd, name: name.cString, names: filesystem.storeAttributes),
                           filesystem.record(record, isOf: account) {
                     found.files.append(path)
                     if earlier(record) { found.rewrite.insert(path) }
@@ -221,7 +221,7 @@ extension MountFileSystem {
     func storeRecord(of directory: Inode) throws(Errno) {
         let protection = protection(of: directory)
         guard let record = ownerRecord(for: protection) else { return }
-        try asErrno { () throws(FormatError) in try record.store(at: attributePath(of: directory)) }
+        try asErrno { () throws(FormatError) in try record.store(at: attributePath(of: directory), names: storeAttributes) }
     }
 
     /// A new protection level for an encrypted file: the same file key, wrapped for the new class,
@@ -230,7 +230,7 @@ extension MountFileSystem {
         guard let engine else { throw Errno.notSupported }
         let fd = try Syscall.open(inode.procPath, O_RDWR | O_CLOEXEC)
         defer { Syscall.close(fd) }
-        let storage = DescriptorStorage(fd: fd)
+        let storage = DescriptorStorage(fd: fd, attributes: storeAttributes)
         do throws(FormatError) {
             let header = try ProtectedFile.readHeader(from: storage)
             let lease: FileKeyLease
@@ -240,7 +240,7 @@ extension MountFileSystem {
             try storage.writeBytes(moved.encoded(), at: 0)
             try storage.sync()
             guard let owner = protection(of: inode).owner else { throw FormatError.unsupported("no owner") }
-            try ownerRecord(for: .encrypted(owner, protectionClass))?.store(at: inode.procPath)
+            try ownerRecord(for: .encrypted(owner, protectionClass))?.store(at: inode.procPath, names: storeAttributes)
             inode.protectionState.withLock { $0.protection = .encrypted(owner, protectionClass) }
         } catch .unsupported {
             throw Errno.accessDenied

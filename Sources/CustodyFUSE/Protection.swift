@@ -113,7 +113,7 @@ extension MountFileSystem {
         var found = Protection.untracked
         if inode.isRegularFile || inode.isDirectory {
             let record = try? OwnerRecord.load { (bytes) throws(Errno) in
-                try backingGetxattr(inode, lookedUpAs: entry, OwnerRecord.attributeName, bytes.baseAddress, bytes.count)
+                try backingGetxattr(inode, lookedUpAs: entry, storeAttributes.owner, bytes.baseAddress, bytes.count)
             }
             let (read, settled) = protection(from: record)
             found = read
@@ -237,7 +237,7 @@ extension MountFileSystem {
     func applyProtection(_ protection: Protection, classKey: ClassKey?, fd: Int32, inode: Inode?, isNew: Bool = false) throws(Errno) -> ProtectedContent? {
         func writeRecord() throws(Errno) {
             try asErrno { () throws(FormatError) in
-                if let record = ownerRecord(for: protection) { try record.store(on: fd) } else { try OwnerRecord.remove(from: fd) }
+                if let record = ownerRecord(for: protection) { try record.store(on: fd, names: storeAttributes) } else { try OwnerRecord.remove(from: fd, names: storeAttributes) }
             }
         }
         if isNew { try writeRecord() }
@@ -247,7 +247,7 @@ extension MountFileSystem {
             let fileKey = try asErrno { () throws(CryptoError) in try SecretBytes.random(count: 32) }
             let duplicate = try Syscall.dup(fd)
             let file = try asErrno({ () throws(FormatError) in
-                try ProtectedFile.create(on: DescriptorStorage(fd: duplicate), owner: nil, protectionClass: protectionClass,
+                try ProtectedFile.create(on: DescriptorStorage(fd: duplicate, attributes: storeAttributes), owner: nil, protectionClass: protectionClass,
                                          classKey: classKey, fileKey: fileKey, storageIsEmpty: isNew)
             }, failed: { _ in Syscall.close(duplicate) })
             let lease = try asErrno({ () throws(EngineError) in try engine.adoptFileKey(fileKey, header: file.header) },
@@ -293,7 +293,7 @@ extension MountFileSystem {
             // whole of most files) with one disk request instead of two.
             Syscall.willNeed(fd, offset: 0, length: Self.openReadAhead)
             do throws(Errno) {
-                let storage = DescriptorStorage(fd: fd)
+                let storage = DescriptorStorage(fd: fd, attributes: storeAttributes)
                 // The owner record says encrypted: a header that is not one is damage.
                 let header = try asErrno({ () throws(FormatError) in try ProtectedFile.readHeader(from: storage) },
                                          failed: { noteTampering($0, of: inode, owner: state.protection?.owner?.canonical) })

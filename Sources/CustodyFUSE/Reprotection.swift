@@ -69,7 +69,7 @@ extension MountFileSystem {
             }
             let protection: Protection = owner.map { .plain($0) } ?? .untracked
             try asErrno { () throws(FormatError) in
-                if let record = ownerRecord(for: protection) { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
+                if let record = ownerRecord(for: protection) { try record.store(at: inode.procPath, names: storeAttributes) } else { try OwnerRecord.remove(at: inode.procPath, names: storeAttributes) }
             }
             inode.protectionState.withLock { $0.protection = protection }
             try forEachChild(of: inode) { (child, childID) throws(Errno) in
@@ -132,7 +132,7 @@ extension MountFileSystem {
         if !current.isEncrypted, !wanted.isEncrypted {
             // Between plain forms the bytes stay: only the record changes.
             try asErrno { () throws(FormatError) in
-                if let record = ownerRecord(for: wanted) { try record.store(at: inode.procPath) } else { try OwnerRecord.remove(at: inode.procPath) }
+                if let record = ownerRecord(for: wanted) { try record.store(at: inode.procPath, names: storeAttributes) } else { try OwnerRecord.remove(at: inode.procPath, names: storeAttributes) }
             }
             inode.protectionState.withLock { $0.protection = wanted }
             return
@@ -227,7 +227,7 @@ extension MountFileSystem {
         let count = try names.withMutableBytes { (b) throws(Errno) in try Syscall.listxattr(source, b.baseAddress?.assumingMemoryBound(to: CChar.self), size) }
         for entry in names[0..<count].split(separator: 0) {
             let name = String(decoding: entry.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            guard !name.hasPrefix(Self.hiddenPrefix) else { continue }
+            guard !name.hasPrefix(storeAttributes.prefix) else { continue }
             let length = try Syscall.getxattr(source, name, nil, 0)
             var value = [UInt8](repeating: 0, count: max(length, 1))
             let got = try value.withMutableBytes { (b) throws(Errno) in try Syscall.getxattr(source, name, b.baseAddress, length) }

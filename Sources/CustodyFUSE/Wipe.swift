@@ -79,9 +79,9 @@ final class MountWipe: WipeHandler, OwnedObjectLister, @unchecked Sendable {
                 let child = try Syscall.openat(fd, name.cString, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
                 defer { Syscall.close(child) }
                 // Names are shown decrypted where the identity's key is held (listing only).
-                let childTweak = path == nil ? nil : (try? DirectoryTweak.read(fd: child)) ?? nil
+                let childTweak = path == nil ? nil : (try? DirectoryTweak.read(fd: child, names: filesystem.storeAttributes)) ?? nil
                 let empty = try self.walk(directory: child, directoryID: childID, shown: path, tweak: childTweak, &walk, progress: progress, visit: visit)
-                guard walk.going, named || owns(walk.account, (try? OwnerRecord.load(on: child)) ?? nil) else { continue }
+                guard walk.going, named || owns(walk.account, (try? OwnerRecord.load(on: child, names: filesystem.storeAttributes)) ?? nil) else { continue }
                 if let path {
                     walk.going = visit(OwnedObject(path: path, kind: .directory, size: 0, bytesOnDisk: UInt64(attributes.st_blocks) * 512,
                                                    encrypted: false, wipeDeletes: empty))
@@ -91,7 +91,7 @@ final class MountWipe: WipeHandler, OwnedObjectLister, @unchecked Sendable {
                     remaining -= 1
                 }
             } else if kind == S_IFREG {
-                let record = (try? OwnerRecord.load(in: fd, name: name.cString)) ?? nil
+                let record = (try? OwnerRecord.load(in: fd, name: name.cString, names: filesystem.storeAttributes)) ?? nil
                 guard let record, owns(walk.account, record) else { continue }
                 remaining -= 1
                 if let path {

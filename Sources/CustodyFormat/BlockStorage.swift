@@ -45,9 +45,13 @@ public final class DescriptorStorage: BlockStorage {
     public let fd: Int32
     private let closeOnDeinit: Bool
 
-    public init(fd: Int32, closeOnDeinit: Bool = false) {
+    /// The store's attribute names: where the hole record is kept.
+    public let attributes: StoreAttributes
+
+    public init(fd: Int32, closeOnDeinit: Bool = false, attributes: StoreAttributes = .trusted) {
         self.fd = fd
         self.closeOnDeinit = closeOnDeinit
+        self.attributes = attributes
     }
 
     deinit { if closeOnDeinit { Syscall.close(fd) } }
@@ -75,14 +79,13 @@ public final class DescriptorStorage: BlockStorage {
     }
 
     /// The hole record lives in an extended attribute of the backing file (root-only
-    /// `trusted.*`, as the owner record; hidden in the mount).
-    public static let holeRecordAttribute = "trusted.custody.holes"
+    /// `trusted.*`, as the owner record, or `StoreAttributes.holes`; hidden in the mount).
 
     public func readHoleRecord() throws(FormatError) -> [UInt8]? {
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         let result: Result<Int, Errno> = buffer.withUnsafeMutableBytes { raw in
             do throws(Errno) {
-                return .success(try Syscall.fgetxattr(fd, Self.holeRecordAttribute, raw.baseAddress, raw.count))
+                return .success(try Syscall.fgetxattr(fd, attributes.holes, raw.baseAddress, raw.count))
             } catch {
                 return .failure(error)
             }
@@ -97,9 +100,9 @@ public final class DescriptorStorage: BlockStorage {
     public func writeHoleRecord(_ record: [UInt8]?) throws(FormatError) {
         do throws(Errno) {
             if let record {
-                try record.withBytes { (raw) throws(Errno) in try Syscall.fsetxattr(fd, Self.holeRecordAttribute, raw.baseAddress, raw.count, 0) }
+                try record.withBytes { (raw) throws(Errno) in try Syscall.fsetxattr(fd, attributes.holes, raw.baseAddress, raw.count, 0) }
             } else {
-                do throws(Errno) { try Syscall.fremovexattr(fd, Self.holeRecordAttribute) } catch where error == .noData {}
+                do throws(Errno) { try Syscall.fremovexattr(fd, attributes.holes) } catch where error == .noData {}
             }
         } catch {
             throw .io(error)

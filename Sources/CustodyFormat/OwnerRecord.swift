@@ -2,7 +2,8 @@
 /// it: on ext4 a small attribute sits in the inode, so checking it costs no extra disk read.
 ///
 /// Attribute `trusted.custody.owner` (only root can read or set `trusted.*`, so users cannot forge
-/// it from the backing store). Version 1 names the owner: `1 ‖ kind (1): 0 plain, 1 encrypted ‖
+/// it from the backing store; `user.custody.store.owner` on a store that keeps only `user.*`
+/// attributes: `StoreAttributes`). Version 1 names the owner: `1 ‖ kind (1): 0 plain, 1 encrypted ‖
 /// protection class (1) ‖ canonical length (1) ‖ canonical ‖ display length (1) ‖ display`, UTF-8,
 /// lengths 1…180 (an unmanaged identity's record, and any record written before version 2).
 /// Version 2 names a managed identity by a key ID instead: `2 ‖ kind ‖ protection class ‖ key ID
@@ -88,16 +89,16 @@ import CustodySystem
 
 extension OwnerRecord {
     /// Writes this record on the stored file at `path` (needs root: `trusted.*`).
-    public func store(at path: String) throws(FormatError) {
+    public func store(at path: String, names: StoreAttributes = .trusted) throws(FormatError) {
         try storeEncoded { (bytes) throws(Errno) in
-            try Syscall.setxattr(path, Self.attributeName, bytes.baseAddress, bytes.count, 0)
+            try Syscall.setxattr(path, names.owner, bytes.baseAddress, bytes.count, 0)
         }
     }
 
     /// Writes this record on the open stored file `fd` (not an `O_PATH` descriptor).
-    public func store(on fd: Int32) throws(FormatError) {
+    public func store(on fd: Int32, names: StoreAttributes = .trusted) throws(FormatError) {
         try storeEncoded { (bytes) throws(Errno) in
-            try Syscall.fsetxattr(fd, Self.attributeName, bytes.baseAddress, bytes.count, 0)
+            try Syscall.fsetxattr(fd, names.owner, bytes.baseAddress, bytes.count, 0)
         }
     }
 
@@ -111,9 +112,9 @@ extension OwnerRecord {
     }
 
     /// Removes the record from the open stored file `fd` (not an `O_PATH` descriptor).
-    public static func remove(from fd: Int32) throws(FormatError) {
+    public static func remove(from fd: Int32, names: StoreAttributes = .trusted) throws(FormatError) {
         do {
-            try Syscall.fremovexattr(fd, attributeName)
+            try Syscall.fremovexattr(fd, names.owner)
         } catch where error == .noData {
         } catch {
             throw .io(error)
@@ -121,24 +122,24 @@ extension OwnerRecord {
     }
 
     /// The record on the stored file at `path`, or nil when it has none.
-    public static func load(from path: String) throws(FormatError) -> OwnerRecord? {
-        try load { (bytes) throws(Errno) in try Syscall.getxattr(path, attributeName, bytes.baseAddress, bytes.count) }
+    public static func load(from path: String, names: StoreAttributes = .trusted) throws(FormatError) -> OwnerRecord? {
+        try load { (bytes) throws(Errno) in try Syscall.getxattr(path, names.owner, bytes.baseAddress, bytes.count) }
     }
 
     /// The record on the open stored file or directory `fd` (not an `O_PATH` descriptor), or nil
     /// when it has none.
-    public static func load(on fd: Int32) throws(FormatError) -> OwnerRecord? {
-        try load { (bytes) throws(Errno) in try Syscall.fgetxattr(fd, attributeName, bytes.baseAddress, bytes.count) }
+    public static func load(on fd: Int32, names: StoreAttributes = .trusted) throws(FormatError) -> OwnerRecord? {
+        try load { (bytes) throws(Errno) in try Syscall.fgetxattr(fd, names.owner, bytes.baseAddress, bytes.count) }
     }
 
     /// The record of `name` in the directory `directory` (a symlink's own, never its target's);
     /// nil when it has none. One system call where the kernel has `getxattrat`.
-    public static func load(in directory: Int32, name: UnsafePointer<CChar>) throws(FormatError) -> OwnerRecord? {
-        try load { (bytes) throws(Errno) in try Syscall.getxattr(in: directory, name, attributeName, bytes.baseAddress, bytes.count) }
+    public static func load(in directory: Int32, name: UnsafePointer<CChar>, names: StoreAttributes = .trusted) throws(FormatError) -> OwnerRecord? {
+        try load { (bytes) throws(Errno) in try Syscall.getxattr(in: directory, name, names.owner, bytes.baseAddress, bytes.count) }
     }
 
-    /// Reads the attribute with `read` (into a buffer, returning its length; `attributeName` is
-    /// the attribute to read) and decodes it; nil when `read` finds no such attribute.
+    /// Reads the attribute with `read` (into a buffer, returning its length; the store's `owner`
+    /// attribute is the one to read) and decodes it; nil when `read` finds no such attribute.
     public static func load(_ read: (UnsafeMutableRawBufferPointer) throws(Errno) -> Int) throws(FormatError) -> OwnerRecord? {
         var buffer = [UInt8](repeating: 0, count: 512)
         let count: Int
@@ -153,9 +154,9 @@ extension OwnerRecord {
     }
 
     /// Removes the record (the file becomes untracked).
-    public static func remove(at path: String) throws(FormatError) {
+    public static func remove(at path: String, names: StoreAttributes = .trusted) throws(FormatError) {
         do {
-            try Syscall.removexattr(path, attributeName)
+            try Syscall.removexattr(path, names.owner)
         } catch where error == .noData {
         } catch {
             throw .io(error)

@@ -76,6 +76,9 @@ struct Custodyd: ParsableCommand {
     @Flag(help: "Other daemons, on this host or others, serve the same backing directory (shared_store = true; an NFS export, say): no writeback cache, names looked up at every path walk, file pages and listings read again at each open (close-to-open).")
     var sharedStore = false
 
+    @Option(help: ArgumentHelp("Where the store keeps Custody's records: trusted (trusted.custody.* attributes, only root's) or user (user.custody.store.*, for stores that keep only user attributes, as NFS does). Left out, the store decides (store_attributes).", valueName: "namespace"))
+    var storeAttributes: String?
+
     @Option(help: ArgumentHelp("Most FUSE request threads: those reading /dev/fuse, or with request rings the workers serving requests that may wait (fsync, large reads and writes).", valueName: "n"))
     var threads: Int = 8
 
@@ -286,6 +289,10 @@ struct Custodyd: ParsableCommand {
             mount.threads = threads
             mount.policyRequired = policyRequired
             mount.sharedStore = sharedStore
+            mount.storeAttributes = try storeAttributes.map { (value) throws -> StoreAttributes.Namespace in
+                guard let namespace = StoreAttributes.Namespace(rawValue: value) else { throw ValidationError("--store-attributes takes trusted or user") }
+                return namespace
+            }
             configuration.mounts.insert(mount, at: 0)
         }
     }

@@ -226,6 +226,7 @@ final class Daemon: @unchecked Sendable {
         options.encryptNames = mount.encryptNames
         options.policyRequired = mount.policyRequired
         options.sharedStore = mount.sharedStore
+        options.storeAttributes = mount.storeAttributes
         options.handleSignals = false
         return options
     }
@@ -257,12 +258,15 @@ final class Daemon: @unchecked Sendable {
             return false
         }
         logger.info("serving \(running.mount.backing) at \(running.mount.mountPoint); requests through \(running.mount.requestTransport)")
+        if running.mount.storeAttributes.namespace == .user {
+            logger.notice("\(running.mount.backing) keeps Custody's records in user.custody.store.* attributes (it keeps no trusted.* ones): only the daemons may reach it")
+        }
         if running.mount.readOnly {
             logger.warning("\(running.mount.mountPoint) is read-only: \(running.mount.backing) is on a read-only file system; files read (encrypted ones with their keys), and every change fails with EROFS")
         }
         // Does the state know the owners of the files this mount protects? (Reported as events.)
-        let (engine, backing) = (self.engine, running.mount.backing)
-        DispatchQueue.global(qos: .utility).async { engine.checkOwners(in: backing) }
+        let (engine, backing, names) = (self.engine, running.mount.backing, running.mount.storeAttributes)
+        DispatchQueue.global(qos: .utility).async { engine.checkOwners(in: backing, records: names) }
         return true
     }
 

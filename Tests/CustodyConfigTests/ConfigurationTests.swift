@@ -117,6 +117,7 @@ final class ConfigurationTests: XCTestCase {
             low_latency = false
             encrypt_names = false
             shared_store = true
+            store_attributes = "user"
             """)
         XCTAssertEqual(configuration.stateDirectory, "/var/lib/custody")
         XCTAssertEqual(configuration.logLevel, "debug")
@@ -136,6 +137,8 @@ final class ConfigurationTests: XCTestCase {
         XCTAssertFalse(configuration.mounts[1].encryptNames)
         XCTAssertFalse(configuration.mounts[0].sharedStore)
         XCTAssertTrue(configuration.mounts[1].sharedStore)
+        XCTAssertNil(configuration.mounts[0].storeAttributes)
+        XCTAssertEqual(configuration.mounts[1].storeAttributes, .user)
     }
 
     func testErrorsNameTheLineAndTheKey() {
@@ -156,6 +159,7 @@ final class ConfigurationTests: XCTestCase {
             threads = 1000
             [[mount]]
             mount_point = "/m"
+            store_attributes = "security"
             """))
         let expected: Set<String> = [
             "test.toml:2: colour: unknown key",
@@ -168,6 +172,7 @@ final class ConfigurationTests: XCTestCase {
             "test.toml:12: mount[1].backing: must be an absolute path, not relative/path",
             "test.toml:14: mount[1].threads: must be between 1 and 256",
             "test.toml:15: mount[2]: missing key backing",
+            "test.toml:17: mount[2].store_attributes: must be \"trusted\" or \"user\"",
         ]
         XCTAssertEqual(found.subtracting(expected).sorted(), [], "unexpected errors")
         XCTAssertEqual(expected.subtracting(found).sorted(), [], "missing errors")
