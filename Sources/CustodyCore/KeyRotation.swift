@@ -113,7 +113,7 @@ extension Engine {
             state.keys[account.key] = keys
             state.accounts[index].keyIDs = Self.keyIDs(of: old.stored)
             state.accounts[index].nameTag = keys.nameKey?.tag
-            let earlier = keys.nameKeys.dropFirst().map(\.tag)
+            let earlier = keys.earlierNameKeys.map(\.tag)
             state.accounts[index].earlierNameTags = earlier.isEmpty ? nil : earlier
             state.accounts[index].reprotectPending = true
             return (state.accounts[index], accountsSnapshot(state))

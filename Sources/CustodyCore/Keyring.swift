@@ -104,10 +104,13 @@ struct Keyring {
         generations.first { $0.id(of: protectionClass) == id }
     }
 
-    /// The name keys of every generation, the current one first.
-    var nameKeys: [NameKey] {
-        [generations[current].nameKey].compactMap { $0 } + generations.indices.filter { $0 != current }.compactMap { generations[$0].nameKey }
+    /// The name keys of the generations new names do not get (held as their class C is).
+    var earlierNameKeys: [NameKey] {
+        generations.indices.filter { $0 != current }.compactMap { generations[$0].nameKey }
     }
+
+    /// The name keys of every generation, the current one first.
+    var nameKeys: [NameKey] { [nameKey].compactMap { $0 } + earlierNameKeys }
 
     /// Every generation's keys as they travel (`IdentityTransfer`), `classes` first; nil unless
     /// all are unlocked.

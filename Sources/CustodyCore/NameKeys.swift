@@ -63,11 +63,11 @@ extension Engine {
             let generation = nameKeyGenerationCounter.load(ordering: .acquiring)
             var byTag: [String: NameKey] = [:], all: [NameKey] = []
             for (key, keys) in state.keys {
-                let held = keys.nameKeys
-                for nameKey in held { byTag[nameKey.tag] = nameKey }
+                for nameKey in keys.nameKeys { byTag[nameKey.tag] = nameKey }
+                if let current = keys.nameKey { all.append(current) }
                 // Earlier generations' names are looked for only while they are being sealed again.
-                let converting = held.count > 1 && state.accounts.first(where: { $0.key == key })?.reprotectPending == true
-                all += converting ? held : Array(held.prefix(1))
+                let earlier = keys.earlierNameKeys
+                if !earlier.isEmpty, state.accounts.first(where: { $0.key == key })?.reprotectPending == true { all += earlier }
             }
             return NameKeySet(generation: generation, byTag: byTag, all: all)
         }
@@ -80,7 +80,7 @@ extension Engine {
             nameKeyGenerationCounter.add(1, ordering: .releasing)
             guard let keys = state.keys[key], let tag = keys.nameKey?.tag,
                   let index = state.accounts.firstIndex(where: { $0.key == key }) else { return nil }
-            let earlier = keys.nameKeys.dropFirst().map(\.tag)
+            let earlier = keys.earlierNameKeys.map(\.tag)
             guard state.accounts[index].nameTag != tag || (state.accounts[index].earlierNameTags ?? []) != earlier else { return nil }
             state.accounts[index].earlierNameTags = earlier.isEmpty ? nil : earlier
             state.accounts[index].nameTag = tag

@@ -59,7 +59,7 @@ extension Engine {
                         loaded.accounts[index].nameTag = tag
                         changes.accountsUpdated = true
                     }
-                    let earlier = keys.nameKeys.dropFirst().map(\.tag)
+                    let earlier = keys.earlierNameKeys.map(\.tag)
                     if !earlier.isEmpty, loaded.accounts[index].earlierNameTags != earlier {
                         loaded.accounts[index].earlierNameTags = earlier
                         changes.accountsUpdated = true

@@ -41,7 +41,7 @@ final class PolicyReprotection: @unchecked Sendable {
 
     private func run(_ identity: String) {
         guard let engine, let account = try? engine.account(identity) else { return }
-        let found = walk(account)
+        var found = walk(account)
         var pending = found.files
         var total = pending.count + found.directories.count + found.names.count
         var done = 0
@@ -71,7 +71,9 @@ final class PolicyReprotection: @unchecked Sendable {
             pending = busy
             if moved, walks < 3 {
                 walks += 1
-                let again = walk(account).files.filter { path in !busy.contains(path) }
+                let walked = walk(account)
+                let again = walked.files.filter { path in !busy.contains(path) }
+                found.rewrite.formUnion(walked.rewrite)
                 total += again.count
                 pending += again
             }
