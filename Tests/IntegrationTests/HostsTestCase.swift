@@ -1,4 +1,6 @@
+import CustodySystem
 import Foundation
+import Glibc
 import XCTest
 
 /// Tests with several daemons, each with a state directory (and so machine and host keys) of
@@ -29,6 +31,15 @@ class HostsTestCase: XCTestCase {
         let daemon = try MountedDaemon(extraArguments: hostArguments, prepare: prepare)
         daemons.append(daemon)
         return daemon
+    }
+
+    /// A new host serving `other`'s backing directory (as two hosts serve one NFS export): its
+    /// own backing path is a link to it.
+    func host(sharingStoreOf other: MountedDaemon) throws -> MountedDaemon {
+        try host { state in
+            let backing = URL(fileURLWithPath: state).deletingLastPathComponent().appendingPathComponent("backing").path
+            guard rmdir(backing) == 0, symlink(other.backing, backing) == 0 else { throw Errno.current }
+        }
     }
 
     /// A scratch directory, removed in `tearDown`.

@@ -16,11 +16,7 @@ final class SharedStoreTests: HostsTestCase {
     /// files become personal ones) and carried to the second.
     private func twoHosts() throws -> (MountedDaemon, MountedDaemon) {
         let first = try host()
-        let second = try host { state in
-            // The second host's backing directory is the first's (as an NFS mount of one export).
-            let backing = URL(fileURLWithPath: state).deletingLastPathComponent().appendingPathComponent("backing").path
-            guard rmdir(backing) == 0, symlink(first.backing, backing) == 0 else { throw Errno.current }
-        }
+        let second = try host(sharingStoreOf: first)
         let enrolled = try first.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "\#(Self.alice)", "policy": {"protectionLevel": "untilFirstAuth", "sendToOtherIdentities": "all"}}"#)
         XCTAssertEqual(enrolled.status, 201, enrolled.body)
         let key = try XCTUnwrap(try second.apiJSON("GET", "/v1/host-key").json["publicKey"] as? String)

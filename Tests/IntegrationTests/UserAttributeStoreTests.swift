@@ -103,10 +103,7 @@ final class UserAttributeStoreTests: HostsTestCase {
 
     func testTwoHostsShareAStoreWithUserRecords() throws {
         let first = try host()
-        let second = try host { state in
-            let backing = URL(fileURLWithPath: state).deletingLastPathComponent().appendingPathComponent("backing").path
-            guard rmdir(backing) == 0, symlink(first.backing, backing) == 0 else { throw Errno.current }
-        }
+        let second = try host(sharingStoreOf: first)
         for daemon in [first, second] { XCTAssertEqual(try daemon.api("GET", "/v1/status").status, 200) }
         try enrollAlice(first)
         let key = try XCTUnwrap(try second.apiJSON("GET", "/v1/host-key").json["publicKey"] as? String)
