@@ -157,6 +157,9 @@ extension Engine {
             }
             events.emit(.unlocked, identity: account.upn, "unlocked \(account.upn)", details: ["cause": cause])
         }
+        if let unlocked = try? self.account(account.id), unlocked.reprotectPending {
+            for volume in volumes { volume.unlocked(unlocked) }
+        }
     }
 
     /// Unlocks every identity that has no passphrase; returns those that still need one.

@@ -35,6 +35,9 @@ public protocol ProtectedVolume: AnyObject, WipeHandler, OwnedObjectLister {
     /// stored under its earlier ones (file keys, owner records, names, symlink targets) is brought
     /// to the new one in the background.
     func keysRotated(_ account: Account)
+    /// `account` was unlocked: what re-protection could not do while its keys were locked away
+    /// (`reprotectPending` still set) is tried again.
+    func unlocked(_ account: Account)
     /// A wipe of `account` starts: the cached pages of its files go.
     func wipeStarting(_ account: Account)
     /// `account`'s name key went (a wipe, or deregistering): names the kernel holds decrypted go.
@@ -53,6 +56,7 @@ public protocol ProtectedVolume: AnyObject, WipeHandler, OwnedObjectLister {
 
 extension ProtectedVolume {
     public func keysRotated(_ account: Account) {}
+    public func unlocked(_ account: Account) {}
     public func namesHidden(_ account: Account) {}
     public func namesRevealed(_ account: Account) {}
 

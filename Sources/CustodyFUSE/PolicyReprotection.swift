@@ -44,7 +44,7 @@ final class PolicyReprotection: @unchecked Sendable {
         var found = walk(account)
         var pending = found.files
         var total = pending.count + found.directories.count + found.names.count
-        var done = 0
+        var done = 0, failed = 0
         var reported = monotonicSeconds()
         // A file renamed since the walk is not found by its old names: the tree is walked again
         // (a few times at most) for what is left, so that a rename does not leave a file behind.
@@ -57,7 +57,7 @@ final class PolicyReprotection: @unchecked Sendable {
                 case .done: done += 1
                 case .busy: busy.append(path)
                 case .moved: moved = true
-                case .failed: continue
+                case .failed: failed += 1
                 }
                 // Progress about five times a second on big trees.
                 if monotonicSeconds() - reported > 0.2 {
@@ -83,10 +83,13 @@ final class PolicyReprotection: @unchecked Sendable {
         // records, then names, the deepest first, so that no path walked later has changed.
         for path in found.directories { if rerecord(path) { done += 1 } }
         for path in found.names.sorted(by: { $0.count > $1.count }) { if rename(path, for: account) { done += 1 } }
-        if pending.isEmpty { try? engine.reprotectFinished(account.id) }
-        engine.events.emit(.reprotectFinished, identity: account.upn,
-                           pending.isEmpty ? "re-protected \(account.upn)'s files" : "re-protection of \(account.upn) left \(pending.count) open files",
-                           details: ["done": "\(done)", "total": "\(total)", "left": "\(pending.count)"])
+        // A file that could not be brought over (its class key locked away, say) keeps the account
+        // marked: the next pass (at an unlock, a start of the mount, a change) tries it again.
+        if pending.isEmpty, failed == 0 { try? engine.reprotectFinished(account.id) }
+        let message = failed > 0 ? "re-protection of \(account.upn) could not bring \(failed) files over yet"
+            : pending.isEmpty ? "re-protected \(account.upn)'s files" : "re-protection of \(account.upn) left \(pending.count) open files"
+        engine.events.emit(.reprotectFinished, identity: account.upn, message,
+                           details: ["done": "\(done)", "total": "\(total)", "left": "\(pending.count)", "failed": "\(failed)"])
     }
 
     enum Outcome { case done, busy, moved, failed }

@@ -49,6 +49,10 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
         reprotection?.start(for: account)
     }
 
+    func unlocked(_ account: Account) {
+        if account.reprotectPending { reprotection?.start(for: account) }
+    }
+
     func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {
         try wipe.wipeFiles(of: account, progress: progress)
     }

@@ -78,4 +78,28 @@ final class PolicyReprotectionTests: XCTestCase {
         let contents = try mustRun(["sh", "-c", "cd '\(daemon.mountPoint)' && \(names) && cat \"$latin1/$mark.txt\" \"$mark/$latin1.txt\" \"$latin1.txt\""])
         XCTAssertEqual(contents, "MARKER-BYTES\nMARKER-BYTES\nMARKER-BYTES\n")
     }
+
+    /// A policy that needs keys the lock withholds (class A, made while locked): the files wait,
+    /// the account stays marked, and the unlock brings them over.
+    func testFilesThatNeedLockedKeysWaitForTheUnlock() throws {
+        daemon = try MountedDaemon(extraArguments: ["--multi-identity", "--default-identity", "0=alice@contoso.com", "--lock-grace-period", "0"])
+        let enrolled = try daemon.api("POST", "/v1/accounts", #"{"id": "alice-oid", "upn": "alice@contoso.com", "passphrase": "her passphrase", "policy": {"protectionLevel": "untilFirstAuth"}}"#)
+        XCTAssertEqual(enrolled.status, 201, enrolled.body)
+        let names = (0..<5).map { "doc\($0).txt" }
+        for name in names { try writeFile(daemon.mnt(name), bytes("content of \(name)")) }
+        XCTAssertEqual(try daemon.api("POST", "/v1/accounts/alice@contoso.com/lock").status, 200)
+
+        try putPolicy(#"{"protectionLevel": "complete"}"#)
+        try eventually("the pass ran and could not bring the files over", timeout: 30) {
+            (try? self.daemon.api("GET", "/v1/events?follow=false").body.contains(#""failed":"5""#)) == true
+        }
+        XCTAssertTrue(try daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":true"#), "still marked")
+        XCTAssertTrue(names.allSatisfy { xattr(daemon.mnt($0), "user.custody.class") == "untilFirstAuth" }, "nothing changed while locked")
+
+        let unlocked = try daemon.api("POST", "/v1/accounts/alice@contoso.com/unlock", #"{"passphrase": "her passphrase"}"#)
+        XCTAssertEqual(unlocked.status, 200, unlocked.body)
+        try eventually("the unlock brings them over", timeout: 30) { names.allSatisfy { xattr(self.daemon.mnt($0), "user.custody.class") == "complete" } }
+        try eventually("the account is no longer marked", timeout: 30) { (try? self.daemon.api("GET", "/v1/accounts/alice@contoso.com").body.contains(#""reprotectPending":false"#)) == true }
+        for name in names { XCTAssertEqual(try readFile(daemon.mnt(name)), bytes("content of \(name)")) }
+    }
 }
