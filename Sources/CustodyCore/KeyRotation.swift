@@ -21,10 +21,7 @@ extension Engine {
     public func rotateKeys(_ identity: String) throws(EngineError) -> Account {
         let account = try self.account(identity)
         guard account.isEnrolled else { throw .notEnrolled(account.upn) }
-        let (stored, root) = try unlockedKeybag(of: account)
-        guard let rootD = state.withLock({ $0.keys[account.key]?.rootClassD }), let secrets = Keybags.rootSecrets(root, classD: rootD) else {
-            throw .locked(account.upn, .complete)
-        }
+        let (stored, root, secrets) = try firstGeneration(of: account)
         let fresh: TransferredClassKeys
         do {
             fresh = TransferredClassKeys(symmetric: [.complete: (try Random.bytes(FileHeader.classKeyIDSize), try SecretBytes.random(count: 32)),
@@ -37,11 +34,7 @@ extension Engine {
         var updated = stored
         updated.generations = (stored.generations ?? []) + [try Keybags.generation(of: fresh, in: stored, root: secrets, made: wallClockSeconds())]
         updated.currentGeneration = updated.generations?.count
-        let rotated = try adoptGenerations(updated, of: account, root: root)
-        events.emit(.keysRotated, identity: rotated.upn, "\(rotated.upn) has new keys; its files are being brought to them",
-                    details: ["generation": "\(updated.currentGeneration ?? 0)", "generations": "\((updated.generations?.count ?? 0) + 1)"])
-        for volume in volumes { volume.keysRotated(rotated) }
-        return rotated
+        return try adoptGenerations(updated, of: account, root: root, from: nil)
     }
 
     /// Whether an export's generations (`theirs`, each generation's four key IDs) would add to
@@ -59,10 +52,7 @@ extension Engine {
     /// rotated on another host; its generations here must all be among them), under this
     /// keybag's own first generation, and makes `keys`' current generation the one new files get.
     func addGenerations(_ keys: TransferredKeys, to account: Account, from host: String) throws(EngineError) -> Account {
-        let (stored, root) = try unlockedKeybag(of: account)
-        guard let rootD = state.withLock({ $0.keys[account.key]?.rootClassD }), let secrets = Keybags.rootSecrets(root, classD: rootD) else {
-            throw .locked(account.upn, .complete)
-        }
+        let (stored, root, secrets) = try firstGeneration(of: account)
         guard keys.generations.indices.contains(keys.current) else {
             throw .identityExportInvalid("its current generation \(keys.current) is not one of its \(keys.generations.count)")
         }
@@ -76,11 +66,18 @@ extension Engine {
             throw .identityExportInvalid("its current generation is not among its generations")
         }
         updated.currentGeneration = current
-        let rotated = try adoptGenerations(updated, of: account, root: root)
-        events.emit(.keysRotated, identity: rotated.upn, "\(rotated.upn) has the new keys of host \(host); its files are being brought to them",
-                    details: ["generation": "\(current)", "generations": "\(known.count)", "importedFrom": host])
-        for volume in volumes { volume.keysRotated(rotated) }
-        return rotated
+        return try adoptGenerations(updated, of: account, root: root, from: host)
+    }
+
+    /// `account`'s stored keybag, the classes A, B and C of its first generation (which its
+    /// protectors wrap), and the secrets every later generation is wrapped under: `locked`
+    /// unless it is unlocked.
+    private func firstGeneration(of account: Account) throws(EngineError) -> (StoredKeybag, ClassKeys, [ProtectionClass: SecretBytes]) {
+        let (stored, root) = try unlockedKeybag(of: account)
+        guard let rootD = state.withLock({ $0.keys[account.key]?.rootClassD }), let secrets = Keybags.rootSecrets(root, classD: rootD) else {
+            throw .locked(account.upn, .complete)
+        }
+        return (stored, root, secrets)
     }
 
     /// Each generation's four key IDs (hex, in `IdentityTransfer.keyOrder`), `classes` first.
@@ -91,10 +88,11 @@ extension Engine {
         return [ids(stored.classes)] + (stored.generations ?? []).map { ids($0.classes) }
     }
 
-    /// Takes a keybag with new generations: saved, the identity's keyring made again from it (with
-    /// the lock state it has), its account's key IDs and name tags brought up to date, its files
-    /// marked for re-protection.
-    private func adoptGenerations(_ updated: StoredKeybag, of account: Account, root: ClassKeys) throws(EngineError) -> Account {
+    /// Takes a keybag with new generations (made here, or imported `from` another host): saved,
+    /// the identity's keyring made again from it (with the lock state it has), its account's key
+    /// IDs and name tags brought up to date, its files marked for re-protection, the event sent
+    /// and the mounts told.
+    private func adoptGenerations(_ updated: StoredKeybag, of account: Account, root: ClassKeys, from host: String?) throws(EngineError) -> Account {
         let file = files.path(files.keybagName(account.id))
         guard let secret = state.withLock({ $0.keys[account.key]?.machineSecret }) else { throw missingKeys(account) }
         var keys = try Keyring.load(updated, machineSecret: secret, file: file)
@@ -120,6 +118,11 @@ extension Engine {
         }
         try files.save(snapshot)
         nameKeyInstalled(account.key, appeared: false)
+        var details = ["generation": "\(updated.currentGeneration ?? 0)", "generations": "\((updated.generations?.count ?? 0) + 1)"]
+        if let host { details["importedFrom"] = host }
+        events.emit(.keysRotated, identity: rotated.upn,
+                    "\(rotated.upn) has \(host.map { "the new keys of host \($0)" } ?? "new keys"); its files are being brought to them", details: details)
+        for volume in volumes { volume.keysRotated(rotated) }
         return rotated
     }
 }

@@ -74,11 +74,12 @@ struct Keyring {
                 guard let root else { return nil }
                 return try? Keybags.unwrapGeneration(generation, slot, root: root, in: stored, file: stored.identity)
             }
-            let a = unwrap(.complete, unlocked.complete?.key.secret).flatMap { found in (try? AESGCMKey(found.secret)).map { ClassKeyEntry(id: found.id, key: $0) } }
-            let c = unwrap(.untilFirstAuthentication, unlocked.untilFirstAuthentication?.key.secret).flatMap { found in
-                (try? AESGCMKey(found.secret)).map { ClassKeyEntry(id: found.id, key: $0) }
+            func entry(_ slot: ProtectionClass, _ root: ClassKeyEntry?) -> ClassKeyEntry? {
+                unwrap(slot, root?.key.secret).flatMap { found in (try? AESGCMKey(found.secret)).map { ClassKeyEntry(id: found.id, key: $0) } }
             }
-            generations[index + 1].install(a: a, bPrivate: unwrap(.completeUnlessOpen, unlocked.completeUnlessOpenPrivate)?.secret, c: c)
+            generations[index + 1].install(a: entry(.complete, unlocked.complete),
+                                           bPrivate: unwrap(.completeUnlessOpen, unlocked.completeUnlessOpenPrivate)?.secret,
+                                           c: entry(.untilFirstAuthentication, unlocked.untilFirstAuthentication))
         }
         lock = .unlocked
         failures = 0
