@@ -35,8 +35,8 @@ public protocol ProtectedVolume: AnyObject, WipeHandler, OwnedObjectLister {
     /// stored under its earlier ones (file keys, owner records, names, symlink targets) is brought
     /// to the new one in the background.
     func keysRotated(_ account: Account)
-    /// `account` was unlocked: what re-protection could not do while its keys were locked away
-    /// (`reprotectPending` still set) is tried again.
+    /// `account` was unlocked while marked for re-protection (`reprotectPending`): what the pass
+    /// could not do while its keys were locked away is tried again.
     func unlocked(_ account: Account)
     /// A wipe of `account` starts: the cached pages of its files go.
     func wipeStarting(_ account: Account)

@@ -63,12 +63,6 @@ enum BackingStore {
 
     /// Whether the directory `fd` has an attribute whose name starts with `prefix`.
     private static func hasAttribute(withPrefix prefix: String, _ fd: Int32) -> Bool {
-        let path = Syscall.procPath(fd)
-        guard let size = try? Syscall.listxattr(path, nil, 0), size > 0 else { return false }
-        var names = [CChar](repeating: 0, count: size)
-        guard let count = try? names.withMutableBytes({ (buffer) throws(Errno) in
-            try Syscall.listxattr(path, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), size)
-        }) else { return false }
-        return names[0..<min(count, size)].split(separator: 0).contains { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self).hasPrefix(prefix) }
+        ((try? Syscall.attributeNames(Syscall.procPath(fd))) ?? []).contains { $0.hasPrefix(prefix) }
     }
 }

@@ -116,17 +116,9 @@ extension MountFileSystem {
                 return
             }
             // The real names without the hidden records, then the virtual ones.
-            let needed = try Syscall.listxattr(inode.procPath, nil, 0)
             var names: [UInt8] = []
-            if needed > 0 {
-                var raw = [CChar](repeating: 0, count: needed)
-                let count = try raw.withMutableBytes { (buffer) throws(Errno) in
-                    try Syscall.listxattr(inode.procPath, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), needed)
-                }
-                for entry in raw[0..<count].split(separator: 0) {
-                    let name = String(decoding: entry.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-                    if !name.hasPrefix(storeAttributes.prefix) { names += Array(name.utf8) + [0] }
-                }
+            for name in try Syscall.attributeNames(inode.procPath) where !name.hasPrefix(storeAttributes.prefix) {
+                names += Array(name.utf8) + [0]
             }
             for name in virtualAttributeNames(of: inode) { names += Array(name.utf8) + [0] }
             if size == 0 {

@@ -144,8 +144,20 @@ final class PolicyReprotection: @unchecked Sendable {
     /// The node of the object at `path`, and the node ID the kernel knows it by (nil when it
     /// does not: a node of the moment); nil when the path leads nowhere now.
     private func node(at path: [FileName]) -> (id: UInt64?, inode: Inode)? {
-        guard let root = try? filesystem.inodes.inode(InodeTable.rootID),
-              let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC) else { return nil }
+        guard let pathFD = open(path) else { return nil }
+        return node(of: pathFD)
+    }
+
+    /// An `O_PATH` descriptor on the object at `path`, name by name, following no link (the tree
+    /// may have changed since the walk); nil when the path leads nowhere now.
+    private func open(_ path: [FileName]) -> Int32? {
+        guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return nil }
+        return try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC)
+    }
+
+    /// The node of what `pathFD` (taken) refers to: the one the kernel knows, else one of the
+    /// moment; nil when its attributes cannot be read.
+    private func node(of pathFD: Int32) -> (id: UInt64?, inode: Inode)? {
         guard let attributes = try? Syscall.stat(of: pathFD) else {
             Syscall.close(pathFD)
             return nil
@@ -161,7 +173,8 @@ final class PolicyReprotection: @unchecked Sendable {
     private func rerecord(_ path: [FileName]) -> Bool {
         guard let (_, inode) = node(at: path), inode.isDirectory else { return false }
         do throws(Errno) {
-            try filesystem.storeRecord(of: inode)
+            // As its protection says now: a managed owner's record by its current key ID.
+            try filesystem.storeRecord(for: filesystem.protection(of: inode), on: inode)
             return true
         } catch {
             filesystem.log("the owner record of \(path.map(\.description).joined(separator: "/")) stays as it was: \(error)")
@@ -185,30 +198,17 @@ final class PolicyReprotection: @unchecked Sendable {
 
     /// Brings one file to its owner's current policy (and with `rewriting`, to its current keys).
     private func reprotect(_ path: [FileName], account: Account, rewriting: Bool) -> Outcome {
-        // Name by name, following no link: the tree may have changed since the walk.
-        guard let root = try? filesystem.inodes.inode(InodeTable.rootID) else { return .failed }
-        guard let pathFD = try? Syscall.openBeneath(root.fd, path, Linux.O_PATH | O_CLOEXEC) else { return .moved }
-        guard let attributes = try? Syscall.stat(of: pathFD) else {
-            Syscall.close(pathFD)
-            return .failed
-        }
-        let known = filesystem.inodes.known(attributes)
-        let inode: Inode
-        if let known {
-            Syscall.close(pathFD)
-            inode = known.inode
-        } else {
-            inode = Inode(fd: pathFD, device: UInt64(attributes.st_dev), number: UInt64(attributes.st_ino), fileType: S_IFREG)
-        }
+        guard let pathFD = open(path) else { return .moved }
+        guard let (knownID, inode) = node(of: pathFD) else { return .failed }
         do throws(Errno) {
             let (wanted, classKey) = try filesystem.plan(for: account.upn)
             let current = filesystem.protection(of: inode)
             if rewriting {
-                try filesystem.reprotect(id: known?.id, inode, to: wanted, classKey: classKey, rewriting: true)
+                try filesystem.reprotect(id: knownID, inode, to: wanted, classKey: classKey, rewriting: true)
             } else if case .encrypted(_, let from) = current, case .encrypted(_, let to) = wanted, from != to, let classKey {
                 try filesystem.rewrap(inode, to: to, classKey: classKey)
             } else {
-                try filesystem.reprotect(id: known?.id, inode, to: wanted, classKey: classKey)
+                try filesystem.reprotect(id: knownID, inode, to: wanted, classKey: classKey)
             }
             return .done
         } catch where error == .resourceBusy {
@@ -221,14 +221,6 @@ final class PolicyReprotection: @unchecked Sendable {
 }
 
 extension MountFileSystem {
-    /// Writes a directory's owner record again as its protection says now (a managed owner's by
-    /// its current key ID).
-    func storeRecord(of directory: Inode) throws(Errno) {
-        let protection = protection(of: directory)
-        guard let record = ownerRecord(for: protection) else { return }
-        try asErrno { () throws(FormatError) in try record.store(at: attributePath(of: directory), names: storeAttributes) }
-    }
-
     /// A new protection level for an encrypted file: the same file key, wrapped for the new class,
     /// written over the 512-byte header in place (one sector: it cannot tear). The content stays.
     func rewrap(_ inode: Inode, to protectionClass: ProtectionClass, classKey: ClassKey) throws(Errno) {

@@ -182,6 +182,18 @@ extension MountFileSystem {
         return OwnerRecord(owner: owner, encryptedClass: encryptedClass)
     }
 
+    /// Writes the owner record `protection` calls for on `inode` (by path), or removes the one it
+    /// has when `protection` names no owner.
+    func storeRecord(for protection: Protection, on inode: Inode) throws(Errno) {
+        try asErrno { () throws(FormatError) in
+            if let record = ownerRecord(for: protection) {
+                try record.store(at: attributePath(of: inode), names: storeAttributes)
+            } else {
+                try OwnerRecord.remove(at: attributePath(of: inode), names: storeAttributes)
+            }
+        }
+    }
+
     /// Whether `record` names `account` (by name, or by its key ID, also once its keybag is gone:
     /// a wipe's account carries it).
     func record(_ record: OwnerRecord, isOf account: Account) -> Bool {

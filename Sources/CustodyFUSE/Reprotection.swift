@@ -68,9 +68,7 @@ extension MountFileSystem {
                 do { return try Owner(name) } catch { throw Errno.invalidArgument }
             }
             let protection: Protection = owner.map { .plain($0) } ?? .untracked
-            try asErrno { () throws(FormatError) in
-                if let record = ownerRecord(for: protection) { try record.store(at: inode.procPath, names: storeAttributes) } else { try OwnerRecord.remove(at: inode.procPath, names: storeAttributes) }
-            }
+            try storeRecord(for: protection, on: inode)
             inode.protectionState.withLock { $0.protection = protection }
             try forEachChild(of: inode) { (child, childID) throws(Errno) in
                 try changeOwnerChecked(id: childID, child, to: ownerName, done: done)
@@ -131,9 +129,7 @@ extension MountFileSystem {
         }
         if !current.isEncrypted, !wanted.isEncrypted {
             // Between plain forms the bytes stay: only the record changes.
-            try asErrno { () throws(FormatError) in
-                if let record = ownerRecord(for: wanted) { try record.store(at: inode.procPath, names: storeAttributes) } else { try OwnerRecord.remove(at: inode.procPath, names: storeAttributes) }
-            }
+            try storeRecord(for: wanted, on: inode)
             inode.protectionState.withLock { $0.protection = wanted }
             return
         }
@@ -221,13 +217,7 @@ extension MountFileSystem {
 
     /// Copies extended attributes, except Custody's own records, between two paths.
     private func copyUserAttributes(from source: String, to destination: String) throws(Errno) {
-        let size = try Syscall.listxattr(source, nil, 0)
-        guard size > 0 else { return }
-        var names = [CChar](repeating: 0, count: size)
-        let count = try names.withMutableBytes { (b) throws(Errno) in try Syscall.listxattr(source, b.baseAddress?.assumingMemoryBound(to: CChar.self), size) }
-        for entry in names[0..<count].split(separator: 0) {
-            let name = String(decoding: entry.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            guard !name.hasPrefix(storeAttributes.prefix) else { continue }
+        for name in try Syscall.attributeNames(source) where !name.hasPrefix(storeAttributes.prefix) {
             let length = try Syscall.getxattr(source, name, nil, 0)
             var value = [UInt8](repeating: 0, count: max(length, 1))
             let got = try value.withMutableBytes { (b) throws(Errno) in try Syscall.getxattr(source, name, b.baseAddress, length) }

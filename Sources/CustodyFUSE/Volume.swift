@@ -50,7 +50,7 @@ final class MountVolume: ProtectedVolume, @unchecked Sendable {
     }
 
     func unlocked(_ account: Account) {
-        if account.reprotectPending { reprotection?.start(for: account) }
+        reprotection?.start(for: account)
     }
 
     func wipeFiles(of account: Account, progress: (Int, Int, UInt64) -> Void) throws(Errno) {

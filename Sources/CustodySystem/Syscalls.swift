@@ -346,6 +346,18 @@ public enum Syscall {
         try valueOrErrno(clinux_listxattr(path, buffer, size))
     }
 
+    /// The names of the extended attributes of `path` (`listxattr`, read into a buffer of the size
+    /// it asks for; names as UTF-8, lossily).
+    public static func attributeNames(_ path: String) throws(Errno) -> [String] {
+        let size = try listxattr(path, nil, 0)
+        guard size > 0 else { return [] }
+        var raw = [CChar](repeating: 0, count: size)
+        let count = try raw.withMutableBytes { (buffer) throws(Errno) in
+            try listxattr(path, buffer.baseAddress?.assumingMemoryBound(to: CChar.self), size)
+        }
+        return raw[0..<min(count, size)].split(separator: 0).map { String(decoding: $0.map { UInt8(bitPattern: $0) }, as: UTF8.self) }
+    }
+
     @inlinable
     public static func removexattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>) throws(Errno) {
         _ = try valueOrErrno(clinux_removexattr(path, name))
